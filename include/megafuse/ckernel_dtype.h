@@ -1,0 +1,113 @@
+/*
+ * ckernel_dtype.h -- the data types of megafuse's weights and activations.
+ *
+ * The enum values are upstream's (C-Kernel-Engine); the block layouts behind the GGML formats are
+ * in megafuse/ggml_blocks.h.  Block formats hold `ck_dtype_block_size(dt)` weights in
+ * `ck_dtype_block_bytes(dt)` bytes; a row of C weights (C a multiple of the block size) holds
+ * `ck_dtype_row_bytes(dt, C)` bytes.
+ */
+#ifndef CKERNEL_DTYPE_H
+#define CKERNEL_DTYPE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef enum {
+    CK_DT_FP32 = 0,
+    CK_DT_BF16 = 1,
+    CK_DT_FP16 = 2,
+    CK_DT_INT8 = 3,   /* no scales: not a weight format */
+    CK_DT_INT4 = 4,   /* no scales: not a weight format */
+    CK_DT_Q4_0 = 5,
+    CK_DT_Q4_1 = 6,
+    CK_DT_Q4_K = 7,
+    CK_DT_Q6_K = 8,
+    CK_DT_Q8_0 = 9,
+    CK_DT_Q8_K = 10,  /* activation format of the K-quant integer dot products */
+    CK_DT_Q5_0 = 11,
+    CK_DT_Q5_1 = 12,
+    CK_DT_Q5_K = 13,
+    CK_DT_COUNT = 14
+} CKDataType;
+
+typedef uint32_t CKDataTypeMask;
+
+#define CK_DT_MASK(dt) (1u << (uint32_t)(dt))
+
+/* Every dtype a `const void *w, CKDataType w_dt` argument accepts (SPEC section 2). */
+#define CK_DT_WEIGHT_FORMATS                                                                   \
+    (CK_DT_MASK(CK_DT_FP32) | CK_DT_MASK(CK_DT_BF16) | CK_DT_MASK(CK_DT_FP16) |                \
+     CK_DT_MASK(CK_DT_Q4_0) | CK_DT_MASK(CK_DT_Q4_1) | CK_DT_MASK(CK_DT_Q5_0) |                \
+     CK_DT_MASK(CK_DT_Q5_1) | CK_DT_MASK(CK_DT_Q8_0) | CK_DT_MASK(CK_DT_Q4_K) |                \
+     CK_DT_MASK(CK_DT_Q5_K) | CK_DT_MASK(CK_DT_Q6_K))
+
+/* 1 for the block formats (scales inside each block), 0 for the plain element types. */
+static inline int ck_dtype_is_quantized(CKDataType dt)
+{
+    switch (dt) {
+    case CK_DT_Q4_0: case CK_DT_Q4_1: case CK_DT_Q5_0: case CK_DT_Q5_1: case CK_DT_Q8_0:
+    case CK_DT_Q4_K: case CK_DT_Q5_K: case CK_DT_Q6_K: case CK_DT_Q8_K:
+        return 1;
+    default:
+        return 0;
+    }
+}
+
+/* Bytes of one storage element: 4 / 2 / 1 for the plain types; 1 (a byte of a uint8 array)
+ * for the block formats and INT4 (two weights a byte). 0 for a value outside the enum. */
+static inline size_t ck_dtype_bytes(CKDataType dt)
+{
+    switch (dt) {
+    case CK_DT_FP32: return 4;
+    case CK_DT_BF16: case CK_DT_FP16: return 2;
+    case CK_DT_INT8: case CK_DT_INT4: return 1;
+    default: return ck_dtype_is_quantized(dt) ? 1 : 0;
+    }
+}
+
+/* Weights a block: 32 or 256 for the block formats, 2 for INT4 (a byte), else 1. */
+static inline size_t ck_dtype_block_size(CKDataType dt)
+{
+    switch (dt) {
+    case CK_DT_Q4_0: case CK_DT_Q4_1: case CK_DT_Q5_0: case CK_DT_Q5_1: case CK_DT_Q8_0:
+        return 32;
+    case CK_DT_Q4_K: case CK_DT_Q5_K: case CK_DT_Q6_K: case CK_DT_Q8_K:
+        return 256;
+    case CK_DT_INT4:
+        return 2;
+    default:
+        return 1;
+    }
+}
+
+/* Bytes a block (GGML's byte counts); for the plain types, bytes an element. */
+static inline size_t ck_dtype_block_bytes(CKDataType dt)
+{
+    switch (dt) {
+    case CK_DT_Q4_0: return 18;   /* fp16 d, 16 B of nibbles */
+    case CK_DT_Q4_1: return 20;   /* fp16 d, fp16 m, 16 B of nibbles */
+    case CK_DT_Q5_0: return 22;   /* fp16 d, 4 B high bits, 16 B of nibbles */
+    case CK_DT_Q5_1: return 24;   /* fp16 d, fp16 m, 4 B high bits, 16 B of nibbles */
+    case CK_DT_Q8_0: return 34;   /* fp16 d, 32 int8 */
+    case CK_DT_Q4_K: return 144;  /* fp16 d, fp16 dmin, 12 B scales, 128 B nibbles */
+    case CK_DT_Q5_K: return 176;  /* fp16 d, fp16 dmin, 12 B scales, 32 B high bits, 128 B nibbles */
+    case CK_DT_Q6_K: return 210;  /* 128 B low nibbles, 64 B high bits, 16 int8 scales, fp16 d */
+    case CK_DT_Q8_K: return 292;  /* f32 d, 256 int8, 16 int16 sums */
+    case CK_DT_INT4: return 1;
+    default: return ck_dtype_bytes(dt);
+    }
+}
+
+/* Bytes of a row of n_elements (rounded up to whole blocks; callers pass multiples). */
+static inline size_t ck_dtype_row_bytes(CKDataType dt, size_t n_elements)
+{
+    size_t block = ck_dtype_block_size(dt);
+    return (n_elements + block - 1) / block * ck_dtype_block_bytes(dt);
+}
+
+static inline int ck_dtype_supported(CKDataTypeMask mask, CKDataType dt)
+{
+    return (unsigned)dt < (unsigned)CK_DT_COUNT && (mask & CK_DT_MASK(dt)) != 0;
+}
+
+#endif /* CKERNEL_DTYPE_H */

@@ -1,0 +1,93 @@
+"""megafuse: fused transformer-layer kernels for the CPU over NumPy buffers.
+
+Every function of the C header ``mega_fused_attention.h`` is a function here with the same name
+and parameters (see ``megafuse.get_include()`` for the header, SPEC for the contract):
+RMSNorm -> Q/K/V projection -> RoPE -> flash attention over a KV cache -> output projection +
+residual, for one token (decode) and many (prefill), plus the post-attention MLP block.
+
+Kernels release the GIL and run on ``get_num_threads()`` OpenMP threads; results are bitwise the
+same for any thread count.  The SIMD level (generic / avx2 / avx512) is chosen at import;
+``MEGAFUSE_SIMD`` forces a lower one.
+"""
+import os as _os
+
+from megafuse._dtype import (  # noqa: F401
+    CKDataType, CK_DT_FP32, CK_DT_BF16, CK_DT_FP16, CK_DT_INT8, CK_DT_INT4, CK_DT_Q4_0,
+    CK_DT_Q4_1, CK_DT_Q4_K, CK_DT_Q6_K, CK_DT_Q8_0, CK_DT_Q8_K, CK_DT_Q5_0, CK_DT_Q5_1,
+    CK_DT_Q5_K, CK_DT_COUNT)
+from megafuse._kernels import (  # noqa: F401
+    mega_fused_attention_decode,
+    mega_fused_attention_decode_workspace,
+    mega_fuse_rmsnorm_qkv,
+    mega_fuse_rmsnorm_qkv_rope,
+    mega_fuse_get_optimal_tiles,
+    mega_fuse_report_stats,
+    set_num_threads,
+    get_num_threads,
+    simd_level,
+    CK_DT_MASK,
+    ck_dtype_is_quantized,
+    ck_dtype_bytes,
+    ck_dtype_block_size,
+    ck_dtype_block_bytes,
+    ck_dtype_row_bytes,
+    ck_dtype_supported,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    # the header's functions
+    "mega_fused_attention_decode", "mega_fused_attention_decode_workspace",
+    "mega_fuse_rmsnorm_qkv", "mega_fuse_rmsnorm_qkv_rope", "mega_fuse_get_optimal_tiles",
+    "mega_fuse_report_stats",
+    # data types
+    "CKDataType", "CK_DT_FP32", "CK_DT_BF16", "CK_DT_FP16", "CK_DT_INT8", "CK_DT_INT4",
+    "CK_DT_Q4_0", "CK_DT_Q4_1", "CK_DT_Q4_K", "CK_DT_Q6_K", "CK_DT_Q8_0", "CK_DT_Q8_K",
+    "CK_DT_Q5_0", "CK_DT_Q5_1", "CK_DT_Q5_K", "CK_DT_COUNT", "CK_DT_MASK",
+    "ck_dtype_is_quantized", "ck_dtype_bytes", "ck_dtype_block_size", "ck_dtype_block_bytes",
+    "ck_dtype_row_bytes", "ck_dtype_supported",
+    # configuration
+    "set_num_threads", "get_num_threads", "simd_level", "get_include", "show_config",
+]
+
+
+def get_include():
+    """The folder to add to a C compiler's include path: it holds megafuse/*.h
+    (``#include "megafuse/mega_fused_attention.h"``)."""
+    here = _os.path.dirname(_os.path.abspath(__file__))
+    shipped = _os.path.join(here, "include")                 # an installed wheel
+    if _os.path.isfile(_os.path.join(shipped, "megafuse", "mega_fused_attention.h")):
+        return shipped
+    return _os.path.join(_os.path.dirname(here), "include")  # a source tree (editable install)
+
+
+def show_config(file=None):
+    """Print (and return as a dict) how this megafuse was built and what it runs with."""
+    import sys
+
+    from megafuse import _simd
+    try:
+        from megafuse._build_config import BUILD_CONFIG
+    except ImportError:  # built by something other than setup.py
+        BUILD_CONFIG = {}
+    l1d, l2 = _simd.cache_sizes()
+    config = {
+        "version": __version__,
+        "python": sys.version.split()[0],
+        "compiler_flags": BUILD_CONFIG.get("compile_flags", "unknown"),
+        "openmp": BUILD_CONFIG.get("openmp", "unknown"),
+        "debug_build": BUILD_CONFIG.get("debug", "unknown"),
+        "num_threads": get_num_threads(),
+        "simd_level": simd_level(),
+        "simd_levels_built": _simd.built_levels(),
+        "simd_levels_supported": _simd.supported_levels(),
+        "l1d_cache_bytes": l1d,
+        "l2_cache_bytes": l2,
+        "include_dir": get_include(),
+    }
+    out = file if file is not None else sys.stdout
+    width = max(len(k) for k in config)
+    for key, value in config.items():
+        print(f"{key:<{width}}  {value}", file=out)
+    return config

@@ -1,0 +1,62 @@
+# The fused single-token layer: RMSNorm -> Q/K/V -> RoPE -> KV-cache write -> attention over the
+# cache -> out-projection + bias + residual.  Float32 weights, float32 activations throughout.
+
+
+cdef void attention_decode_kernel(
+        float *output,             # [Ea]: columns >= E written as 0
+        const float *input,        # [Ea]
+        const float *residual,     # [Ea] or NULL
+        const float *ln1_gamma,    # [E]
+        const float *wq, const float *bq,   # [H*Da, Ea], [H*Da]
+        const float *wk, const float *bk,   # [G*Da, Ea], [G*Da]
+        const float *wv, const float *bv,   # [G*Da, Ea], [G*Da]
+        const float *wo, const float *bo,   # [Ea, H*Da], [Ea]
+        float *kv_cache_k,         # [G, cache_capacity, Da]
+        float *kv_cache_v,         # [G, cache_capacity, Da]
+        const float *rope_cos,     # [>pos, D/2] or NULL
+        const float *rope_sin,     # [>pos, D/2] or NULL
+        int pos, int embed_dim, int aligned_embed_dim, int num_heads, int num_kv_heads,
+        int head_dim, int aligned_head_dim, int cache_capacity, float eps,
+        float *q_output_workspace,   # [2, H*Da]: q, then the attention output
+        float *kv_workspace,         # [2, G*Da]: k, then v
+        int kv_tile, int num_threads) noexcept nogil:
+    cdef Py_ssize_t E = embed_dim, Ea = aligned_embed_dim, H = num_heads, G = num_kv_heads
+    cdef Py_ssize_t D = head_dim, Da = aligned_head_dim, C = cache_capacity, P = pos
+    cdef Py_ssize_t HDa = H * Da, group = H // G
+    cdef float *q = q_output_workspace          # [H, Da]
+    cdef float *attn = q_output_workspace + HDa  # [H, Da]
+    cdef float *k = kv_workspace                 # [G, Da]
+    cdef float *v = kv_workspace + G * Da        # [G, Da]
+    cdef float scale = 1.0 / sqrtf(<float>D)
+    cdef float acc
+    cdef Py_ssize_t g, h, e
+
+    project_qkv(input, ln1_gamma, rms_inverse(input, E, eps), wq, bq, wk, bk, wv, bv,
+                q, k, v, E, Ea, H, G, D, Da, num_threads)
+    if rope_cos != NULL:
+        rope_rotate_heads(q, H, D, Da, rope_cos + P * (D // 2), rope_sin + P * (D // 2))
+        rope_rotate_heads(k, G, D, Da, rope_cos + P * (D // 2), rope_sin + P * (D // 2))
+
+    # The token's k, v go to row [g, pos] of the caches (padded dims are already 0).
+    for g in range(G):
+        memcpy(kv_cache_k + (g * C + P) * Da, k + g * Da, Da * sizeof(float))
+        memcpy(kv_cache_v + (g * C + P) * Da, v + g * Da, Da * sizeof(float))
+
+    # Query head h reads kv head h // (H // G) over positions 0..pos.
+    for h in prange(H, num_threads=num_threads, schedule='static', nogil=True):
+        attend_one_query(q + h * Da, kv_cache_k + (h // group) * C * Da,
+                         kv_cache_v + (h // group) * C * Da, P + 1, D, Da, scale, kv_tile,
+                         attn + h * Da)
+
+    # output = attn @ wo.T + bo + residual.  Row e of output reads only residual[e]: output may be
+    # the residual (or the input, no longer needed) itself.
+    for e in prange(Ea, num_threads=num_threads, schedule='static', nogil=True):
+        if e >= E:
+            output[e] = 0.0
+        else:
+            acc = mf_dot_f32(wo + e * HDa, attn, HDa)
+            if bo != NULL:
+                acc = acc + bo[e]
+            if residual != NULL:
+                acc = acc + residual[e]
+            output[e] = acc

@@ -1,0 +1,43 @@
+"""megafuse.CKDataType: the data types of weights and activations (upstream's enum values)."""
+from enum import IntEnum
+
+
+class CKDataType(IntEnum):
+    """Values of include/megafuse/ckernel_dtype.h (SPEC section 2).
+
+    Weight formats: FP32, BF16, FP16 and the GGML block formats Q4_0, Q4_1, Q5_0, Q5_1, Q8_0
+    (32 weights a block) and Q4_K, Q5_K, Q6_K (256).  Q8_K is the activation format of the
+    K-quant integer dot products; INT8 / INT4 have no scales and are not weight formats.
+    """
+    FP32 = 0
+    BF16 = 1
+    FP16 = 2
+    INT8 = 3
+    INT4 = 4
+    Q4_0 = 5
+    Q4_1 = 6
+    Q4_K = 7
+    Q6_K = 8
+    Q8_0 = 9
+    Q8_K = 10
+    Q5_0 = 11
+    Q5_1 = 12
+    Q5_K = 13
+    COUNT = 14
+
+
+CK_DT_FP32 = CKDataType.FP32
+CK_DT_BF16 = CKDataType.BF16
+CK_DT_FP16 = CKDataType.FP16
+CK_DT_INT8 = CKDataType.INT8
+CK_DT_INT4 = CKDataType.INT4
+CK_DT_Q4_0 = CKDataType.Q4_0
+CK_DT_Q4_1 = CKDataType.Q4_1
+CK_DT_Q4_K = CKDataType.Q4_K
+CK_DT_Q6_K = CKDataType.Q6_K
+CK_DT_Q8_0 = CKDataType.Q8_0
+CK_DT_Q8_K = CKDataType.Q8_K
+CK_DT_Q5_0 = CKDataType.Q5_0
+CK_DT_Q5_1 = CKDataType.Q5_1
+CK_DT_Q5_K = CKDataType.Q5_K
+CK_DT_COUNT = CKDataType.COUNT

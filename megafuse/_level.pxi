@@ -1,0 +1,36 @@
+# The kernels of one SIMD level.  Included by each megafuse/_simd_<level>.pyx, whose build flags
+# decide which bodies of include/megafuse/mf_simd.h the family files below compile to.
+#
+# The module exports one thing: kernel_table(), a capsule holding a KernelTable of pointers to the
+# kernels compiled here.  megafuse/_kernels.pyx validates every argument and then calls through it.
+
+from cpython.pycapsule cimport PyCapsule_New
+from libc.math cimport sqrtf, expf, INFINITY
+from libc.string cimport memcpy, memset
+from cython.parallel cimport prange
+
+from megafuse._kernel_table cimport (
+    KernelTable, KERNEL_TABLE_VERSION, MF_MAX_KV_TILE, MF_SIMD_NAME)
+
+cdef extern from "megafuse/mf_simd.h" nogil:
+    float mf_dot_f32(const float *a, const float *b, Py_ssize_t n)
+    float mf_dot3_f32(const float *w, const float *x, const float *g, Py_ssize_t n)
+    void mf_axpy_f32(float *y, float a, const float *x, Py_ssize_t n)
+    void mf_scale_f32(float *y, float a, Py_ssize_t n)
+
+include "_norm_qkv_rope.pxi"
+include "_attention.pxi"
+include "_decode.pxi"
+
+cdef KernelTable _TABLE
+_TABLE.version = KERNEL_TABLE_VERSION
+_TABLE.simd_level = MF_SIMD_NAME
+_TABLE.attention_decode = attention_decode_kernel
+_TABLE.rmsnorm_qkv_rope = rmsnorm_qkv_rope_kernel
+
+SIMD_LEVEL = (<bytes>MF_SIMD_NAME).decode()
+
+
+def kernel_table():
+    """A capsule ("megafuse.KernelTable") holding this level's table of kernel pointers."""
+    return PyCapsule_New(<void *>&_TABLE, b"megafuse.KernelTable", NULL)

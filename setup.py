@@ -1,0 +1,156 @@
+"""Build of megafuse's compiled modules.
+
+- `megafuse._kernels`: the Python boundary (validation, one thin def per header function),
+  compiled once with the baseline flags.
+- `megafuse._simd_<level>`: the kernels, one module per SIMD level, each the same sources
+  (`megafuse/_level.pxi` and the family files it includes) compiled with its own flags.  On x86-64:
+  generic (baseline x86-64), avx2 (AVX2 + FMA + F16C) and avx512 (F/BW/DQ/VL/VNNI + FMA + F16C);
+  elsewhere only generic.  `megafuse/_simd.py` picks one at import from the CPU's features.
+
+Environment switches:
+  MEGAFUSE_DEBUG=1     bounds/wraparound/initialized checks on, -O0 -g (for chasing a crash)
+  MEGAFUSE_NO_OPENMP=1 build without OpenMP even where the compiler has it (kernels run serially)
+No -march=native, no -ffast-math (online softmax relies on real infinities): a wheel runs on any
+CPU of its architecture.
+"""
+import os
+import platform
+import shutil
+import sys
+import tempfile
+import textwrap
+
+import numpy
+from Cython.Build import cythonize
+from setuptools import Extension, setup
+from setuptools.command.build_py import build_py
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+DEBUG = os.environ.get("MEGAFUSE_DEBUG", "") not in ("", "0")
+IS_X86_64 = platform.machine().lower() in ("x86_64", "amd64", "x64")
+IS_MSVC = sys.platform == "win32"
+
+SIMD_LEVELS = {
+    "generic": [],
+    "avx2": ["-mavx2", "-mfma", "-mf16c"],
+    "avx512": ["-mavx512f", "-mavx512bw", "-mavx512dq", "-mavx512vl", "-mavx512vnni",
+               "-mfma", "-mf16c", "-mavx2"],
+}
+if IS_MSVC:
+    SIMD_LEVELS = {"generic": [], "avx2": ["/arch:AVX2"], "avx512": ["/arch:AVX512"]}
+if not IS_X86_64:
+    SIMD_LEVELS = {"generic": []}
+
+
+def openmp_flags():
+    """(compile, link) flags for OpenMP, or ([], []) when the compiler cannot build with it."""
+    if os.environ.get("MEGAFUSE_NO_OPENMP", "") not in ("", "0"):
+        return [], []
+    if IS_MSVC:
+        return ["/openmp"], []
+    if sys.platform == "darwin":
+        candidates = [(["-Xpreprocessor", "-fopenmp"], ["-lomp"])]
+    else:
+        candidates = [(["-fopenmp"], ["-fopenmp"])]
+    from setuptools._distutils import ccompiler, sysconfig as du_sysconfig
+    for cflags, lflags in candidates:
+        compiler = ccompiler.new_compiler()
+        du_sysconfig.customize_compiler(compiler)
+        tmp = tempfile.mkdtemp()
+        try:
+            src = os.path.join(tmp, "omp_probe.c")
+            with open(src, "w") as f:
+                f.write(textwrap.dedent("""\
+                    #include <omp.h>
+                    int main(void) { int n = 0;
+                    #pragma omp parallel reduction(+:n)
+                      n += 1;
+                      return omp_get_max_threads() > 0 && n > 0 ? 0 : 1; }
+                    """))
+            objs = compiler.compile([src], output_dir=tmp, extra_postargs=cflags)
+            compiler.link_executable(objs, os.path.join(tmp, "omp_probe"), extra_postargs=lflags)
+            return cflags, lflags
+        except Exception:  # noqa: BLE001 -- any failure means: build without OpenMP
+            continue
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    print("megafuse: OpenMP not available; kernels will run on one thread", file=sys.stderr)
+    return [], []
+
+
+OMP_COMPILE, OMP_LINK = openmp_flags()
+if IS_MSVC:
+    BASE_FLAGS = ["/O2"] if not DEBUG else ["/Od", "/Zi"]
+else:
+    # -g0 last: Python's sysconfig adds -g, which doubles each .so.
+    BASE_FLAGS = (["-O0", "-g"] if DEBUG else ["-O3", "-g0"]) + [
+        "-fno-math-errno", "-Wno-unused-function", "-Wno-unreachable-code"]
+BUILD_CONFIG = {
+    "compile_flags": " ".join(BASE_FLAGS),
+    "openmp": bool(OMP_COMPILE),
+    "debug": DEBUG,
+    "simd_levels": list(SIMD_LEVELS),
+}
+INCLUDE_DIRS = [os.path.join("include"), numpy.get_include()]
+MACROS = [("NPY_NO_DEPRECATED_API", "NPY_2_0_API_VERSION")]
+
+extensions = [
+    Extension(
+        "megafuse._kernels",
+        ["megafuse/_kernels.pyx"],
+        include_dirs=INCLUDE_DIRS,
+        define_macros=MACROS,
+        extra_compile_args=BASE_FLAGS,
+    )
+]
+for level, flags in SIMD_LEVELS.items():
+    extensions.append(Extension(
+        f"megafuse._simd_{level}",
+        [f"megafuse/_simd_{level}.pyx"],
+        include_dirs=INCLUDE_DIRS,
+        define_macros=MACROS + [("MF_SIMD_MODULE", level)],
+        extra_compile_args=BASE_FLAGS + flags + OMP_COMPILE,
+        extra_link_args=OMP_LINK,
+    ))
+
+DIRECTIVES = {
+    "language_level": 3,
+    "binding": True,
+    "embedsignature": True,
+    "boundscheck": DEBUG,
+    "wraparound": DEBUG,
+    "initializedcheck": DEBUG,
+    "cdivision": not DEBUG,
+    "nonecheck": DEBUG,
+}
+
+
+class BuildPyWithHeaders(build_py):
+    """Ship include/megafuse/*.h inside the package (megafuse/include/megafuse/) and record the
+    build configuration for megafuse.show_config()."""
+
+    def run(self):
+        super().run()
+        dst = os.path.join(self.build_lib, "megafuse", "include", "megafuse")
+        os.makedirs(dst, exist_ok=True)
+        src = os.path.join(HERE, "include", "megafuse")
+        for name in os.listdir(src):
+            if name.endswith(".h"):
+                shutil.copy2(os.path.join(src, name), os.path.join(dst, name))
+        write_build_config(os.path.join(self.build_lib, "megafuse"))
+
+
+def write_build_config(folder):
+    with open(os.path.join(folder, "_build_config.py"), "w") as f:
+        f.write('"""Written by setup.py at build time."""\n')
+        f.write(f"BUILD_CONFIG = {BUILD_CONFIG!r}\n")
+
+
+# An editable install imports from the source tree: record the configuration there too.
+write_build_config(os.path.join(HERE, "megafuse"))
+
+setup(
+    ext_modules=cythonize(extensions, compiler_directives=DIRECTIVES,
+                          include_path=["megafuse"], quiet=True),
+    cmdclass={"build_py": BuildPyWithHeaders},
+)
