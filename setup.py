@@ -84,6 +84,7 @@ if IS_MSVC:
 else:
     # -g0 last: Python's sysconfig adds -g, which doubles each .so.
     BASE_FLAGS = (["-O0", "-g"] if DEBUG else ["-O3", "-g0"]) + [
+        "-ffp-contract=off",  # no silent a*b+c fusion: exact dequantization, same bits per level
         "-fno-math-errno", "-Wno-unused-function", "-Wno-unreachable-code"]
 BUILD_CONFIG = {
     "compile_flags": " ".join(BASE_FLAGS),

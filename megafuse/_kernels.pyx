@@ -108,8 +108,9 @@ cdef inline Py_ssize_t _clamp(Py_ssize_t n, Py_ssize_t lo, Py_ssize_t hi) noexce
     return lo if n < lo else (hi if n > hi else n)
 
 
-cdef void c_mega_fuse_get_optimal_tiles(int *q_tile, int *kv_tile, int head_dim) noexcept nogil:
-    """The tiles for this CPU.
+cdef void _tiles_from_cache_sizes(Py_ssize_t l1d, Py_ssize_t l2, int head_dim, int *q_tile,
+                                  int *kv_tile) noexcept nogil:
+    """The tiles for caches of l1d / l2 bytes.
 
     kv_tile: one K tile (kv_tile rows of head_dim floats) fills half of L1d, so a tile of K (then
       of V) stays in L1 while the queries stream over it;
@@ -120,17 +121,30 @@ cdef void c_mega_fuse_get_optimal_tiles(int *q_tile, int *kv_tile, int head_dim)
     """
     cdef Py_ssize_t d = head_dim if head_dim > 0 else 1
     cdef Py_ssize_t kv
+    if l1d <= 0 or l2 <= 0:
+        q_tile[0] = 64
+        kv_tile[0] = 64
+        return
+    kv = _clamp(_floor_pow2((l1d // 2) // (d * 4)), 16, MF_MAX_KV_TILE)
+    kv_tile[0] = <int>kv
+    q_tile[0] = <int>_clamp(_floor_pow2((l2 // 2) // ((2 * d + kv) * 4)), 16, 128)
+
+
+cdef void c_mega_fuse_get_optimal_tiles(int *q_tile, int *kv_tile, int head_dim) noexcept nogil:
+    """The tiles for this CPU (its cache sizes, read once at import); a test override wins."""
     if _q_tile_override > 0:
         q_tile[0] = _q_tile_override
         kv_tile[0] = _kv_tile_override
         return
-    if _l1d_bytes <= 0 or _l2_bytes <= 0:
-        q_tile[0] = 64
-        kv_tile[0] = 64
-        return
-    kv = _clamp(_floor_pow2((_l1d_bytes // 2) // (d * 4)), 16, MF_MAX_KV_TILE)
-    kv_tile[0] = <int>kv
-    q_tile[0] = <int>_clamp(_floor_pow2((_l2_bytes // 2) // ((2 * d + kv) * 4)), 16, 128)
+    _tiles_from_cache_sizes(_l1d_bytes, _l2_bytes, head_dim, q_tile, kv_tile)
+
+
+def _optimal_tiles_for(l1d_bytes, l2_bytes, head_dim):
+    """Testing hook: the tile formula for any cache sizes (0 = unknown)."""
+    cdef int q_tile = 0, kv_tile = 0
+    _tiles_from_cache_sizes(l1d_bytes, l2_bytes, _int_arg(head_dim, "head_dim"), &q_tile,
+                            &kv_tile)
+    return q_tile, kv_tile
 
 
 def _set_tile_override(q_tile=None, kv_tile=None):
@@ -144,13 +158,14 @@ def _set_tile_override(q_tile=None, kv_tile=None):
     _q_tile_override, _kv_tile_override = int(q_tile), int(kv_tile)
 
 
-def mega_fuse_get_optimal_tiles(int head_dim):
+def mega_fuse_get_optimal_tiles(head_dim):
     """Tile sizes for this CPU: returns (q_tile, kv_tile).
 
     Derived from the L1d / L2 cache sizes the OS reports (see megafuse.show_config()); the
     attention kernels use exactly these tiles.  The C header writes them through two int
     pointers; here they are the return value (SPEC section 1).
     """
+    head_dim = _int_arg(head_dim, "head_dim")
     _positive(head_dim, "head_dim")
     cdef int q_tile = 0, kv_tile = 0
     c_mega_fuse_get_optimal_tiles(&q_tile, &kv_tile, head_dim)
@@ -257,6 +272,27 @@ WEIGHT_FORMATS_MASK = CK_DT_WEIGHT_FORMATS
 # --------------------------------------------------------------------------------------------
 
 _F32 = (np.dtype(np.float32),)
+
+
+cdef object _int_arg(object value, str name):
+    """An int argument of the C signature: any integer (not a float: TypeError), within the
+    range of a C int (else OverflowError)."""
+    if isinstance(value, bool) or not hasattr(value, "__index__"):
+        raise TypeError(f"{name}: expected an int, got {type(value).__name__}")
+    value = value.__index__()
+    if not -2**31 <= value < 2**31:
+        raise OverflowError(f"{name}: expected a value in the range of a C int, got {value}")
+    return value
+
+
+cdef object _size_arg(object value, str name):
+    """A size_t argument: a non-negative integer below 2**64 (else OverflowError)."""
+    if isinstance(value, bool) or not hasattr(value, "__index__"):
+        raise TypeError(f"{name}: expected an int, got {type(value).__name__}")
+    value = value.__index__()
+    if not 0 <= value < 2**64:
+        raise OverflowError(f"{name}: expected a value in the range of a C size_t, got {value}")
+    return value
 
 
 cdef inline void _positive(long long value, str name) except *:
@@ -444,10 +480,10 @@ cdef void _run_decode(output, input, residual, ln1_gamma, wq, bq, wk, bk, wv, bv
 
 
 def mega_fused_attention_decode(output, input, residual, ln1_gamma, wq, bq, wk, bk, wv, bv,
-                                wo, bo, kv_cache_k, kv_cache_v, rope_cos, rope_sin, int pos,
-                                int embed_dim, int aligned_embed_dim, int num_heads,
-                                int num_kv_heads, int head_dim, int aligned_head_dim,
-                                int cache_capacity, float eps):
+                                wo, bo, kv_cache_k, kv_cache_v, rope_cos, rope_sin, pos,
+                                embed_dim, aligned_embed_dim, num_heads,
+                                num_kv_heads, head_dim, aligned_head_dim,
+                                cache_capacity, float eps):
     """One token through the fused attention block (float32 weights).
 
     output[Ea] = attention(rope(rmsnorm(input) @ W.T + b)) @ wo.T + bo + residual, with the
@@ -458,6 +494,14 @@ def mega_fused_attention_decode(output, input, residual, ln1_gamma, wq, bq, wk, 
     residual, biases and the rope tables (both or neither) may be None.  output may be input or
     residual itself.  Query head h reads kv head h // (H // G).
     """
+    pos = _int_arg(pos, "pos")
+    embed_dim = _int_arg(embed_dim, "embed_dim")
+    aligned_embed_dim = _int_arg(aligned_embed_dim, "aligned_embed_dim")
+    num_heads = _int_arg(num_heads, "num_heads")
+    num_kv_heads = _int_arg(num_kv_heads, "num_kv_heads")
+    head_dim = _int_arg(head_dim, "head_dim")
+    aligned_head_dim = _int_arg(aligned_head_dim, "aligned_head_dim")
+    cache_capacity = _int_arg(cache_capacity, "cache_capacity")
     _check_decode(output, input, residual, ln1_gamma, wq, bq, wk, bk, wv, bv, wo, bo,
                   kv_cache_k, kv_cache_v, rope_cos, rope_sin, pos, embed_dim,
                   aligned_embed_dim, num_heads, num_kv_heads, head_dim, aligned_head_dim,
@@ -472,12 +516,12 @@ def mega_fused_attention_decode(output, input, residual, ln1_gamma, wq, bq, wk, 
 
 def mega_fused_attention_decode_workspace(output, input, residual, ln1_gamma, wq, bq, wk, bk,
                                           wv, bv, wo, bo, kv_cache_k, kv_cache_v, rope_cos,
-                                          rope_sin, int pos, int embed_dim,
-                                          int aligned_embed_dim, int num_heads,
-                                          int num_kv_heads, int head_dim, int aligned_head_dim,
-                                          int cache_capacity, float eps, q_output_workspace,
-                                          size_t q_output_workspace_bytes, kv_workspace,
-                                          size_t kv_workspace_bytes):
+                                          rope_sin, pos, embed_dim,
+                                          aligned_embed_dim, num_heads,
+                                          num_kv_heads, head_dim, aligned_head_dim,
+                                          cache_capacity, float eps, q_output_workspace,
+                                          q_output_workspace_bytes, kv_workspace,
+                                          kv_workspace_bytes):
     """mega_fused_attention_decode without any allocation: every intermediate lives in the two
     caller-owned float32 workspaces.
 
@@ -486,6 +530,16 @@ def mega_fused_attention_decode_workspace(output, input, residual, ln1_gamma, wq
     caller vouches for: each must cover what the kernel needs and fit inside its array.
     The result is bitwise that of mega_fused_attention_decode.
     """
+    pos = _int_arg(pos, "pos")
+    embed_dim = _int_arg(embed_dim, "embed_dim")
+    aligned_embed_dim = _int_arg(aligned_embed_dim, "aligned_embed_dim")
+    num_heads = _int_arg(num_heads, "num_heads")
+    num_kv_heads = _int_arg(num_kv_heads, "num_kv_heads")
+    head_dim = _int_arg(head_dim, "head_dim")
+    aligned_head_dim = _int_arg(aligned_head_dim, "aligned_head_dim")
+    cache_capacity = _int_arg(cache_capacity, "cache_capacity")
+    q_output_workspace_bytes = _size_arg(q_output_workspace_bytes, "q_output_workspace_bytes")
+    kv_workspace_bytes = _size_arg(kv_workspace_bytes, "kv_workspace_bytes")
     cdef Py_ssize_t q_need = 2 * <Py_ssize_t>num_heads * aligned_head_dim
     cdef Py_ssize_t kv_need = 2 * <Py_ssize_t>num_kv_heads * aligned_head_dim
     _check_heads(num_heads, num_kv_heads)
@@ -557,20 +611,30 @@ cdef void _rmsnorm_qkv(q_out, k_out, v_out, input, gamma, W_qkv, b_qkv, rope_cos
                             num_heads, num_kv_heads, head_dim, eps, nt)
 
 
-def mega_fuse_rmsnorm_qkv(q_out, k_out, v_out, input, gamma, W_qkv, b_qkv, int hidden,
-                          int num_heads, int num_kv_heads, int head_dim, float eps):
+def mega_fuse_rmsnorm_qkv(q_out, k_out, v_out, input, gamma, W_qkv, b_qkv, hidden,
+                          num_heads, num_kv_heads, head_dim, float eps):
     """q, k, v of one token: rmsnorm(input) @ W_qkv.T + b_qkv, split into q_out [H*D],
     k_out [G*D], v_out [G*D].  W_qkv is [(H+2G)*D, hidden] (q rows, then k, then v), b_qkv
     [(H+2G)*D] or None; no padding anywhere."""
+    hidden = _int_arg(hidden, "hidden")
+    num_heads = _int_arg(num_heads, "num_heads")
+    num_kv_heads = _int_arg(num_kv_heads, "num_kv_heads")
+    head_dim = _int_arg(head_dim, "head_dim")
     _rmsnorm_qkv(q_out, k_out, v_out, input, gamma, W_qkv, b_qkv, None, None, 0, hidden,
                  num_heads, num_kv_heads, head_dim, 0, False, eps)
 
 
 def mega_fuse_rmsnorm_qkv_rope(q_out, k_out, v_out, input, gamma, W_qkv, b_qkv, rope_cos,
-                               rope_sin, int pos, int hidden, int num_heads, int num_kv_heads,
-                               int head_dim, int max_seq, float eps):
+                               rope_sin, pos, hidden, num_heads, num_kv_heads,
+                               head_dim, max_seq, float eps):
     """mega_fuse_rmsnorm_qkv, then rotate-half RoPE of q and k at position pos
     (0 <= pos < max_seq; rope_cos / rope_sin [rows > pos, D/2], or both None: no rotation)."""
+    pos = _int_arg(pos, "pos")
+    hidden = _int_arg(hidden, "hidden")
+    num_heads = _int_arg(num_heads, "num_heads")
+    num_kv_heads = _int_arg(num_kv_heads, "num_kv_heads")
+    head_dim = _int_arg(head_dim, "head_dim")
+    max_seq = _int_arg(max_seq, "max_seq")
     _rmsnorm_qkv(q_out, k_out, v_out, input, gamma, W_qkv, b_qkv, rope_cos, rope_sin, pos,
                  hidden, num_heads, num_kv_heads, head_dim, max_seq, True, eps)
 
@@ -579,7 +643,7 @@ def mega_fuse_rmsnorm_qkv_rope(q_out, k_out, v_out, input, gamma, W_qkv, b_qkv, 
 # mega_fuse_report_stats: memory traffic of the unfused vs the fused layer
 # --------------------------------------------------------------------------------------------
 
-def mega_fuse_report_stats(int hidden, int num_layers, int seq_len):
+def mega_fuse_report_stats(hidden, num_layers, seq_len):
     """Print, and return as a dict, the memory traffic an unfused attention block spends on
     intermediates against the fused one.  Every figure comes from these formulas (float32,
     per token per layer):
@@ -592,6 +656,9 @@ def mega_fuse_report_stats(int hidden, int num_layers, int seq_len):
                               (every intermediate stays in registers, L1 or L2);
     per layer: times seq_len tokens; per model: times num_layers; reduction = unfused / fused.
     """
+    hidden = _int_arg(hidden, "hidden")
+    num_layers = _int_arg(num_layers, "num_layers")
+    seq_len = _int_arg(seq_len, "seq_len")
     _positive(hidden, "hidden")
     _positive(num_layers, "num_layers")
     _positive(seq_len, "seq_len")

@@ -1,0 +1,264 @@
+"""mega_fused_attention_decode(_workspace) and mega_fuse_rmsnorm_qkv(_rope) against the NumPy
+reference, across shapes, options, SIMD levels and thread counts."""
+import numpy as np
+import pytest
+
+import megafuse
+from megafuse import reference
+from helpers import (LLAMA_STYLE, MHA, PADDED, QWEN2_05B, TOL, decode_case, decode_workspaces,
+                     qkv_case, rel_err, without_rope)
+
+SHAPES = [QWEN2_05B, LLAMA_STYLE, MHA, PADDED]
+
+
+def run_both(case):
+    """(kernel result case, reference result case), each on its own copy of every buffer."""
+    got, want = case.copy(), case.copy()
+    megafuse.mega_fused_attention_decode(**got.args)
+    reference.mega_fused_attention_decode(**want.args)
+    return got.args, want.args
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: s[0])
+def test_decode_matches_reference(simd_level, shape):
+    got, want = run_both(decode_case(shape))
+    assert rel_err(got["output"], want["output"]) < TOL["float"]
+    assert rel_err(got["kv_cache_k"], want["kv_cache_k"]) < TOL["float"]
+    assert rel_err(got["kv_cache_v"], want["kv_cache_v"]) < TOL["float"]
+    # the reference and kernel are not the same trivial thing: the output moved off the input
+    assert rel_err(got["output"], got["input"]) > 0.1
+
+
+@pytest.mark.parametrize("option", ["no_bias", "no_residual", "no_rope", "all_off"])
+@pytest.mark.parametrize("shape", [QWEN2_05B, PADDED], ids=lambda s: s[0])
+def test_decode_options(simd_level, shape, option):
+    kw = dict(bias=option not in ("no_bias", "all_off"),
+              residual=option not in ("no_residual", "all_off"),
+              rope=option not in ("no_rope", "all_off"))
+    got, want = run_both(decode_case(shape, **kw))
+    assert rel_err(got["output"], want["output"]) < TOL["float"]
+    assert rel_err(got["kv_cache_k"], want["kv_cache_k"]) < TOL["float"]
+
+
+@pytest.mark.parametrize("pos", ["first", "last"])
+def test_decode_positions_at_cache_ends(simd_level, pos):
+    C = 80
+    p = 0 if pos == "first" else C - 1
+    got, want = run_both(decode_case(QWEN2_05B, cache_capacity=C, pos=p))
+    assert rel_err(got["output"], want["output"]) < TOL["float"]
+    assert rel_err(got["kv_cache_v"], want["kv_cache_v"]) < TOL["float"]
+
+
+def test_decode_long_context_crosses_many_kv_tiles(simd_level):
+    # 700 keys: several KV tiles whatever tile the CPU picks, with a ragged last tile
+    got, want = run_both(decode_case(LLAMA_STYLE, cache_capacity=720, pos=699))
+    assert rel_err(got["output"], want["output"]) < TOL["float"]
+
+
+def test_cache_changes_only_at_pos():
+    case = decode_case(QWEN2_05B, pos=21)
+    before_k, before_v = case.args["kv_cache_k"].copy(), case.args["kv_cache_v"].copy()
+    megafuse.mega_fused_attention_decode(**case.args)
+    for before, after in ((before_k, case.args["kv_cache_k"]), (before_v, case.args["kv_cache_v"])):
+        changed = np.argwhere(np.any(before != after, axis=2))
+        G = case.args["num_kv_heads"]
+        assert sorted(map(tuple, changed)) == [(g, 21) for g in range(G)]
+
+
+def test_padded_dims_written_as_zero():
+    case = decode_case(PADDED, pos=3)
+    case.args["kv_cache_k"][:] = 5.0   # garbage everywhere, padding included
+    case.args["kv_cache_v"][:] = 5.0
+    megafuse.mega_fused_attention_decode(**case.args)
+    E, D = case.args["embed_dim"], case.args["head_dim"]
+    assert np.all(case.args["output"][E:] == 0.0)
+    assert np.all(case.args["kv_cache_k"][:, 3, D:] == 0.0)
+    assert np.all(case.args["kv_cache_v"][:, 3, D:] == 0.0)
+    assert np.all(np.isfinite(case.args["output"]))
+
+
+def test_output_independent_of_input_padding():
+    a = decode_case(PADDED)
+    b = a.copy()
+    E = a.args["embed_dim"]
+    b.args["input"][E:] = -123.0
+    b.args["residual"][E:] = np.nan
+    megafuse.mega_fused_attention_decode(**a.args)
+    megafuse.mega_fused_attention_decode(**b.args)
+    assert np.array_equal(a.args["output"], b.args["output"])
+
+
+@pytest.mark.parametrize("alias", ["input", "residual"])
+def test_output_may_be_input_or_residual(simd_level, alias):
+    case = decode_case(QWEN2_05B)
+    out_of_place = case.copy()
+    megafuse.mega_fused_attention_decode(**out_of_place.args)
+    in_place = case.copy()
+    in_place.args["output"] = in_place.args[alias]
+    megafuse.mega_fused_attention_decode(**in_place.args)
+    assert np.array_equal(in_place.args[alias], out_of_place.args["output"])
+
+
+@pytest.mark.parametrize("shape", [QWEN2_05B, PADDED], ids=lambda s: s[0])
+def test_workspace_variant_is_bitwise_equal(simd_level, shape):
+    case = decode_case(shape)
+    plain = case.copy()
+    megafuse.mega_fused_attention_decode(**plain.args)
+    ws = case.copy()
+    q_ws, kv_ws = decode_workspaces(ws, extra=5)
+    q_ws[:] = np.nan      # prior contents must not matter
+    kv_ws[:] = np.nan
+    megafuse.mega_fused_attention_decode_workspace(
+        **ws.args, q_output_workspace=q_ws, q_output_workspace_bytes=q_ws.nbytes,
+        kv_workspace=kv_ws, kv_workspace_bytes=kv_ws.nbytes)
+    assert np.array_equal(ws.args["output"], plain.args["output"])
+    assert np.array_equal(ws.args["kv_cache_k"], plain.args["kv_cache_k"])
+    assert np.array_equal(ws.args["kv_cache_v"], plain.args["kv_cache_v"])
+    # the workspace holds q: not left untouched
+    assert np.isfinite(q_ws[:10]).all()
+
+
+@pytest.mark.parametrize("shape", [QWEN2_05B, LLAMA_STYLE], ids=lambda s: s[0])
+def test_one_and_two_threads_bitwise_equal(simd_level, threads, shape):
+    case = decode_case(shape, cache_capacity=400, pos=333)
+    results = []
+    for n in (1, 2, 3):
+        run = case.copy()
+        megafuse.set_num_threads(n)
+        megafuse.mega_fused_attention_decode(**run.args)
+        results.append(run.args)
+    for other in results[1:]:
+        assert np.array_equal(results[0]["output"], other["output"])
+        assert np.array_equal(results[0]["kv_cache_k"], other["kv_cache_k"])
+
+
+def test_decode_then_decode_sequence_matches_reference(simd_level):
+    # a run of tokens through one cache: each step reads what the previous ones wrote
+    case = decode_case(QWEN2_05B, fill_cache=False, pos=0)
+    got, want = case.copy(), case.copy()
+    rng = np.random.default_rng(7)
+    for p in range(6):
+        x = rng.standard_normal(case.args["aligned_embed_dim"]).astype(np.float32)
+        for c in (got, want):
+            c.args["input"] = x.copy()
+            c.args["pos"] = p
+        megafuse.mega_fused_attention_decode(**got.args)
+        reference.mega_fused_attention_decode(**want.args)
+        assert rel_err(got.args["output"], want.args["output"]) < TOL["float"]
+
+
+def test_decode_uses_the_kv_tile_it_reports():
+    """Online-softmax rounding depends on where tiles start: a forced tile changes the bits,
+    and forcing the reported tiles reproduces the default bits exactly."""
+    from megafuse import _kernels
+    case = decode_case(LLAMA_STYLE, cache_capacity=600, pos=590)
+    default = case.copy()
+    megafuse.mega_fused_attention_decode(**default.args)
+    q_tile, kv_tile = megafuse.mega_fuse_get_optimal_tiles(case.args["head_dim"])
+    outputs = {}
+    try:
+        for tile in sorted({kv_tile, 16, 48, 256}):
+            _kernels._set_tile_override(q_tile, tile)
+            run = case.copy()
+            megafuse.mega_fused_attention_decode(**run.args)
+            outputs[tile] = run.args["output"]
+    finally:
+        _kernels._set_tile_override(None, None)
+    assert np.array_equal(outputs[kv_tile], default.args["output"])
+    assert any(not np.array_equal(outputs[t], default.args["output"]) for t in outputs
+               if t != kv_tile)
+    want = case.copy()
+    reference.mega_fused_attention_decode(**want.args)
+    for out in outputs.values():
+        assert rel_err(out, want.args["output"]) < TOL["float"]
+
+
+def test_nan_and_inf_propagate_without_crashing():
+    case = decode_case(QWEN2_05B)
+    case.args["input"][3] = np.nan
+    megafuse.mega_fused_attention_decode(**case.args)
+    assert np.isnan(case.args["output"][: case.args["embed_dim"]]).all()
+    case = decode_case(QWEN2_05B)
+    case.args["kv_cache_k"][0, 2, 0] = np.inf
+    megafuse.mega_fused_attention_decode(**case.args)   # must not crash; values may be NaN
+    assert case.args["output"].shape == (case.args["aligned_embed_dim"],)
+
+
+# ---- mega_fuse_rmsnorm_qkv / _rope -----------------------------------------------------------
+
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("rope", [True, False])
+def test_rmsnorm_qkv_rope_matches_reference(simd_level, bias, rope):
+    args = qkv_case(bias=bias, rope=rope)
+    got = {k: (v.copy() if isinstance(v, np.ndarray) else v) for k, v in args.items()}
+    want = {k: (v.copy() if isinstance(v, np.ndarray) else v) for k, v in args.items()}
+    megafuse.mega_fuse_rmsnorm_qkv_rope(**got)
+    reference.mega_fuse_rmsnorm_qkv_rope(**want)
+    for name in ("q_out", "k_out", "v_out"):
+        assert rel_err(got[name], want[name]) < TOL["float"], name
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_rmsnorm_qkv_matches_reference(simd_level, bias):
+    args = without_rope(qkv_case(bias=bias, hidden=896, H=14, G=2, D=64))
+    got = {k: (v.copy() if isinstance(v, np.ndarray) else v) for k, v in args.items()}
+    want = {k: (v.copy() if isinstance(v, np.ndarray) else v) for k, v in args.items()}
+    megafuse.mega_fuse_rmsnorm_qkv(**got)
+    reference.mega_fuse_rmsnorm_qkv(**want)
+    for name in ("q_out", "k_out", "v_out"):
+        assert rel_err(got[name], want[name]) < TOL["float"], name
+
+
+def test_rmsnorm_qkv_rope_at_pos_zero_is_no_rotation():
+    args = qkv_case(pos=0)
+    plain = without_rope(args)
+    rotated = {k: (v.copy() if isinstance(v, np.ndarray) else v) for k, v in args.items()}
+    unrotated = {k: (v.copy() if isinstance(v, np.ndarray) else v) for k, v in plain.items()}
+    megafuse.mega_fuse_rmsnorm_qkv_rope(**rotated)
+    megafuse.mega_fuse_rmsnorm_qkv(**unrotated)
+    for name in ("q_out", "k_out", "v_out"):
+        assert np.array_equal(rotated[name], unrotated[name])
+
+
+def test_rmsnorm_qkv_agrees_with_decode_projection():
+    """The unaligned phase function and the fused decode compute the same q/k (via the cache)."""
+    case = decode_case(QWEN2_05B, bias=True, residual=False, pos=4)
+    a = case.args
+    H, G, D = a["num_heads"], a["num_kv_heads"], a["head_dim"]
+    qkv = dict(q_out=np.zeros(H * D, np.float32), k_out=np.zeros(G * D, np.float32),
+               v_out=np.zeros(G * D, np.float32), input=a["input"], gamma=a["ln1_gamma"],
+               W_qkv=np.concatenate([a["wq"], a["wk"], a["wv"]]),
+               b_qkv=np.concatenate([a["bq"], a["bk"], a["bv"]]),
+               rope_cos=a["rope_cos"], rope_sin=a["rope_sin"], pos=4, hidden=a["embed_dim"],
+               num_heads=H, num_kv_heads=G, head_dim=D, max_seq=a["rope_cos"].shape[0],
+               eps=a["eps"])
+    megafuse.mega_fuse_rmsnorm_qkv_rope(**qkv)
+    megafuse.mega_fused_attention_decode(**a)
+    assert rel_err(a["kv_cache_k"][:, 4, :].reshape(-1), qkv["k_out"]) < TOL["float"]
+    assert rel_err(a["kv_cache_v"][:, 4, :].reshape(-1), qkv["v_out"]) < TOL["float"]
+
+
+def test_kernels_release_the_gil():
+    """Two Python threads each running decode on their own buffers: both finish, results equal
+    the serial ones (no shared state between calls)."""
+    import threading
+    cases = [decode_case(LLAMA_STYLE, cache_capacity=300, pos=250, seed=s) for s in (1, 2)]
+    serial = [c.copy() for c in cases]
+    for c in serial:
+        megafuse.mega_fused_attention_decode(**c.args)
+    errors = []
+
+    def work(case):
+        try:
+            for _ in range(5):
+                megafuse.mega_fused_attention_decode(**case.args)
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+    threads_ = [threading.Thread(target=work, args=(c,)) for c in cases]
+    for t in threads_:
+        t.start()
+    for t in threads_:
+        t.join()
+    assert not errors
+    for c, s in zip(cases, serial):
+        assert np.array_equal(c.args["output"], s.args["output"])

@@ -1,0 +1,256 @@
+"""SPEC section 5 for the decode and rmsnorm_qkv entry points: each rule has a test; every
+rejected call leaves output, caches and workspaces byte-identical."""
+import numpy as np
+import pytest
+
+import megafuse
+from helpers import PADDED, QWEN2_05B, decode_case, decode_workspaces, qkv_case, without_rope
+
+
+def call_decode(args, workspace=False):
+    if workspace:
+        megafuse.mega_fused_attention_decode_workspace(**args)
+    else:
+        megafuse.mega_fused_attention_decode(**args)
+
+
+def ws_args(case):
+    q_ws, kv_ws = decode_workspaces(case)
+    return dict(case.args, q_output_workspace=q_ws, q_output_workspace_bytes=q_ws.nbytes,
+                kv_workspace=kv_ws, kv_workspace_bytes=kv_ws.nbytes)
+
+
+def writeable_snapshot(args):
+    return {k: v.tobytes() for k, v in args.items()
+            if isinstance(v, np.ndarray) and v.flags.writeable}
+
+
+def f32(n):
+    return np.zeros(n, dtype=np.float32)
+
+
+# (id, mutation of the args dict, exception, words the message must contain)
+DECODE_RULES = [
+    # wrong dtype / not an array -> TypeError
+    ("input-float64", lambda a: a.update(input=a["input"].astype(np.float64)), TypeError,
+     ["input", "float32", "float64"]),
+    ("wq-list", lambda a: a.update(wq=a["wq"].tolist()), TypeError, ["wq", "ndarray", "list"]),
+    ("output-int32", lambda a: a.update(output=a["output"].astype(np.int32)), TypeError,
+     ["output", "float32"]),
+    ("cache-byteswapped", lambda a: a.update(
+        kv_cache_k=a["kv_cache_k"].astype(">f4")), TypeError, ["kv_cache_k", "native"]),
+    ("gamma-none", lambda a: a.update(ln1_gamma=None), TypeError, ["ln1_gamma", "NoneType"]),
+    ("wo-none", lambda a: a.update(wo=None), TypeError, ["wo"]),
+    # dims <= 0 -> ValueError
+    ("embed_dim-0", lambda a: a.update(embed_dim=0), ValueError, ["embed_dim", "positive", "0"]),
+    ("num_heads-neg", lambda a: a.update(num_heads=-2), ValueError, ["num_heads", "-2"]),
+    ("num_kv_heads-0", lambda a: a.update(num_kv_heads=0), ValueError, ["num_kv_heads"]),
+    ("head_dim-0", lambda a: a.update(head_dim=0), ValueError, ["head_dim"]),
+    ("cache_capacity-0", lambda a: a.update(cache_capacity=0, pos=0), ValueError,
+     ["cache_capacity"]),
+    # int beyond the C type -> OverflowError
+    ("pos-huge", lambda a: a.update(pos=2 ** 40), OverflowError, []),
+    ("pos-float", lambda a: a.update(pos=3.0), TypeError, []),
+    # wrong size
+    ("wq-size", lambda a: a.update(wq=a["wq"][:-1].copy()), ValueError,
+     ["wq", "num_heads*aligned_head_dim", "elements"]),
+    ("bq-size", lambda a: a.update(bq=f32(3)), ValueError, ["bq", "3"]),
+    ("residual-size", lambda a: a.update(residual=f32(7)), ValueError, ["residual"]),
+    ("gamma-padded-size", lambda a: a.update(ln1_gamma=f32(a["aligned_embed_dim"] + 1)),
+     ValueError, ["ln1_gamma", "embed_dim"]),
+    ("cache-size", lambda a: a.update(kv_cache_v=a["kv_cache_v"][:, :-1].copy()), ValueError,
+     ["kv_cache_v", "cache_capacity"]),
+    # non-contiguous, read-only
+    ("input-strided", lambda a: a.update(input=np.repeat(a["input"], 2)[::2]), ValueError,
+     ["input", "contiguous"]),
+    ("output-readonly", lambda a: a["output"].setflags(write=False), ValueError,
+     ["output", "writeable"]),
+    ("cache-readonly", lambda a: a["kv_cache_k"].setflags(write=False), ValueError,
+     ["kv_cache_k", "writeable"]),
+    ("unaligned", lambda a: a.update(
+        input=np.frombuffer(np.zeros(a["aligned_embed_dim"] * 4 + 1, np.uint8).data, np.float32,
+                            a["aligned_embed_dim"], 1)), ValueError, ["input", "aligned"]),
+    # positions
+    ("pos-eq-capacity", lambda a: a.update(pos=a["cache_capacity"]), ValueError,
+     ["pos", "cache_capacity"]),
+    ("pos-negative", lambda a: a.update(pos=-1), ValueError, ["pos"]),
+    ("rope-too-short", lambda a: a.update(rope_cos=a["rope_cos"][:10].copy(),
+                                          rope_sin=a["rope_sin"][:10].copy()), ValueError,
+     ["rope_cos", "position 37"]),
+    ("rope-partial-row", lambda a: a.update(rope_sin=a["rope_sin"].reshape(-1)[:-1].copy()),
+     ValueError, ["rope_sin", "whole rows"]),
+    ("rope-one-none", lambda a: a.update(rope_sin=None), ValueError, ["rope_cos", "rope_sin"]),
+    # aligned < unaligned, heads, odd head_dim with rope
+    ("aligned-embed-small", lambda a: a.update(aligned_embed_dim=a["embed_dim"] - 1), ValueError,
+     ["aligned_embed_dim", "embed_dim"]),
+    ("aligned-head-small", lambda a: a.update(aligned_head_dim=a["head_dim"] - 2), ValueError,
+     ["aligned_head_dim"]),
+    ("heads-not-multiple", lambda a: a.update(num_kv_heads=4), ValueError,
+     ["num_heads", "multiple", "num_kv_heads"]),
+    ("odd-head-dim-rope", lambda a: a.update(head_dim=a["head_dim"] - 1), ValueError,
+     ["head_dim", "even"]),
+    # overlapping buffers
+    ("cache-k-is-v", lambda a: a.update(kv_cache_v=a["kv_cache_k"]), ValueError,
+     ["kv_cache_k", "overlaps", "kv_cache_v"]),
+    ("output-overlaps-input", lambda a: a.update(
+        output=np.zeros(a["aligned_embed_dim"] + 8, np.float32)[8:],
+        input=None) or a.update(input=a["output"].base[:a["aligned_embed_dim"]]), ValueError,
+     ["overlaps"]),
+    ("output-is-cache", lambda a: a.update(output=a["kv_cache_k"].reshape(-1)[:a["aligned_embed_dim"]]),
+     ValueError, ["overlaps"]),
+]
+
+
+@pytest.mark.parametrize("rule", DECODE_RULES, ids=[r[0] for r in DECODE_RULES])
+@pytest.mark.parametrize("workspace", [False, True], ids=["decode", "workspace"])
+def test_decode_rejects(rule, workspace):
+    _, mutate, exc, words = rule
+    case = decode_case(PADDED)
+    args = ws_args(case) if workspace else dict(case.args)
+    mutate(args)
+    snapshot = writeable_snapshot(args)
+    with pytest.raises(exc) as info:
+        call_decode(args, workspace)
+    for word in words:
+        assert word in str(info.value), f"{word!r} not in {info.value!r}"
+    assert writeable_snapshot(args) == snapshot, "a rejected call wrote to a buffer"
+
+
+def _workspace_holding_output(a):
+    """q_output_workspace large enough, but output lives inside it."""
+    big = np.zeros(a["q_output_workspace"].size + a["aligned_embed_dim"], np.float32)
+    a.update(q_output_workspace=big, q_output_workspace_bytes=big.nbytes,
+             output=big[-a["aligned_embed_dim"]:])
+
+
+WORKSPACE_RULES = [
+    ("q-ws-small", lambda a: a.update(q_output_workspace=f32(3), q_output_workspace_bytes=12),
+     ValueError, ["q_output_workspace", "at least"]),
+    ("q-bytes-small", lambda a: a.update(q_output_workspace_bytes=8), ValueError,
+     ["q_output_workspace_bytes", "at least"]),
+    ("kv-bytes-beyond-array", lambda a: a.update(kv_workspace_bytes=a["kv_workspace"].nbytes + 4),
+     ValueError, ["kv_workspace_bytes", "at most"]),
+    ("kv-bytes-zero", lambda a: a.update(kv_workspace_bytes=0), ValueError,
+     ["kv_workspace_bytes"]),
+    ("kv-bytes-negative", lambda a: a.update(kv_workspace_bytes=-4), OverflowError, []),
+    ("kv-ws-float64", lambda a: a.update(kv_workspace=np.zeros(1000)), TypeError,
+     ["kv_workspace", "float32"]),
+    ("q-ws-readonly", lambda a: a["q_output_workspace"].setflags(write=False), ValueError,
+     ["q_output_workspace", "writeable"]),
+    ("ws-overlaps-output", lambda a: _workspace_holding_output(a), ValueError, ["overlaps"]),
+    ("ws-shared", lambda a: a.update(kv_workspace=a["q_output_workspace"],
+                                     kv_workspace_bytes=a["q_output_workspace"].nbytes),
+     ValueError, ["overlaps"]),
+]
+
+
+@pytest.mark.parametrize("rule", WORKSPACE_RULES, ids=[r[0] for r in WORKSPACE_RULES])
+def test_decode_workspace_rejects(rule):
+    _, mutate, exc, words = rule
+    args = ws_args(decode_case(QWEN2_05B))
+    mutate(args)
+    snapshot = writeable_snapshot(args)
+    with pytest.raises(exc) as info:
+        megafuse.mega_fused_attention_decode_workspace(**args)
+    for word in words:
+        assert word in str(info.value), f"{word!r} not in {info.value!r}"
+    assert writeable_snapshot(args) == snapshot
+
+
+def test_decode_accepts_larger_workspaces_and_any_shape():
+    case = decode_case(QWEN2_05B)
+    args = ws_args(case)
+    args["q_output_workspace"] = np.zeros((2, 1000), np.float32)
+    args["q_output_workspace_bytes"] = 8000
+    args["kv_cache_k"] = args["kv_cache_k"].reshape(-1)    # only the element count matters
+    megafuse.mega_fused_attention_decode_workspace(**args)
+    assert np.isfinite(args["output"]).all()
+
+
+def test_decode_accepts_readonly_inputs():
+    case = decode_case(QWEN2_05B)
+    for name in ("input", "ln1_gamma", "wq", "wk", "wv", "wo", "bq", "rope_cos", "rope_sin"):
+        case.args[name].setflags(write=False)
+    megafuse.mega_fused_attention_decode(**case.args)
+    assert np.isfinite(case.args["output"]).all()
+
+
+QKV_RULES = [
+    ("hidden-0", lambda a: a.update(hidden=0), ValueError, ["hidden"]),
+    ("max_seq-0", lambda a: a.update(max_seq=0, pos=0), ValueError, ["max_seq"]),
+    ("pos-ge-max_seq", lambda a: a.update(pos=a["max_seq"]), ValueError, ["pos", "max_seq"]),
+    ("W-size", lambda a: a.update(W_qkv=a["W_qkv"][:-1].copy()), ValueError, ["W_qkv"]),
+    ("b-size", lambda a: a.update(b_qkv=f32(5)), ValueError, ["b_qkv"]),
+    ("q_out-size", lambda a: a.update(q_out=f32(5)), ValueError, ["q_out"]),
+    ("k_out-float16", lambda a: a.update(k_out=a["k_out"].astype(np.float16)), TypeError,
+     ["k_out"]),
+    ("v_out-readonly", lambda a: a["v_out"].setflags(write=False), ValueError,
+     ["v_out", "writeable"]),
+    ("heads", lambda a: a.update(num_heads=5), ValueError, ["num_heads", "multiple"]),
+    ("rope-short", lambda a: a.update(rope_cos=a["rope_cos"][:2].copy()), ValueError,
+     ["rope_cos"]),
+    ("k-is-v", lambda a: a.update(v_out=a["k_out"]), ValueError, ["overlaps"]),
+    ("q-is-input", lambda a: a.update(q_out=np.zeros(a["hidden"], np.float32),
+                                      num_heads=a["hidden"] // a["head_dim"]) or
+     a.update(input=a["q_out"]), ValueError, ["overlaps"]),
+]
+
+
+@pytest.mark.parametrize("rule", QKV_RULES, ids=[r[0] for r in QKV_RULES])
+def test_rmsnorm_qkv_rope_rejects(rule):
+    _, mutate, exc, words = rule
+    args = qkv_case()
+    mutate(args)
+    snapshot = writeable_snapshot(args)
+    with pytest.raises(exc) as info:
+        megafuse.mega_fuse_rmsnorm_qkv_rope(**args)
+    for word in words:
+        assert word in str(info.value), f"{word!r} not in {info.value!r}"
+    assert writeable_snapshot(args) == snapshot
+
+
+def test_rmsnorm_qkv_rejects_bad_sizes():
+    args = without_rope(qkv_case())
+    args["input"] = f32(3)
+    with pytest.raises(ValueError, match="input"):
+        megafuse.mega_fuse_rmsnorm_qkv(**args)
+    args = without_rope(qkv_case())
+    args["gamma"] = args["gamma"].astype(np.float64)
+    with pytest.raises(TypeError, match="gamma"):
+        megafuse.mega_fuse_rmsnorm_qkv(**args)
+
+
+@pytest.mark.parametrize("call", [
+    lambda: megafuse.mega_fuse_get_optimal_tiles(0),
+    lambda: megafuse.mega_fuse_get_optimal_tiles(-64),
+    lambda: megafuse.mega_fuse_report_stats(0, 24, 128),
+    lambda: megafuse.mega_fuse_report_stats(896, 0, 128),
+    lambda: megafuse.mega_fuse_report_stats(896, 24, -1),
+])
+def test_size_arguments_must_be_positive(call):
+    with pytest.raises(ValueError):
+        call()
+
+
+@pytest.mark.parametrize("bad", [0, -1, "2", 2.5])
+def test_set_num_threads_rejects(threads, bad):
+    with pytest.raises((ValueError, TypeError)):
+        megafuse.set_num_threads(bad)
+
+
+def test_fuzzed_arguments_never_crash():
+    """Random mixes of wrong sizes/dims: always a Python exception or a valid run, never a
+    crash; the cache is untouched whenever the call raised."""
+    rng = np.random.default_rng(123)
+    keys = ["embed_dim", "aligned_embed_dim", "num_heads", "num_kv_heads", "head_dim",
+            "aligned_head_dim", "cache_capacity", "pos"]
+    for _ in range(300):
+        case = decode_case(PADDED, cache_capacity=16, pos=3)
+        args = dict(case.args)
+        for key in rng.choice(keys, size=rng.integers(1, 4), replace=False):
+            args[key] = int(args[key] + rng.integers(-3, 4) * rng.choice([1, 8, 1000]))
+        snapshot = writeable_snapshot(args)
+        try:
+            megafuse.mega_fused_attention_decode(**args)
+        except (ValueError, TypeError, OverflowError):
+            assert writeable_snapshot(args) == snapshot
