@@ -18,10 +18,20 @@ from megafuse._dtype import (  # noqa: F401
 from megafuse._kernels import (  # noqa: F401
     mega_fused_attention_decode,
     mega_fused_attention_decode_workspace,
+    mega_fused_attention_prefill,
+    mega_fused_attention_prefill_q8_0,
+    mega_fused_attention_prefill_scratch_size,
+    mega_fused_attention_prefill_q8_0_scratch_size,
+    mega_fused_outproj_mlp_prefill,
+    mega_fused_outproj_mlp_prefill_scratch_size,
+    mega_fused_mlp_prefill,
+    mega_fused_mlp_prefill_scratch_size,
     mega_fuse_rmsnorm_qkv,
     mega_fuse_rmsnorm_qkv_rope,
     mega_fuse_get_optimal_tiles,
     mega_fuse_report_stats,
+    quantize,
+    dequantize,
     set_num_threads,
     get_num_threads,
     simd_level,
@@ -39,8 +49,14 @@ __version__ = "0.1.0"
 __all__ = [
     # the header's functions
     "mega_fused_attention_decode", "mega_fused_attention_decode_workspace",
+    "mega_fused_attention_prefill", "mega_fused_attention_prefill_q8_0",
+    "mega_fused_attention_prefill_scratch_size", "mega_fused_attention_prefill_q8_0_scratch_size",
+    "mega_fused_outproj_mlp_prefill", "mega_fused_outproj_mlp_prefill_scratch_size",
+    "mega_fused_mlp_prefill", "mega_fused_mlp_prefill_scratch_size",
     "mega_fuse_rmsnorm_qkv", "mega_fuse_rmsnorm_qkv_rope", "mega_fuse_get_optimal_tiles",
     "mega_fuse_report_stats",
+    # weight formats
+    "quantize", "dequantize",
     # data types
     "CKDataType", "CK_DT_FP32", "CK_DT_BF16", "CK_DT_FP16", "CK_DT_INT8", "CK_DT_INT4",
     "CK_DT_Q4_0", "CK_DT_Q4_1", "CK_DT_Q4_K", "CK_DT_Q6_K", "CK_DT_Q8_0", "CK_DT_Q8_K",

@@ -11,8 +11,9 @@ cdef extern from "megafuse/mf_simd.h" nogil:
 
 # Bump when a field is added or a signature changes: a level module of another version is refused.
 cdef enum:
-    KERNEL_TABLE_VERSION = 1
-    MF_MAX_KV_TILE = 256      # upper bound of the KV tile (decode keeps one tile of scores on the stack)
+    KERNEL_TABLE_VERSION = 2
+    MF_MAX_KV_TILE = 256      # upper bound of the KV tile (a tile of scores lives on the stack)
+    MF_MAX_Q_TILE = 128       # upper bound of the query tile (its softmax state lives on the stack)
 
 ctypedef void (*attention_decode_fn)(
     float *output,                # [Ea]
@@ -46,8 +47,70 @@ ctypedef void (*rmsnorm_qkv_rope_fn)(
     int pos, int hidden, int num_heads, int num_kv_heads, int head_dim, float eps,
     int num_threads) noexcept nogil
 
+ctypedef void (*attention_prefill_fn)(
+    float *output,                # [T, Ea]
+    const float *input,           # [T, Ea]
+    const float *residual,        # [T, Ea] or NULL
+    const float *ln1_gamma,       # [E]
+    const void *wq, const float *bq, int wq_dt,   # [H*Da, Ea] in wq_dt, [H*Da] or NULL
+    const void *wk, const float *bk, int wk_dt,   # [G*Da, Ea] in wk_dt, [G*Da] or NULL
+    const void *wv, const float *bv, int wv_dt,   # [G*Da, Ea] in wv_dt, [G*Da] or NULL
+    const void *wo, const float *bo, int wo_dt,   # [Ea, H*Da] in wo_dt, [Ea] or NULL
+    float *kv_cache_k, float *kv_cache_v,         # [G, cache_capacity, Da]
+    const float *rope_cos, const float *rope_sin, # [>= start_pos+T, D/2] or NULL
+    int start_pos, int tokens, int cache_capacity, int embed_dim, int aligned_embed_dim,
+    int num_heads, int num_kv_heads, int head_dim, int aligned_head_dim, float eps,
+    void *scratch,                # include/megafuse/mf_scratch.h layout
+    int int8_path, int q_tile, int kv_tile, int num_threads) noexcept nogil
+
+ctypedef void (*mlp_prefill_fn)(
+    float *output,                # [T, Ea]
+    const float *attn_out,        # [H, T, Da] head-major, or NULL (mega_fused_mlp_prefill)
+    const float *input,           # [T, Ea] (mega_fused_mlp_prefill) or NULL
+    const float *residual,        # [T, Ea] or NULL
+    const float *ln2_gamma,       # [E]
+    const void *wo, const float *bo, int wo_dt,   # [Ea, H*Da], [Ea] or NULL
+    const void *w1, const float *b1, int w1_dt,   # [2*Ia, Ea], [2*Ia] or NULL
+    const void *w2, const float *b2, int w2_dt,   # [Ea, Ia], [Ea] or NULL
+    int tokens, int embed_dim, int aligned_embed_dim, int num_heads, int aligned_head_dim,
+    int intermediate_dim, int aligned_intermediate_dim, float eps,
+    void *scratch,                # include/megafuse/mf_scratch.h layout
+    int num_threads) noexcept nogil
+
+# Block formats (megafuse/_quant.pxi).  R = rows, C = columns, RB = ck_dtype_row_bytes(dt, C),
+# AB = mf_activation_row_bytes(dt, C).
+ctypedef void (*quantize_rows_fn)(
+    const float *x,               # [R, C] float32
+    void *dst,                    # [R, RB] in weight format dt
+    Py_ssize_t rows, Py_ssize_t cols, int dt, int num_threads) noexcept nogil
+
+ctypedef void (*dequantize_rows_fn)(
+    const void *src,              # [R, RB] in weight format dt
+    float *dst,                   # [R, C] float32
+    Py_ssize_t rows, Py_ssize_t cols, int dt, int num_threads) noexcept nogil
+
+ctypedef void (*row_dot_fn)(      # test hook: out[r] = w[r] . x, float (0) or int8 (1) path
+    const void *w,                # [R, RB]
+    int dt,
+    const float *x,               # [C]
+    Py_ssize_t rows, Py_ssize_t cols, int quantized,
+    void *act_scratch,            # [AB]: x quantized for dt (int8 path)
+    float *out,                   # [R]
+    int num_threads) noexcept nogil
+
+ctypedef void (*quantize_activations_fn)(   # test hook: the int8 path's activation rows
+    const float *x,               # [R, C] float32
+    void *dst,                    # [R, AB]
+    Py_ssize_t rows, Py_ssize_t cols, int dt_of_weight, int num_threads) noexcept nogil
+
 ctypedef struct KernelTable:
     int version
     const char *simd_level
     attention_decode_fn attention_decode
     rmsnorm_qkv_rope_fn rmsnorm_qkv_rope
+    attention_prefill_fn attention_prefill
+    mlp_prefill_fn mlp_prefill
+    quantize_rows_fn quantize_rows
+    dequantize_rows_fn dequantize_rows
+    row_dot_fn row_dot
+    quantize_activations_fn quantize_activations

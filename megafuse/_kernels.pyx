@@ -20,7 +20,8 @@ import sys
 import numpy as np
 
 from megafuse import _simd
-from megafuse._kernel_table cimport KernelTable, KERNEL_TABLE_VERSION, MF_MAX_KV_TILE
+from megafuse._kernel_table cimport (
+    KernelTable, KERNEL_TABLE_VERSION, MF_MAX_KV_TILE, MF_MAX_Q_TILE)
 
 cnp.import_array()
 
@@ -127,7 +128,7 @@ cdef void _tiles_from_cache_sizes(Py_ssize_t l1d, Py_ssize_t l2, int head_dim, i
         return
     kv = _clamp(_floor_pow2((l1d // 2) // (d * 4)), 16, MF_MAX_KV_TILE)
     kv_tile[0] = <int>kv
-    q_tile[0] = <int>_clamp(_floor_pow2((l2 // 2) // ((2 * d + kv) * 4)), 16, 128)
+    q_tile[0] = <int>_clamp(_floor_pow2((l2 // 2) // ((2 * d + kv) * 4)), 16, MF_MAX_Q_TILE)
 
 
 cdef void c_mega_fuse_get_optimal_tiles(int *q_tile, int *kv_tile, int head_dim) noexcept nogil:
@@ -153,8 +154,9 @@ def _set_tile_override(q_tile=None, kv_tile=None):
     if q_tile is None and kv_tile is None:
         _q_tile_override = _kv_tile_override = 0
         return
-    if not (1 <= int(kv_tile) <= MF_MAX_KV_TILE and int(q_tile) >= 1):
-        raise ValueError(f"kv_tile: expected 1..{MF_MAX_KV_TILE}, got {kv_tile}")
+    if not (1 <= int(kv_tile) <= MF_MAX_KV_TILE and 1 <= int(q_tile) <= MF_MAX_Q_TILE):
+        raise ValueError(f"tiles: expected q_tile in 1..{MF_MAX_Q_TILE} and kv_tile in "
+                         f"1..{MF_MAX_KV_TILE}, got {q_tile}, {kv_tile}")
     _q_tile_override, _kv_tile_override = int(q_tile), int(kv_tile)
 
 
@@ -640,6 +642,376 @@ def mega_fuse_rmsnorm_qkv_rope(q_out, k_out, v_out, input, gamma, W_qkv, b_qkv, 
 
 
 # --------------------------------------------------------------------------------------------
+# Prefill: T tokens through the fused block, weights in any format
+# --------------------------------------------------------------------------------------------
+
+cdef extern from "megafuse/mf_scratch.h" nogil:
+    ctypedef struct mf_prefill_scratch:
+        size_t total
+    mf_prefill_scratch mf_prefill_scratch_layout(size_t T, size_t Ea, size_t H, size_t Da,
+                                                 int int8_path)
+
+_FP16_ARRAYS = (np.dtype(np.float16), np.dtype(np.uint16))
+_BF16_ARRAYS = (np.dtype(np.uint16),)
+_BLOCK_ARRAYS = (np.dtype(np.uint8),)
+
+
+cdef int _weight(object arr, str name, object dt, Py_ssize_t rows, Py_ssize_t cols,
+                 str shape) except -1:
+    """Check a `const void *w, CKDataType w_dt` pair: a weight of [rows, cols] in format dt.
+    Returns the format's value."""
+    cdef int value = _weight_dtype_arg(dt, name + "_dt")
+    cdef Py_ssize_t block = ck_dtype_block_size_c(value)
+    from megafuse._dtype import CKDataType as _E
+    fmt = _E(value).name
+    if cols % block:
+        raise ValueError(f"{name}: {fmt} stores rows in whole blocks of {block} weights, but "
+                         f"{shape} has {cols} columns")
+    if value == 0:
+        _array(arr, name, _F32, rows * cols, shape)
+    elif value == 2:
+        _array(arr, name, _FP16_ARRAYS, rows * cols, shape)
+    elif value == 1:
+        _array(arr, name, _BF16_ARRAYS, rows * cols, shape)
+    else:
+        _array(arr, name, _BLOCK_ARRAYS, rows * ck_dtype_row_bytes_c(value, cols),
+               f"{shape} in {fmt} = {rows} rows of {ck_dtype_row_bytes_c(value, cols)} bytes, "
+               f"i.e. a byte count of")
+    return value
+
+
+cdef object _scratch(object scratch, Py_ssize_t need, str name="scratch"):
+    """Any-dtype, C-contiguous, writeable, 4-byte aligned, at least `need` bytes."""
+    if not isinstance(scratch, np.ndarray):
+        raise TypeError(f"{name}: expected a numpy.ndarray (any dtype), got "
+                        f"{type(scratch).__name__}")
+    if not scratch.flags.c_contiguous:
+        raise ValueError(f"{name}: expected a C-contiguous array, got strides {scratch.strides}")
+    if not scratch.flags.writeable:
+        raise ValueError(f"{name}: expected a writeable array, got a read-only one")
+    if scratch.nbytes < need:
+        raise ValueError(f"{name}: expected at least {need} bytes (the *_scratch_size helper), "
+                         f"got {scratch.nbytes}")
+    if _addr(scratch) % 4:
+        raise ValueError(f"{name}: expected an address aligned to 4 bytes, got "
+                         f"{_addr(scratch):#x}")
+    return scratch
+
+
+cdef Py_ssize_t _prefill_scratch_bytes(tokens, aligned_embed_dim, num_heads, aligned_head_dim,
+                                       bint int8_path) except -1:
+    tokens = _int_arg(tokens, "tokens")
+    aligned_embed_dim = _int_arg(aligned_embed_dim, "aligned_embed_dim")
+    num_heads = _int_arg(num_heads, "num_heads")
+    aligned_head_dim = _int_arg(aligned_head_dim, "aligned_head_dim")
+    for name, value in (("tokens", tokens), ("aligned_embed_dim", aligned_embed_dim),
+                        ("num_heads", num_heads), ("aligned_head_dim", aligned_head_dim)):
+        _positive(value, name)
+    return mf_prefill_scratch_layout(tokens, aligned_embed_dim, num_heads, aligned_head_dim,
+                                     int8_path).total
+
+
+def mega_fused_attention_prefill_scratch_size(tokens, aligned_embed_dim, num_heads,
+                                              aligned_head_dim):
+    """Bytes of scratch mega_fused_attention_prefill uses (exactly: it touches no byte past).
+
+    Layout (include/megafuse/mf_scratch.h), regions at 64-byte offsets:
+      A [T, H*Da] float32      q;
+      B [T, max(Ea, H*Da)] f32 the normalised input, then the attention output.
+    k and v go straight into the KV cache; no [T, T] or [T, cache] array exists.
+    """
+    return _prefill_scratch_bytes(tokens, aligned_embed_dim, num_heads, aligned_head_dim, False)
+
+
+def mega_fused_attention_prefill_q8_0_scratch_size(tokens, aligned_embed_dim, num_heads,
+                                                   aligned_head_dim):
+    """Bytes of scratch mega_fused_attention_prefill_q8_0 uses (exactly).
+
+    The regions A and B of the float prefill (A later holds the quantized attention rows), then
+    C: the normalised input quantized to Q8_0 ([T] rows of Ea/32 blocks of 34 bytes, when
+    Ea % 32 == 0) and to Q8_K ([T] rows of Ea/256 blocks of 292 bytes, when Ea % 256 == 0) -- the
+    helper takes no dtypes, so room is made for both formats a mix of weights can need.
+    """
+    return _prefill_scratch_bytes(tokens, aligned_embed_dim, num_heads, aligned_head_dim, True)
+
+
+cdef object _prefill(output, input, residual, ln1_gamma, wq, bq, wq_dt, wk, bk, wk_dt, wv, bv,
+                     wv_dt, wo, bo, wo_dt, kv_cache_k, kv_cache_v, rope_cos, rope_sin,
+                     start_pos, tokens, cache_capacity, embed_dim, aligned_embed_dim,
+                     num_heads, num_kv_heads, head_dim, aligned_head_dim, float eps, scratch,
+                     bint int8_path):
+    """Validate every argument of either prefill variant (SPEC section 5), then run it."""
+    start_pos = _int_arg(start_pos, "start_pos")
+    tokens = _int_arg(tokens, "tokens")
+    cache_capacity = _int_arg(cache_capacity, "cache_capacity")
+    embed_dim = _int_arg(embed_dim, "embed_dim")
+    aligned_embed_dim = _int_arg(aligned_embed_dim, "aligned_embed_dim")
+    num_heads = _int_arg(num_heads, "num_heads")
+    num_kv_heads = _int_arg(num_kv_heads, "num_kv_heads")
+    head_dim = _int_arg(head_dim, "head_dim")
+    aligned_head_dim = _int_arg(aligned_head_dim, "aligned_head_dim")
+    cdef Py_ssize_t E = embed_dim, Ea = aligned_embed_dim, H = num_heads, G = num_kv_heads
+    cdef Py_ssize_t D = head_dim, Da = aligned_head_dim, C = cache_capacity, T = tokens
+    _positive(tokens, "tokens")
+    _check_aligned(aligned_embed_dim, embed_dim, "aligned_embed_dim", "embed_dim")
+    _check_heads(num_heads, num_kv_heads)
+    _check_aligned(aligned_head_dim, head_dim, "aligned_head_dim", "head_dim")
+    _positive(cache_capacity, "cache_capacity")
+    if start_pos < 0:
+        raise ValueError(f"start_pos: expected a position >= 0, got {start_pos}")
+    if start_pos + T > C:
+        raise ValueError(f"start_pos: expected start_pos + tokens <= cache_capacity = {C}, got "
+                         f"{start_pos} + {T} = {start_pos + T}")
+    rows = "[tokens, aligned_embed_dim]"
+    _array(output, "output", _F32, T * Ea, rows, True)
+    _array(input, "input", _F32, T * Ea, rows)
+    _optional(residual, "residual", _F32, T * Ea, rows)
+    _array(ln1_gamma, "ln1_gamma", _F32, E, "[embed_dim]")
+    cdef int q_dt = _weight(wq, "wq", wq_dt, H * Da, Ea,
+                            "[num_heads*aligned_head_dim, aligned_embed_dim]")
+    cdef int k_dt = _weight(wk, "wk", wk_dt, G * Da, Ea,
+                            "[num_kv_heads*aligned_head_dim, aligned_embed_dim]")
+    cdef int v_dt = _weight(wv, "wv", wv_dt, G * Da, Ea,
+                            "[num_kv_heads*aligned_head_dim, aligned_embed_dim]")
+    cdef int o_dt = _weight(wo, "wo", wo_dt, Ea, H * Da,
+                            "[aligned_embed_dim, num_heads*aligned_head_dim]")
+    _optional(bq, "bq", _F32, H * Da, "[num_heads*aligned_head_dim]")
+    _optional(bk, "bk", _F32, G * Da, "[num_kv_heads*aligned_head_dim]")
+    _optional(bv, "bv", _F32, G * Da, "[num_kv_heads*aligned_head_dim]")
+    _optional(bo, "bo", _F32, Ea, "[aligned_embed_dim]")
+    cache_shape = "[num_kv_heads, cache_capacity, aligned_head_dim]"
+    _array(kv_cache_k, "kv_cache_k", _F32, G * C * Da, cache_shape, True)
+    _array(kv_cache_v, "kv_cache_v", _F32, G * C * Da, cache_shape, True)
+    _rope_tables(rope_cos, rope_sin, D, start_pos + T - 1)
+    _scratch(scratch, mf_prefill_scratch_layout(T, Ea, H, Da, int8_path).total)
+    _no_overlap((("output", output), ("kv_cache_k", kv_cache_k), ("kv_cache_v", kv_cache_v),
+                 ("scratch", scratch)),
+                (("input", input), ("residual", residual), ("ln1_gamma", ln1_gamma),
+                 ("wq", wq), ("bq", bq), ("wk", wk), ("bk", bk), ("wv", wv), ("bv", bv),
+                 ("wo", wo), ("bo", bo), ("rope_cos", rope_cos), ("rope_sin", rope_sin)),
+                may_alias=("input", "residual"))
+
+    cdef int q_tile, kv_tile
+    c_mega_fuse_get_optimal_tiles(&q_tile, &kv_tile, head_dim)
+    cdef float *p_out = _wp(output)
+    cdef const float *p_in = _fp(input)
+    cdef const float *p_res = _fp(residual)
+    cdef const float *p_g = _fp(ln1_gamma)
+    cdef const void *p_wq = cnp.PyArray_DATA(<cnp.ndarray>wq)
+    cdef const void *p_wk = cnp.PyArray_DATA(<cnp.ndarray>wk)
+    cdef const void *p_wv = cnp.PyArray_DATA(<cnp.ndarray>wv)
+    cdef const void *p_wo = cnp.PyArray_DATA(<cnp.ndarray>wo)
+    cdef const float *p_bq = _fp(bq)
+    cdef const float *p_bk = _fp(bk)
+    cdef const float *p_bv = _fp(bv)
+    cdef const float *p_bo = _fp(bo)
+    cdef float *p_kc = _wp(kv_cache_k)
+    cdef float *p_vc = _wp(kv_cache_v)
+    cdef const float *p_cos = _fp(rope_cos)
+    cdef const float *p_sin = _fp(rope_sin)
+    cdef void *p_scratch = cnp.PyArray_DATA(<cnp.ndarray>scratch)
+    cdef int sp = start_pos, nt = tokens, cap = cache_capacity, e_ = embed_dim
+    cdef int ea = aligned_embed_dim, h_ = num_heads, g_ = num_kv_heads, d_ = head_dim
+    cdef int da = aligned_head_dim, threads = _num_threads
+    with nogil:
+        _K.attention_prefill(p_out, p_in, p_res, p_g, p_wq, p_bq, q_dt, p_wk, p_bk, k_dt, p_wv,
+                             p_bv, v_dt, p_wo, p_bo, o_dt, p_kc, p_vc, p_cos, p_sin, sp, nt,
+                             cap, e_, ea, h_, g_, d_, da, eps, p_scratch, int8_path, q_tile,
+                             kv_tile, threads)
+
+
+def mega_fused_attention_prefill(output, input, residual, ln1_gamma, wq, bq, wq_dt, wk, bk,
+                                 wk_dt, wv, bv, wv_dt, wo, bo, wo_dt, kv_cache_k, kv_cache_v,
+                                 rope_cos, rope_sin, start_pos, tokens, cache_capacity,
+                                 embed_dim, aligned_embed_dim, num_heads, num_kv_heads,
+                                 head_dim, aligned_head_dim, float eps, scratch):
+    """T = tokens rows through the fused attention block, every activation in float32.
+
+    Row t is the token at absolute position start_pos + t: its k, v are written to row
+    [g, start_pos + t] of the caches, and it attends over positions 0..start_pos+t (causal
+    flash attention in tiles of mega_fuse_get_optimal_tiles(head_dim); no [T, T] array).
+    Layouts: input, residual, output [T, Ea]; wq [H*Da, Ea], wk/wv [G*Da, Ea], wo [Ea, H*Da],
+    each in its own format (w*_dt: FP32 float32, FP16 float16/uint16, BF16 uint16, the GGML
+    block formats uint8), dequantized in registers; biases float32 or None; caches
+    [G, cache_capacity, Da]; rope tables [>= start_pos+T rows, D/2] or both None.
+    scratch: any writeable array of at least mega_fused_attention_prefill_scratch_size(...)
+    bytes.  output may be input or residual itself.
+    """
+    _prefill(output, input, residual, ln1_gamma, wq, bq, wq_dt, wk, bk, wk_dt, wv, bv, wv_dt,
+             wo, bo, wo_dt, kv_cache_k, kv_cache_v, rope_cos, rope_sin, start_pos, tokens,
+             cache_capacity, embed_dim, aligned_embed_dim, num_heads, num_kv_heads, head_dim,
+             aligned_head_dim, eps, scratch, False)
+
+
+def mega_fused_attention_prefill_q8_0(output, input, residual, ln1_gamma, wq, bq, wq_dt, wk,
+                                      bk, wk_dt, wv, bv, wv_dt, wo, bo, wo_dt, kv_cache_k,
+                                      kv_cache_v, rope_cos, rope_sin, start_pos, tokens,
+                                      cache_capacity, embed_dim, aligned_embed_dim, num_heads,
+                                      num_kv_heads, head_dim, aligned_head_dim, float eps,
+                                      scratch):
+    """mega_fused_attention_prefill on the int8 path.
+
+    The normalised input rows (for the Q/K/V projections) and the attention output rows (for
+    the out-projection) are quantized to the activation format of each weight -- Q8_0 for
+    Q4_0/Q4_1/Q5_0/Q5_1/Q8_0, Q8_K for Q4_K/Q5_K/Q6_K -- and multiplied with integer dot
+    products (GGML's vec_dot scheme); FP32/FP16/BF16 weights stay float.  Same layouts;
+    scratch: mega_fused_attention_prefill_q8_0_scratch_size(...) bytes.
+    """
+    _prefill(output, input, residual, ln1_gamma, wq, bq, wq_dt, wk, bk, wk_dt, wv, bv, wv_dt,
+             wo, bo, wo_dt, kv_cache_k, kv_cache_v, rope_cos, rope_sin, start_pos, tokens,
+             cache_capacity, embed_dim, aligned_embed_dim, num_heads, num_kv_heads, head_dim,
+             aligned_head_dim, eps, scratch, True)
+
+
+# --------------------------------------------------------------------------------------------
+# The post-attention block: out-projection + residual -> RMSNorm -> SwiGLU MLP -> residual
+# --------------------------------------------------------------------------------------------
+
+cdef extern from "megafuse/mf_scratch.h" nogil:
+    ctypedef struct mf_mlp_scratch:
+        size_t total
+    mf_mlp_scratch mf_mlp_scratch_layout(size_t T, size_t Ea, size_t hda, size_t Ia)
+
+
+def mega_fused_outproj_mlp_prefill_scratch_size(tokens, aligned_embed_dim, num_heads,
+                                                aligned_head_dim, aligned_intermediate_dim):
+    """Bytes of scratch mega_fused_outproj_mlp_prefill uses (exactly).
+
+    Per tile of up to 32 tokens (include/megafuse/mf_scratch.h): the tile's attention rows,
+    then its normalised rows [tile, max(H*Da, Ea)] float32 and their quantized copy; the SwiGLU
+    activation [tile, Ia] float32 and its quantized copy.  Nothing grows with the prompt beyond
+    one tile: no [T, I] buffer.
+    """
+    values = [_int_arg(v, n) for v, n in ((tokens, "tokens"),
+              (aligned_embed_dim, "aligned_embed_dim"), (num_heads, "num_heads"),
+              (aligned_head_dim, "aligned_head_dim"),
+              (aligned_intermediate_dim, "aligned_intermediate_dim"))]
+    for value, name in zip(values, ("tokens", "aligned_embed_dim", "num_heads",
+                                    "aligned_head_dim", "aligned_intermediate_dim")):
+        _positive(value, name)
+    T, Ea, H, Da, Ia = values
+    return mf_mlp_scratch_layout(T, Ea, H * Da, Ia).total
+
+
+def mega_fused_mlp_prefill_scratch_size(tokens, aligned_embed_dim, aligned_intermediate_dim):
+    """Bytes of scratch mega_fused_mlp_prefill uses (exactly): the tile buffers of
+    mega_fused_outproj_mlp_prefill_scratch_size without the attention rows."""
+    values = [_int_arg(v, n) for v, n in ((tokens, "tokens"),
+              (aligned_embed_dim, "aligned_embed_dim"),
+              (aligned_intermediate_dim, "aligned_intermediate_dim"))]
+    for value, name in zip(values, ("tokens", "aligned_embed_dim", "aligned_intermediate_dim")):
+        _positive(value, name)
+    T, Ea, Ia = values
+    return mf_mlp_scratch_layout(T, Ea, 0, Ia).total
+
+
+cdef object _mlp(output, attn_out, input, residual, ln2_gamma, wo, bo, wo_dt, w1, b1, w1_dt, w2,
+                 b2, w2_dt, tokens, embed_dim, aligned_embed_dim, num_heads, aligned_head_dim,
+                 intermediate_dim, aligned_intermediate_dim, float eps, scratch,
+                 bint with_outproj):
+    """Validate either MLP entry (SPEC section 5), then run the one kernel behind both."""
+    tokens = _int_arg(tokens, "tokens")
+    embed_dim = _int_arg(embed_dim, "embed_dim")
+    aligned_embed_dim = _int_arg(aligned_embed_dim, "aligned_embed_dim")
+    intermediate_dim = _int_arg(intermediate_dim, "intermediate_dim")
+    aligned_intermediate_dim = _int_arg(aligned_intermediate_dim, "aligned_intermediate_dim")
+    if with_outproj:
+        num_heads = _int_arg(num_heads, "num_heads")
+        aligned_head_dim = _int_arg(aligned_head_dim, "aligned_head_dim")
+        _positive(num_heads, "num_heads")
+        _positive(aligned_head_dim, "aligned_head_dim")
+    else:
+        num_heads, aligned_head_dim = 0, 0
+    cdef Py_ssize_t T = tokens, E = embed_dim, Ea = aligned_embed_dim
+    cdef Py_ssize_t I = intermediate_dim, Ia = aligned_intermediate_dim
+    cdef Py_ssize_t HDa = <Py_ssize_t>num_heads * aligned_head_dim
+    _positive(tokens, "tokens")
+    _check_aligned(aligned_embed_dim, embed_dim, "aligned_embed_dim", "embed_dim")
+    _check_aligned(aligned_intermediate_dim, intermediate_dim, "aligned_intermediate_dim",
+                   "intermediate_dim")
+    rows = "[tokens, aligned_embed_dim]"
+    _array(output, "output", _F32, T * Ea, rows, True)
+    if with_outproj:
+        _array(attn_out, "attn_out", _F32, HDa * T, "[num_heads, tokens, aligned_head_dim]")
+    else:
+        _array(input, "input", _F32, T * Ea, rows)
+    _optional(residual, "residual", _F32, T * Ea, rows)
+    _array(ln2_gamma, "ln2_gamma", _F32, E, "[embed_dim]")
+    cdef int o_dt = 0
+    if with_outproj:
+        o_dt = _weight(wo, "wo", wo_dt, Ea, HDa, "[aligned_embed_dim, num_heads*aligned_head_dim]")
+        _optional(bo, "bo", _F32, Ea, "[aligned_embed_dim]")
+    cdef int g_dt = _weight(w1, "w1", w1_dt, 2 * Ia, Ea,
+                            "[2*aligned_intermediate_dim, aligned_embed_dim]")
+    _optional(b1, "b1", _F32, 2 * Ia, "[2*aligned_intermediate_dim]")
+    cdef int d_dt = _weight(w2, "w2", w2_dt, Ea, Ia,
+                            "[aligned_embed_dim, aligned_intermediate_dim]")
+    _optional(b2, "b2", _F32, Ea, "[aligned_embed_dim]")
+    _scratch(scratch, mf_mlp_scratch_layout(T, Ea, HDa, Ia).total)
+    reads = (("residual", residual), ("ln2_gamma", ln2_gamma), ("w1", w1), ("b1", b1),
+             ("w2", w2), ("b2", b2))
+    if with_outproj:
+        reads += (("attn_out", attn_out), ("wo", wo), ("bo", bo))
+    else:
+        reads += (("input", input),)
+    _no_overlap((("output", output), ("scratch", scratch)), reads,
+                may_alias=("residual",) if with_outproj else ("input", "residual"))
+
+    cdef float *p_out = _wp(output)
+    cdef const float *p_attn = _fp(attn_out) if with_outproj else NULL
+    cdef const float *p_in = NULL if with_outproj else _fp(input)
+    cdef const float *p_res = _fp(residual)
+    cdef const float *p_g = _fp(ln2_gamma)
+    cdef const void *p_wo = cnp.PyArray_DATA(<cnp.ndarray>wo) if with_outproj else NULL
+    cdef const float *p_bo = _fp(bo) if with_outproj else NULL
+    cdef const void *p_w1 = cnp.PyArray_DATA(<cnp.ndarray>w1)
+    cdef const float *p_b1 = _fp(b1)
+    cdef const void *p_w2 = cnp.PyArray_DATA(<cnp.ndarray>w2)
+    cdef const float *p_b2 = _fp(b2)
+    cdef void *p_scratch = cnp.PyArray_DATA(<cnp.ndarray>scratch)
+    cdef int nt = tokens, e_ = embed_dim, ea = aligned_embed_dim, h_ = num_heads
+    cdef int da = aligned_head_dim, i_ = intermediate_dim, ia = aligned_intermediate_dim
+    cdef int threads = _num_threads
+    with nogil:
+        _K.mlp_prefill(p_out, p_attn, p_in, p_res, p_g, p_wo, p_bo, o_dt, p_w1, p_b1, g_dt, p_w2,
+                       p_b2, d_dt, nt, e_, ea, h_, da, i_, ia, eps, p_scratch, threads)
+
+
+def mega_fused_outproj_mlp_prefill(output, attn_out, residual, ln2_gamma, wo, bo, wo_dt, w1,
+                                   b1, w1_dt, w2, b2, w2_dt, tokens, embed_dim,
+                                   aligned_embed_dim, num_heads, aligned_head_dim,
+                                   intermediate_dim, aligned_intermediate_dim, float eps,
+                                   scratch):
+    """Everything after attention, for T tokens.
+
+    h1 = attn @ wo.T + bo + residual (attn_out head-major [H, T, Da], as attention produces
+    it); z = rmsnorm(h1, ln2_gamma); output = h1 + (silu(z @ Wg.T + bg) * (z @ Wu.T + bu))
+    @ w2.T + b2.  w1 [2*Ia, Ea] holds the gate rows, then the up rows; w2 [Ea, Ia]; each weight
+    in its own format.  Activations are quantized to Q8_0 (32-weight formats) or Q8_K
+    (K-quants) for integer dot products; FP32/FP16/BF16 weights see float activations.
+    residual and biases may be None; output may be residual itself.  scratch:
+    mega_fused_outproj_mlp_prefill_scratch_size(...) bytes.
+    """
+    _mlp(output, attn_out, None, residual, ln2_gamma, wo, bo, wo_dt, w1, b1, w1_dt, w2, b2,
+         w2_dt, tokens, embed_dim, aligned_embed_dim, num_heads, aligned_head_dim,
+         intermediate_dim, aligned_intermediate_dim, eps, scratch, True)
+
+
+def mega_fused_mlp_prefill(output, input, residual, ln2_gamma, w1, b1, w1_dt, w2, b2, w2_dt,
+                           tokens, embed_dim, aligned_embed_dim, intermediate_dim,
+                           aligned_intermediate_dim, float eps, scratch):
+    """The MLP block on token-major hidden states (a megafuse addition to the header):
+    output = residual + (silu(z @ Wg.T + bg) * (z @ Wu.T + bu)) @ w2.T + b2 with
+    z = rmsnorm(input, ln2_gamma).  The same kernel as mega_fused_outproj_mlp_prefill, so a
+    whole layer is mega_fused_attention_prefill (or _decode) followed by this, usually with
+    residual = input = output.  scratch: mega_fused_mlp_prefill_scratch_size(...) bytes.
+    """
+    _mlp(output, None, input, residual, ln2_gamma, None, None, 0, w1, b1, w1_dt, w2, b2, w2_dt,
+         tokens, embed_dim, aligned_embed_dim, 0, 0, intermediate_dim, aligned_intermediate_dim,
+         eps, scratch, False)
+
+
+# --------------------------------------------------------------------------------------------
 # mega_fuse_report_stats: memory traffic of the unfused vs the fused layer
 # --------------------------------------------------------------------------------------------
 
@@ -753,3 +1125,238 @@ cdef void c_mega_fuse_rmsnorm_qkv_rope(
         float eps) noexcept nogil:
     _K.rmsnorm_qkv_rope(q_out, k_out, v_out, input, gamma, W_qkv, b_qkv, rope_cos, rope_sin,
                         pos, hidden, num_heads, num_kv_heads, head_dim, eps, _num_threads)
+
+
+# --------------------------------------------------------------------------------------------
+# ---- Block formats: quantize / dequantize (issue 3) ----
+# --------------------------------------------------------------------------------------------
+# The storage of each weight format (SPEC section 2) and the public quantize / dequantize; the
+# kernels are megafuse/_quant.pxi over include/megafuse/mf_quant.h.  R = rows (the product of
+# the leading dimensions), C = the last dimension, RB = ck_dtype_row_bytes(dtype, C).
+
+cdef extern from "megafuse/mf_quant.h" nogil:
+    size_t mf_activation_row_bytes(int dt, size_t n)
+
+_Q_F32 = (np.dtype(np.float32),)
+_Q_FP16 = (np.dtype(np.float16), np.dtype(np.uint16))
+_Q_BF16 = (np.dtype(np.uint16),)
+_Q_BLOCKS = (np.dtype(np.uint8),)
+
+
+cdef tuple _q_storage(int dt):
+    """The array dtypes that may hold weights of format dt."""
+    if dt == 0:
+        return _Q_F32
+    if dt == 2:
+        return _Q_FP16
+    if dt == 1:
+        return _Q_BF16
+    return _Q_BLOCKS
+
+
+cdef str _q_name(int dt):
+    from megafuse._dtype import CKDataType as _E
+    return _E(dt).name
+
+
+cdef object _q_float_rows(object x, str name, int dt):
+    """x: a float32 array whose last dimension is a positive multiple of dt's block size; returned
+    C-contiguous and aligned (a copy when it is not)."""
+    if not isinstance(x, np.ndarray):
+        raise TypeError(f"{name}: expected a numpy.ndarray of float32, got {type(x).__name__}")
+    if x.dtype != np.dtype(np.float32):
+        raise TypeError(f"{name}: expected dtype float32 (native byte order), got "
+                        f"{x.dtype.str} ({x.dtype})")
+    if x.ndim == 0:
+        raise ValueError(f"{name}: expected an array with at least one dimension (the rows are "
+                         f"its last one), got a 0-d array")
+    cdef Py_ssize_t block = ck_dtype_block_size_c(dt)
+    cdef Py_ssize_t cols = x.shape[x.ndim - 1]
+    if cols <= 0 or cols % block:
+        raise ValueError(f"{name}: expected a last dimension that is a positive multiple of the "
+                         f"{_q_name(dt)} block size {block}, got {cols} (shape {x.shape})")
+    if x.flags.c_contiguous and x.flags.aligned:
+        return x
+    return np.require(x, requirements=("C", "A"))
+
+
+cdef tuple _q_shape(object shape, int dt):
+    """`shape` as a tuple of ints: at least one dimension, none negative, the last a positive
+    multiple of dt's block size."""
+    if isinstance(shape, np.ndarray) and shape.ndim == 1:
+        shape = tuple(shape.tolist())
+    if hasattr(shape, "__index__") and not isinstance(shape, (bool, np.ndarray)):
+        dims = (shape.__index__(),)
+    elif isinstance(shape, np.ndarray):
+        raise TypeError(f"shape: expected an int or a tuple of ints, got an array of shape "
+                        f"{shape.shape}")
+    else:
+        try:
+            items = tuple(shape)
+        except TypeError:
+            raise TypeError(f"shape: expected an int or a tuple of ints, got "
+                            f"{type(shape).__name__}") from None
+        for d in items:
+            if not hasattr(d, "__index__") or isinstance(d, bool):
+                raise TypeError(f"shape: expected a tuple of ints, got an element of type "
+                                f"{type(d).__name__} in {shape!r}")
+        dims = tuple(d.__index__() for d in items)
+    if not dims:
+        raise ValueError("shape: expected at least one dimension (the rows are the last one), "
+                         "got ()")
+    if any(d < 0 for d in dims):
+        raise ValueError(f"shape: expected dimensions >= 0, got {dims}")
+    block = ck_dtype_block_size_c(dt)
+    last = dims[len(dims) - 1]              # (no negative indices: wraparound is off)
+    if last <= 0 or last % block:
+        raise ValueError(f"shape: expected a last dimension that is a positive multiple of the "
+                         f"{_q_name(dt)} block size {block}, got {last} (shape {dims})")
+    return dims
+
+
+cdef object _q_blob(object blob, str name, int dt, Py_ssize_t rows, Py_ssize_t cols):
+    """A weight blob of [rows, cols] in format dt (any shape, C-contiguous, right element or
+    byte count, read-only fine); copied when its address does not suit its dtype."""
+    cdef bint blocks = ck_dtype_block_size_c(dt) > 1
+    cdef Py_ssize_t count = rows * <Py_ssize_t>ck_dtype_row_bytes_c(dt, cols) if blocks \
+        else rows * cols
+    if (isinstance(blob, np.ndarray) and blob.dtype in _q_storage(dt)
+            and blob.flags.c_contiguous):
+        if not blob.flags.aligned:
+            blob = blob.copy()
+        if blob.size == count:
+            return blob                                   # the common case: no message built
+    fmt = _q_name(dt)
+    if blocks:
+        rb = ck_dtype_row_bytes_c(dt, cols)
+        _array(blob, name, _q_storage(dt), count,
+               f"{rows} rows x {cols} columns in {fmt} = {rows} x {rb} bytes, a byte count of")
+    else:
+        _array(blob, name, _q_storage(dt), count,
+               f"{rows} rows x {cols} columns of {fmt}, an element count of")
+    return blob
+
+
+def quantize(x, dtype):
+    """Quantize float32 weights to a weight format, row by row (the last dimension is a row).
+
+    x: a float32 array of any shape (C-contiguous or not, read-only is fine) whose last
+    dimension C is a positive multiple of the format's block size (32 for Q4_0, Q4_1, Q5_0,
+    Q5_1, Q8_0; 256 for Q4_K, Q5_K, Q6_K; 1 for FP32, FP16, BF16).
+    dtype: a weight format (megafuse.CKDataType or its int value).
+
+    Returns, for the block formats, a uint8 array of shape x.shape[:-1] + (RB,) with
+    RB = ck_dtype_row_bytes(dtype, C): each row is C / block GGML blocks.  For FP16 a uint16 array
+    of x.shape holding the float16 bits, for BF16 a uint16 array of x.shape holding the bfloat16
+    bits, for FP32 a float32 copy of x.
+
+    The bytes equal gguf.quants.quantize for every format gguf implements (Q4_0, Q4_1, Q5_0,
+    Q5_1, Q8_0, F16, BF16); Q4_K, Q5_K, Q6_K follow GGML's quantize_row_q*_K_ref.  NaN / Inf in
+    x are not errors.  Parallel over rows (and chunks of long rows); the GIL is released.
+    """
+    cdef int dt = _weight_dtype_arg(dtype, "dtype")
+    x = _q_float_rows(x, "x", dt)
+    cdef Py_ssize_t cols = x.shape[x.ndim - 1]
+    cdef Py_ssize_t rows = x.size // cols
+    if dt == 0:
+        out = np.empty(x.shape, dtype=np.float32)
+    elif dt in (1, 2):
+        out = np.empty(x.shape, dtype=np.uint16)
+    else:
+        out = np.empty(x.shape[:x.ndim - 1] + (ck_dtype_row_bytes_c(dt, cols),),
+                       dtype=np.uint8)
+    cdef const float *px = <const float *>cnp.PyArray_DATA(<cnp.ndarray>x)
+    cdef void *pout = cnp.PyArray_DATA(<cnp.ndarray>out)
+    cdef int nt = _num_threads
+    with nogil:
+        _K.quantize_rows(px, pout, rows, cols, dt, nt)
+    return out
+
+
+def dequantize(blob, dtype, shape):
+    """The float32 weights held in `blob`, as an array of `shape`.
+
+    dtype: the weight format of blob.  shape: the shape of the weights (an int or a tuple; the
+    last dimension C is a row and a positive multiple of the format's block size).
+    blob: a C-contiguous array (any shape; a read-only memmap is fine) holding R rows of C weights,
+    R the product of shape[:-1]: uint8 with R * ck_dtype_row_bytes(dtype, C) bytes for the block
+    formats; float16 or uint16 (fp16 bits) for FP16, uint16 (bfloat16 bits) for BF16, float32 for
+    FP32, with R * C elements.
+
+    Bit-exact with gguf.quants.dequantize (GGML's dequantize_row_*).  Parallel over rows; the GIL
+    is released.
+    """
+    cdef int dt = _weight_dtype_arg(dtype, "dtype")
+    dims = _q_shape(shape, dt)
+    cdef Py_ssize_t cols = dims[len(dims) - 1]
+    rows_py = 1
+    for d in dims[:len(dims) - 1]:
+        rows_py *= d
+    cdef Py_ssize_t rows = rows_py
+    blob = _q_blob(blob, "blob", dt, rows, cols)
+    out = np.empty(dims, dtype=np.float32)
+    cdef const void *pb = cnp.PyArray_DATA(<cnp.ndarray>blob)
+    cdef float *pout = <float *>cnp.PyArray_DATA(<cnp.ndarray>out)
+    cdef int nt = _num_threads
+    with nogil:
+        _K.dequantize_rows(pb, pout, rows, cols, dt, nt)
+    return out
+
+
+def _row_dot(w_row_blob, dtype, x, quantized_activations=False):
+    """Testing hook: one weight row dotted with float32 activations x (n = x.size values).
+
+    quantized_activations=False: the float path (the weights decoded in registers, x as is);
+    True: the int8 path (x quantized to Q8_0 for the 32-weight formats, Q8_K for the K-quants, then
+    GGML's integer dot; FP32/FP16/BF16 stay float).  w_row_blob: one row of n weights stored as
+    dequantize expects.  Returns a Python float.
+    """
+    return float(_rows_dot(w_row_blob, dtype, x, quantized_activations, 1)[0])
+
+
+def _rows_dot(w_blob, dtype, x, quantized_activations=False, rows=None):
+    """Testing / benchmark hook: out[r] = w[r] . x for every row of a weight matrix w_blob of
+    `rows` rows (default: as many whole rows of x.size weights as it holds), by the float or the
+    int8 path (see _row_dot).  Parallel over rows.  Returns float32 [rows]."""
+    cdef int dt = _weight_dtype_arg(dtype, "dtype")
+    x = _q_float_rows(x, "x", dt)
+    if x.ndim != 1:
+        x = x.reshape(-1)
+    cdef Py_ssize_t n = x.size
+    cdef Py_ssize_t rb = ck_dtype_row_bytes_c(dt, n)
+    if rows is None:
+        if not isinstance(w_blob, np.ndarray):
+            raise TypeError(f"w_blob: expected a numpy.ndarray, got {type(w_blob).__name__}")
+        rows = max(1, w_blob.nbytes // rb)
+    _positive(rows, "rows")
+    cdef Py_ssize_t R = rows
+    w_blob = _q_blob(w_blob, "w_row_blob" if R == 1 else "w_blob", dt, R, n)
+    cdef int quantized = 1 if quantized_activations else 0
+    scratch = np.empty(max(1, <Py_ssize_t>mf_activation_row_bytes(dt, n)), dtype=np.uint8)
+    out = np.empty(R, dtype=np.float32)
+    cdef const void *pw = cnp.PyArray_DATA(<cnp.ndarray>w_blob)
+    cdef const float *px = <const float *>cnp.PyArray_DATA(<cnp.ndarray>x)
+    cdef void *ps = cnp.PyArray_DATA(<cnp.ndarray>scratch)
+    cdef float *po = <float *>cnp.PyArray_DATA(<cnp.ndarray>out)
+    cdef int nt = _num_threads
+    with nogil:
+        _K.row_dot(pw, dt, px, R, n, quantized, ps, po, nt)
+    return out
+
+
+def _quantize_activations(x, dtype):
+    """Testing hook: the activation rows the int8 path makes from float32 rows x (last dimension
+    C) for weights of format dtype -- Q8_0 blocks (32-weight formats), Q8_K blocks (K-quants) or
+    the float32 bytes (FP32/FP16/BF16) -- as a uint8 array of shape x.shape[:-1] + (row bytes,)."""
+    cdef int dt = _weight_dtype_arg(dtype, "dtype")
+    x = _q_float_rows(x, "x", dt)
+    cdef Py_ssize_t cols = x.shape[x.ndim - 1]
+    cdef Py_ssize_t rows = x.size // cols
+    out = np.empty(x.shape[:x.ndim - 1] + (<Py_ssize_t>mf_activation_row_bytes(dt, cols),),
+                   dtype=np.uint8)
+    cdef const float *px = <const float *>cnp.PyArray_DATA(<cnp.ndarray>x)
+    cdef void *pout = cnp.PyArray_DATA(<cnp.ndarray>out)
+    cdef int nt = _num_threads
+    with nogil:
+        _K.quantize_activations(px, pout, rows, cols, dt, nt)
+    return out

@@ -10,7 +10,7 @@ from libc.string cimport memcpy, memset
 from cython.parallel cimport prange
 
 from megafuse._kernel_table cimport (
-    KernelTable, KERNEL_TABLE_VERSION, MF_MAX_KV_TILE, MF_SIMD_NAME)
+    KernelTable, KERNEL_TABLE_VERSION, MF_MAX_KV_TILE, MF_MAX_Q_TILE, MF_SIMD_NAME)
 
 cdef extern from "megafuse/mf_simd.h" nogil:
     float mf_dot_f32(const float *a, const float *b, Py_ssize_t n)
@@ -18,15 +18,25 @@ cdef extern from "megafuse/mf_simd.h" nogil:
     void mf_axpy_f32(float *y, float a, const float *x, Py_ssize_t n)
     void mf_scale_f32(float *y, float a, Py_ssize_t n)
 
+include "_quant.pxi"
 include "_norm_qkv_rope.pxi"
 include "_attention.pxi"
 include "_decode.pxi"
+include "_gemm.pxi"
+include "_prefill.pxi"
+include "_mlp.pxi"
 
 cdef KernelTable _TABLE
 _TABLE.version = KERNEL_TABLE_VERSION
 _TABLE.simd_level = MF_SIMD_NAME
 _TABLE.attention_decode = attention_decode_kernel
 _TABLE.rmsnorm_qkv_rope = rmsnorm_qkv_rope_kernel
+_TABLE.attention_prefill = attention_prefill_kernel
+_TABLE.mlp_prefill = mlp_prefill_kernel
+_TABLE.quantize_rows = quantize_rows
+_TABLE.dequantize_rows = dequantize_rows
+_TABLE.row_dot = row_dot_kernel
+_TABLE.quantize_activations = quantize_activations_kernel
 
 SIMD_LEVEL = (<bytes>MF_SIMD_NAME).decode()
 

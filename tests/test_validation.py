@@ -254,3 +254,82 @@ def test_fuzzed_arguments_never_crash():
             megafuse.mega_fused_attention_decode(**args)
         except (ValueError, TypeError, OverflowError):
             assert writeable_snapshot(args) == snapshot
+
+
+# ---- prefill ----------------------------------------------------------------------------------
+
+from helpers import prefill_case  # noqa: E402
+
+PREFILL_RULES = [
+    ("tokens-0", lambda a: a.update(tokens=0), ValueError, ["tokens"]),
+    ("start_pos-neg", lambda a: a.update(start_pos=-1), ValueError, ["start_pos"]),
+    ("past-capacity", lambda a: a.update(start_pos=a["cache_capacity"] - a["tokens"] + 1),
+     ValueError, ["start_pos", "cache_capacity"]),
+    ("rope-short", lambda a: a.update(rope_cos=a["rope_cos"][:a["tokens"] - 1].copy(),
+                                      rope_sin=a["rope_sin"][:a["tokens"] - 1].copy()),
+     ValueError, ["rope_cos", "position"]),
+    ("dt-float", lambda a: a.update(wq_dt=9.0), TypeError, ["wq_dt"]),
+    ("dt-out-of-enum", lambda a: a.update(wk_dt=99), ValueError, ["wk_dt", "99"]),
+    ("dt-count", lambda a: a.update(wk_dt=14), ValueError, ["wk_dt"]),
+    ("dt-int8", lambda a: a.update(wv_dt=megafuse.CK_DT_INT8), ValueError,
+     ["wv_dt", "weight format", "INT8"]),
+    ("dt-int4", lambda a: a.update(wv_dt=megafuse.CK_DT_INT4), ValueError, ["wv_dt", "INT4"]),
+    ("dt-q8_k", lambda a: a.update(wo_dt=megafuse.CK_DT_Q8_K), ValueError, ["wo_dt", "Q8_K"]),
+    ("fp32-array-as-q8_0", lambda a: a.update(wq_dt=megafuse.CK_DT_Q8_0), TypeError,
+     ["wq", "uint8", "float32"]),
+    ("q8_0-bytes-as-fp32", lambda a: a.update(wo=np.zeros(a["wo"].nbytes // 4, np.float32),
+                                              wo_dt=megafuse.CK_DT_FP32) or
+     a.update(wo=np.zeros(7, np.float32)), ValueError, ["wo"]),
+    ("bf16-as-float16", lambda a: a.update(wk=a["wk"].astype(np.float16),
+                                           wk_dt=megafuse.CK_DT_BF16), TypeError,
+     ["wk", "uint16"]),
+    ("kquant-896-columns", lambda a: a.update(wq_dt=megafuse.CK_DT_Q4_K,
+                                              wq=np.zeros(10, np.uint8)), ValueError,
+     ["wq", "Q4_K", "blocks of 256", "896"]),
+    ("block-byte-count", lambda a: a.update(wq_dt=megafuse.CK_DT_Q8_0,
+                                            wq=np.zeros(896 // 32 * 34 * 896 - 1, np.uint8)),
+     ValueError, ["wq", "Q8_0", "bytes"]),
+    ("scratch-small", lambda a: a.update(scratch=a["scratch"][:-1].copy()), ValueError,
+     ["scratch", "at least"]),
+    ("scratch-readonly", lambda a: a["scratch"].setflags(write=False), ValueError,
+     ["scratch", "writeable"]),
+    ("scratch-list", lambda a: a.update(scratch=[0] * 10), TypeError, ["scratch"]),
+    ("scratch-none", lambda a: a.update(scratch=None), TypeError, ["scratch"]),
+    ("cache-inside-scratch", lambda a: a.update(
+        kv_cache_k=a["scratch"][:a["kv_cache_k"].nbytes].view(np.float32)), ValueError,
+     ["overlaps"]),
+    ("output-size", lambda a: a.update(output=a["output"][:-1].copy()), ValueError,
+     ["output", "tokens"]),
+    ("residual-none-ok-but-input-bad", lambda a: a.update(residual=None,
+                                                         input=a["input"].astype(np.float16)),
+     TypeError, ["input"]),
+    ("heads", lambda a: a.update(num_kv_heads=4), ValueError, ["num_heads", "multiple"]),
+]
+
+
+@pytest.mark.parametrize("rule", PREFILL_RULES, ids=[r[0] for r in PREFILL_RULES])
+@pytest.mark.parametrize("variant", ["float", "int8"])
+def test_prefill_rejects(rule, variant):
+    _, mutate, exc, words = rule
+    int8 = variant == "int8"
+    args = prefill_case(QWEN2_05B, 5, cache_capacity=12, int8=int8)
+    mutate(args)
+    snapshot = writeable_snapshot(args)
+    kernel = (megafuse.mega_fused_attention_prefill_q8_0 if int8
+              else megafuse.mega_fused_attention_prefill)
+    with pytest.raises(exc) as info:
+        kernel(**args)
+    for word in words:
+        assert word in str(info.value), f"{word!r} not in {info.value!r}"
+    assert writeable_snapshot(args) == snapshot, "a rejected call wrote to a buffer"
+
+
+@pytest.mark.parametrize("call", [
+    lambda: megafuse.mega_fused_attention_prefill_scratch_size(0, 896, 14, 64),
+    lambda: megafuse.mega_fused_attention_prefill_scratch_size(4, -896, 14, 64),
+    lambda: megafuse.mega_fused_attention_prefill_q8_0_scratch_size(4, 896, 0, 64),
+    lambda: megafuse.mega_fused_attention_prefill_q8_0_scratch_size(4, 896, 14, 0),
+])
+def test_prefill_scratch_size_rejects(call):
+    with pytest.raises(ValueError):
+        call()

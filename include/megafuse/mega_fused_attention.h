@@ -258,6 +258,37 @@ size_t mega_fused_outproj_mlp_prefill_scratch_size(int tokens,
                                                    int aligned_intermediate_dim);
  
 /**
+ * @brief megafuse addition: the MLP block for token-major hidden states
+ *
+ * output = residual + (silu(z @ Wg.T + bg) * (z @ Wu.T + bu)) @ w2.T + b2, z = RMSNorm(input),
+ * with w1 = [Wg; Wu] ([2 * aligned_intermediate_dim, aligned_embed_dim]) and w2
+ * [aligned_embed_dim, aligned_intermediate_dim].  The same kernel as
+ * mega_fused_outproj_mlp_prefill without the out-projection, so that a whole layer composes from
+ * mega_fused_attention_prefill (which adds its own out-projection and residual) and this.
+ * residual may be NULL (nothing added).
+ */
+void mega_fused_mlp_prefill(
+    float *output,
+    const float *input,
+    const float *residual,
+    const float *ln2_gamma,
+    const void *w1, const float *b1, CKDataType w1_dt,
+    const void *w2, const float *b2, CKDataType w2_dt,
+    int tokens,
+    int embed_dim,
+    int aligned_embed_dim,
+    int intermediate_dim,
+    int aligned_intermediate_dim,
+    float eps,
+    void *scratch
+);
+
+/** @brief megafuse addition: scratch bytes for mega_fused_mlp_prefill */
+size_t mega_fused_mlp_prefill_scratch_size(int tokens,
+                                           int aligned_embed_dim,
+                                           int aligned_intermediate_dim);
+
+/**
  * @brief Phase 1: Fused RMSNorm + QKV (intermediates in registers)
  *
  * Simpler step: Just fuse RMSNorm with QKV projection.

@@ -1,0 +1,180 @@
+"""Benchmarks of the GGML block-format layer (issue 3).
+
+    pytest benchmarks/bench_quant.py --benchmark-only
+
+1. Dequantize throughput: megafuse.dequantize against gguf.quants.dequantize (NumPy), per weight
+   format, on a [1024, 4096] matrix (4 Mi weights, a 16 MiB float32 result: bound by the DRAM
+   write bandwidth) and on a [128, 2048] one (256 Ki weights, 1 MiB: cache-resident).  Goal:
+   >= 50x faster (gguf's FP32 "dequantize" is a zero-copy view and its FP16 / BF16 ones are single
+   NumPy casts, so those three are reference points rather than targets).
+2. The row-dot kernels (decode's inner loop): every row of a weight matrix of >= 96 MiB -- more
+   than the caches, so each pass streams it from DRAM -- dotted with one activation vector, by the
+   float path (weights decoded in registers) and by the int8 path (activations quantized to
+   Q8_0 / Q8_K once, integer dots).  Reported in GB/s of weight bytes, on one thread and on
+   megafuse's default thread count.
+A summary table is printed at the end of the run.
+"""
+import numpy as np
+import pytest
+
+import megafuse as mf
+from megafuse import _kernels
+
+gguf = pytest.importorskip("gguf")
+from gguf import GGMLQuantizationType as GQ  # noqa: E402
+from gguf.quants import dequantize as gguf_dequantize  # noqa: E402
+
+DT = mf.CKDataType
+FORMATS = [DT.FP32, DT.FP16, DT.BF16, DT.Q4_0, DT.Q4_1, DT.Q5_0, DT.Q5_1, DT.Q8_0, DT.Q4_K,
+           DT.Q5_K, DT.Q6_K]
+GGUF_TYPE = {
+    DT.FP32: GQ.F32, DT.FP16: GQ.F16, DT.BF16: GQ.BF16, DT.Q4_0: GQ.Q4_0, DT.Q4_1: GQ.Q4_1,
+    DT.Q5_0: GQ.Q5_0, DT.Q5_1: GQ.Q5_1, DT.Q8_0: GQ.Q8_0, DT.Q4_K: GQ.Q4_K, DT.Q5_K: GQ.Q5_K,
+    DT.Q6_K: GQ.Q6_K,
+}
+SCALE_FIELDS = {DT.Q4_0: [0], DT.Q4_1: [0, 2], DT.Q5_0: [0], DT.Q5_1: [0, 2], DT.Q8_0: [0],
+                DT.Q4_K: [0, 2], DT.Q5_K: [0, 2], DT.Q6_K: [208]}
+
+DEQ_SHAPES = {"dram": (1024, 4096), "cache": (128, 2048)}
+DOT_COLS = 4096                     # a row: a typical hidden size
+DOT_MIN_BYTES = 96 << 20            # the weight streamed by the row-dot benchmark
+RESULTS = {}                        # (what, dt, variant) -> median seconds
+
+
+def random_weights(dt, rows, cols, seed=0):
+    """rows x cols weights of format dt with realistic scales, built directly as bytes (cheap
+    for 96 MiB): normal values for the float formats; random codes and finite scales of about
+    1/64 for the block formats."""
+    rng = np.random.default_rng(seed)
+    if dt == DT.FP32:
+        return rng.standard_normal((rows, cols), dtype=np.float32)
+    if dt == DT.FP16:
+        return rng.standard_normal((rows, cols), dtype=np.float32).astype(np.float16).view(np.uint16)
+    if dt == DT.BF16:
+        return (rng.standard_normal((rows, cols), dtype=np.float32).view(np.uint32) >> 16).astype(
+            np.uint16)
+    nb = rows * cols // mf.ck_dtype_block_size(dt)
+    raw = rng.integers(0, 256, (nb, mf.ck_dtype_block_bytes(dt)), dtype=np.uint8)
+    for off in SCALE_FIELDS[dt]:
+        scale = (rng.uniform(0.5, 1.5, nb) / 64).astype(np.float16).view(np.uint8).reshape(nb, 2)
+        raw[:, off:off + 2] = scale
+    return raw.reshape(rows, -1)
+
+
+def gguf_view(blob, dt):
+    if dt == DT.FP16:
+        return blob.view(np.float16)
+    if dt == DT.BF16:
+        return blob.view(np.uint8)
+    return blob
+
+
+def median(benchmark):
+    stats = getattr(benchmark, "stats", None)
+    return None if stats is None else stats.stats.median
+
+
+_DEQ = {}
+
+
+def deq_blob(dt, size):
+    if (dt, size) not in _DEQ:
+        _DEQ.clear()
+        _DEQ[(dt, size)] = random_weights(dt, *DEQ_SHAPES[size])
+    return _DEQ[(dt, size)]
+
+
+@pytest.mark.parametrize("size", list(DEQ_SHAPES))
+@pytest.mark.parametrize("dt", FORMATS, ids=lambda d: d.name)
+def test_dequantize_megafuse(benchmark, dt, size):
+    shape = DEQ_SHAPES[size]
+    blob = deq_blob(dt, size)
+    benchmark.group = f"dequantize {dt.name} {shape}"
+    out = benchmark(mf.dequantize, blob, dt, shape)
+    assert out.shape == shape
+    RESULTS[("deq", dt, size, "megafuse")] = median(benchmark)
+
+
+@pytest.mark.parametrize("size", list(DEQ_SHAPES))
+@pytest.mark.parametrize("dt", FORMATS, ids=lambda d: d.name)
+def test_dequantize_gguf(benchmark, dt, size):
+    shape = DEQ_SHAPES[size]
+    blob = deq_blob(dt, size)
+    benchmark.group = f"dequantize {dt.name} {shape}"
+    out = benchmark.pedantic(gguf_dequantize, args=(gguf_view(blob, dt), GGUF_TYPE[dt]),
+                             rounds=5, iterations=1, warmup_rounds=1)
+    assert np.array_equal(np.asarray(out).view(np.uint32).reshape(shape),
+                          mf.dequantize(blob, dt, shape).view(np.uint32))
+    RESULTS[("deq", dt, size, "gguf")] = median(benchmark)
+
+
+_DOT = {}
+
+
+def dot_weight(dt):
+    """(weight [R, row bytes] of >= 96 MiB, activations [DOT_COLS])."""
+    if dt not in _DOT:
+        _DOT.clear()                                   # one 96 MiB weight alive at a time
+        rb = mf.ck_dtype_row_bytes(dt, DOT_COLS)
+        rows = -(-DOT_MIN_BYTES // rb)
+        x = np.random.default_rng(1).standard_normal(DOT_COLS, dtype=np.float32)
+        _DOT[dt] = (random_weights(dt, rows, DOT_COLS, seed=2), x)
+    return _DOT[dt]
+
+
+@pytest.mark.parametrize("threads", ["1 thread", "all threads"])
+@pytest.mark.parametrize("path", ["float", "int8"])
+@pytest.mark.parametrize("dt", FORMATS, ids=lambda d: d.name)
+def test_row_dot(benchmark, dt, path, threads):
+    w, x = dot_weight(dt)
+    before = mf.get_num_threads()
+    if threads == "1 thread":
+        mf.set_num_threads(1)
+    try:
+        benchmark.group = f"row dot {dt.name} ({w.nbytes >> 20} MiB weight)"
+        out = benchmark(_kernels._rows_dot, w, dt, x, path == "int8")
+    finally:
+        mf.set_num_threads(before)
+    assert out.shape == (w.shape[0],) and np.isfinite(out).all()
+    RESULTS[("dot", dt, path, threads)] = (median(benchmark), w.nbytes)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def summary_table(request):
+    yield
+    if not RESULTS:
+        return
+    capture = request.config.pluginmanager.getplugin("capturemanager")
+    if capture is not None:
+        with capture.global_and_fixture_disabled():
+            _print_table(print)
+    else:
+        _print_table(print)
+
+
+def _print_table(write):
+    write("")
+    write(f"megafuse {mf.__version__}, SIMD level {mf.simd_level()}, "
+          f"{mf.get_num_threads()} threads by default")
+    sizes = list(DEQ_SHAPES)
+    head = " | ".join(f"{'dequantize ' + 'x'.join(map(str, DEQ_SHAPES[z])):>31}" for z in sizes)
+    write(f"{'format':<6} | {head} | {'row dot GB/s of weights (1 thread / all)':>33}")
+    sub = " | ".join(f"{'ms':>8} {'gguf ms':>9} {'speed-up':>9}" + " " * 3 for z in sizes)
+    write(f"{'':<6} | {sub} | {'float':>16} {'int8':>16}")
+    for dt in FORMATS:
+        cells = []
+        for z in sizes:
+            ours = RESULTS.get(("deq", dt, z, "megafuse"))
+            theirs = RESULTS.get(("deq", dt, z, "gguf"))
+            c = f"{ours * 1e3:8.3f}" if ours else f"{'-':>8}"
+            c += f" {theirs * 1e3:9.3f}" if theirs else f" {'-':>9}"
+            c += f" {theirs / ours:8.0f}x" if ours and theirs else f" {'-':>9}"
+            cells.append(c + " " * 3)
+        dots = []
+        for path in ("float", "int8"):
+            pair = []
+            for threads in ("1 thread", "all threads"):
+                r = RESULTS.get(("dot", dt, path, threads))
+                pair.append(f"{r[1] / r[0] / 1e9:6.1f}" if r and r[0] else f"{'-':>6}")
+            dots.append(" / ".join(pair))
+        write(f"{dt.name:<6} | {' | '.join(cells)} | {dots[0]:>16} {dots[1]:>16}")

@@ -1,0 +1,141 @@
+# The post-attention block: out-projection + residual -> RMSNorm -> SwiGLU MLP -> residual.
+#
+# One kernel, two entries: mega_fused_outproj_mlp_prefill (attn_out given, head-major) and
+# mega_fused_mlp_prefill (token-major input).  Tokens go through in tiles of MF_MLP_TOKEN_TILE:
+# a tile's gate/up products, silu(gate)*up and its quantization live in scratch
+# (include/megafuse/mf_scratch.h) and w2 consumes them before the next tile: no [T, I] buffer.
+# Activations are quantized (Q8_0 / Q8_K) for every block-format weight; FP32/FP16/BF16 weights
+# see float activations.
+
+cdef extern from "megafuse/mf_scratch.h" nogil:
+    ctypedef struct mf_mlp_scratch:
+        size_t tile, f, q, a, aq, q_row, aq_row, total
+    mf_mlp_scratch mf_mlp_scratch_layout(size_t T, size_t Ea, size_t hda, size_t Ia)
+
+cdef enum:
+    MLP_MAX_TILE = 32        # MF_MLP_TOKEN_TILE
+
+
+cdef inline float silu(float x) noexcept nogil:
+    return x / (1.0 + expf(-x))
+
+
+cdef inline void project_tile(
+        const char *w_row, int dt, Py_ssize_t K,
+        const float *x, Py_ssize_t ldx,          # [nt, ldx] float rows
+        const char *xq, Py_ssize_t xq_row,       # [nt, xq_row] the same rows quantized
+        Py_ssize_t nt, float bias, const float *add, float *out, Py_ssize_t ld_out) noexcept nogil:
+    """One weight row against the tile: int8 dots for block formats, float dots otherwise."""
+    if uses_q8_activations(dt):
+        row_dot_tokens_q8(w_row, dt, K, xq, xq_row, nt, bias, add, out, ld_out)
+    else:
+        row_dot_tokens_f32(w_row, dt, K, x, ldx, nt, bias, add, out, ld_out)
+
+
+cdef void swiglu_column(
+        const char *w_gate, const char *w_up, int dt, Py_ssize_t Ea,
+        const float *z, const char *z_q, Py_ssize_t z_q_row, Py_ssize_t nt,
+        float b_gate, float b_up,
+        float *act, Py_ssize_t Ia) noexcept nogil:   # act[j * Ia] = silu(gate_j) * up_j
+    """Column i of silu(z @ Wg.T + bg) * (z @ Wu.T + bu) for the tile's nt tokens."""
+    cdef float gate[MLP_MAX_TILE]
+    cdef float up[MLP_MAX_TILE]
+    cdef Py_ssize_t j
+    project_tile(w_gate, dt, Ea, z, Ea, z_q, z_q_row, nt, b_gate, NULL, gate, 1)
+    project_tile(w_up, dt, Ea, z, Ea, z_q, z_q_row, nt, b_up, NULL, up, 1)
+    for j in range(nt):
+        act[j * Ia] = silu(gate[j]) * up[j]
+
+
+cdef void quantize_rows_for(int dt, const float *x, Py_ssize_t ldx, char *xq, Py_ssize_t xq_row,
+                            Py_ssize_t n, Py_ssize_t nt, int num_threads) noexcept nogil:
+    """Quantize nt rows of n floats to the activation format of weight format dt (if any)."""
+    cdef Py_ssize_t t
+    if not uses_q8_activations(dt):
+        return
+    for t in prange(nt, num_threads=num_threads, schedule='static', nogil=True):
+        quantize_activation_row(x + t * ldx, xq + t * xq_row, n, activation_format(dt))
+
+
+cdef void mlp_prefill_kernel(
+        float *output,             # [T, Ea]: columns >= E written as 0
+        const float *attn_out,     # [H, T, Da] head-major, or NULL (token-major entry)
+        const float *input,        # [T, Ea] (token-major entry) or NULL
+        const float *residual,     # [T, Ea] or NULL
+        const float *ln2_gamma,    # [E]
+        const void *wo, const float *bo, int wo_dt,   # [Ea, H*Da], [Ea]   (attn_out entry)
+        const void *w1, const float *b1, int w1_dt,   # [2*Ia, Ea]: gate rows, then up rows
+        const void *w2, const float *b2, int w2_dt,   # [Ea, Ia], [Ea]
+        int tokens, int embed_dim, int aligned_embed_dim, int num_heads, int aligned_head_dim,
+        int intermediate_dim, int aligned_intermediate_dim, float eps,
+        void *scratch,             # mf_mlp_scratch_layout(...).total bytes
+        int num_threads) noexcept nogil:
+    cdef Py_ssize_t E = embed_dim, Ea = aligned_embed_dim, T = tokens
+    cdef Py_ssize_t H = num_heads, Da = aligned_head_dim
+    cdef Py_ssize_t HDa = H * Da if attn_out != NULL else 0
+    cdef Py_ssize_t I = intermediate_dim, Ia = aligned_intermediate_dim
+    cdef mf_mlp_scratch layout = mf_mlp_scratch_layout(T, Ea, HDa, Ia)
+    cdef char *base = <char *>scratch
+    cdef float *rows = <float *>(base + layout.f)     # [tile, max(HDa, Ea)]: attn rows, then z
+    cdef char *rows_q = base + layout.q               # [tile, q_row]
+    cdef float *act = <float *>(base + layout.a)      # [tile, Ia]: silu(gate) * up
+    cdef char *act_q = base + layout.aq               # [tile, aq_row]
+    cdef Py_ssize_t wo_row = ck_dtype_row_bytes(wo_dt, HDa) if HDa else 0
+    cdef Py_ssize_t w1_row = ck_dtype_row_bytes(w1_dt, Ea), w2_row = ck_dtype_row_bytes(w2_dt, Ia)
+    cdef Py_ssize_t t0, nt, t, j, h, e, i
+    cdef const float *h_rows        # [T, Ea]: the hidden state the MLP normalises
+    cdef const float *base_rows     # [T, Ea] or NULL: what the MLP output is added to
+
+    if attn_out != NULL:
+        h_rows = output            # h1 = attn @ wo.T + bo + residual lands in output first
+        base_rows = output
+    else:
+        h_rows = input
+        base_rows = residual
+
+    t0 = 0
+    while t0 < T:
+        nt = min(<Py_ssize_t>layout.tile, T - t0)
+
+        # ---- out-projection: output[t] = attn[t] @ wo.T + bo + residual[t] -------------------
+        if attn_out != NULL:
+            for j in prange(nt, num_threads=num_threads, schedule='static', nogil=True):
+                for h in range(H):     # gather token t0+j's row from the head-major layout
+                    memcpy(rows + j * HDa + h * Da, attn_out + (h * T + t0 + j) * Da,
+                           Da * sizeof(float))
+            quantize_rows_for(wo_dt, rows, HDa, rows_q, layout.q_row, HDa, nt, num_threads)
+            for e in prange(Ea, num_threads=num_threads, schedule='static', nogil=True):
+                if e >= E:
+                    zero_column(output + t0 * Ea + e, Ea, nt)
+                else:
+                    project_tile(<const char *>wo + e * wo_row, wo_dt, HDa, rows, HDa, rows_q,
+                                 layout.q_row, nt, bo[e] if bo != NULL else 0.0,
+                                 residual + t0 * Ea + e if residual != NULL else NULL,
+                                 output + t0 * Ea + e, Ea)
+
+        # ---- z = rmsnorm(h) -------------------------------------------------------------------
+        for j in prange(nt, num_threads=num_threads, schedule='static', nogil=True):
+            rmsnorm_row(h_rows + (t0 + j) * Ea, ln2_gamma, E, Ea, eps, rows + j * Ea)
+        quantize_rows_for(w1_dt, rows, Ea, rows_q, layout.q_row, Ea, nt, num_threads)
+
+        # ---- act = silu(z @ Wg.T + bg) * (z @ Wu.T + bu): gate row i and up row Ia+i together --
+        for i in prange(Ia, num_threads=num_threads, schedule='static', nogil=True):
+            if i >= I:
+                zero_column(act + i, Ia, nt)
+            else:
+                swiglu_column(<const char *>w1 + i * w1_row, <const char *>w1 + (Ia + i) * w1_row,
+                              w1_dt, Ea, rows, rows_q, layout.q_row, nt,
+                              b1[i] if b1 != NULL else 0.0, b1[Ia + i] if b1 != NULL else 0.0,
+                              act + i, Ia)
+        quantize_rows_for(w2_dt, act, Ia, act_q, layout.aq_row, Ia, nt, num_threads)
+
+        # ---- output[t] = base[t] + act[t] @ w2.T + b2 ------------------------------------------
+        for e in prange(Ea, num_threads=num_threads, schedule='static', nogil=True):
+            if e >= E:
+                zero_column(output + t0 * Ea + e, Ea, nt)
+            else:
+                project_tile(<const char *>w2 + e * w2_row, w2_dt, Ia, act, Ia, act_q,
+                             layout.aq_row, nt, b2[e] if b2 != NULL else 0.0,
+                             base_rows + t0 * Ea + e if base_rows != NULL else NULL,
+                             output + t0 * Ea + e, Ea)
+        t0 += nt

@@ -1,0 +1,179 @@
+# The fused block over T tokens: RMSNorm -> Q/K/V -> RoPE -> KV-cache write -> causal flash
+# attention -> out-projection + bias + residual.  Weights in any format, each its own.
+#
+# Scratch (include/megafuse/mf_scratch.h): region A [T, H*Da] q (then the quantized attention
+# rows), region B [T, max(Ea, H*Da)] the normalised input (then the attention output), region C
+# (int8 path) the quantized normalised input.  k and v go straight into the cache.
+
+cdef extern from "megafuse/mf_scratch.h" nogil:
+    ctypedef struct mf_prefill_scratch:
+        size_t a, b, c_q8_0, c_q8_k, q8_0_row, q8_k_row, total
+    mf_prefill_scratch mf_prefill_scratch_layout(size_t T, size_t Ea, size_t H, size_t Da,
+                                                 int int8_path)
+
+cdef enum:
+    PREFILL_TOKEN_TILE = 64   # tokens whose activations stay in L2 while the weight rows stream
+    DT_Q8_0 = 9
+    DT_Q8_K = 10
+
+
+cdef inline void rmsnorm_row(const float *x, const float *gamma, Py_ssize_t E, Py_ssize_t Ea,
+                             float eps, float *y) noexcept nogil:
+    """y[:E] = x[:E] / sqrt(mean(x[:E]**2) + eps) * gamma; y[E:Ea] = 0."""
+    cdef float inv = rms_inverse(x, E, eps)
+    cdef Py_ssize_t e
+    for e in range(E):
+        y[e] = x[e] * inv * gamma[e]
+    for e in range(E, Ea):
+        y[e] = 0.0
+
+
+cdef inline int activation_format(int weight_dt) noexcept nogil:
+    """Q8_0 for the 32-weight block formats, Q8_K for the K-quants."""
+    return DT_Q8_K if ck_dtype_block_size(weight_dt) == 256 else DT_Q8_0
+
+
+cdef void attention_prefill_kernel(
+        float *output,             # [T, Ea]: columns >= E written as 0
+        const float *input,        # [T, Ea]
+        const float *residual,     # [T, Ea] or NULL
+        const float *ln1_gamma,    # [E]
+        const void *wq, const float *bq, int wq_dt,   # [H*Da, Ea] in wq_dt, [H*Da]
+        const void *wk, const float *bk, int wk_dt,   # [G*Da, Ea] in wk_dt, [G*Da]
+        const void *wv, const float *bv, int wv_dt,   # [G*Da, Ea] in wv_dt, [G*Da]
+        const void *wo, const float *bo, int wo_dt,   # [Ea, H*Da] in wo_dt, [Ea]
+        float *kv_cache_k,         # [G, cache_capacity, Da]
+        float *kv_cache_v,         # [G, cache_capacity, Da]
+        const float *rope_cos,     # [>= start_pos+T rows, D/2] or NULL
+        const float *rope_sin,
+        int start_pos, int tokens, int cache_capacity, int embed_dim, int aligned_embed_dim,
+        int num_heads, int num_kv_heads, int head_dim, int aligned_head_dim, float eps,
+        void *scratch,             # mf_prefill_scratch_layout(...).total bytes
+        int int8_path, int q_tile, int kv_tile, int num_threads) noexcept nogil:
+    cdef Py_ssize_t E = embed_dim, Ea = aligned_embed_dim, H = num_heads, G = num_kv_heads
+    cdef Py_ssize_t D = head_dim, Da = aligned_head_dim, C = cache_capacity
+    cdef Py_ssize_t T = tokens, S = start_pos, HDa = H * Da, GDa = G * Da, group = H // G
+    cdef mf_prefill_scratch layout = mf_prefill_scratch_layout(T, Ea, H, Da, int8_path)
+    cdef char *base = <char *>scratch
+    cdef float *q = <float *>(base + layout.a)        # [T, H*Da]   phases 1-2
+    cdef char *attn_q8 = base + layout.a              # [T, q8 row of H*Da]  phase 3
+    cdef float *xn = <float *>(base + layout.b)       # [T, Ea]     phase 1
+    cdef float *attn = <float *>(base + layout.b)     # [T, H*Da]   phases 2-3
+    cdef char *xq0 = base + layout.c_q8_0             # [T, Q8_0 row of Ea]  phase 1
+    cdef char *xqk = base + layout.c_q8_k             # [T, Q8_K row of Ea]  phase 1
+    cdef Py_ssize_t wq_row = ck_dtype_row_bytes(wq_dt, Ea), wk_row = ck_dtype_row_bytes(wk_dt, Ea)
+    cdef Py_ssize_t wv_row = ck_dtype_row_bytes(wv_dt, Ea), wo_row = ck_dtype_row_bytes(wo_dt, HDa)
+    cdef Py_ssize_t attn_q8_row = 0
+    cdef bint need_q8_0 = False, need_q8_k = False
+    cdef float scale = 1.0 / sqrtf(<float>D)
+    cdef Py_ssize_t t, g, r, row, d, e, t0, nt, task, h, qt, n_qt, i0, nq
+    cdef const char *w
+    cdef const float *b
+    cdef float *dst
+    cdef Py_ssize_t ld, w_row_bytes
+    cdef int dt, fmt
+
+    # ---- phase 1: RMSNorm, (int8 path) quantized copies, Q/K/V, RoPE ----------------------------
+    for t in prange(T, num_threads=num_threads, schedule='static', nogil=True):
+        rmsnorm_row(input + t * Ea, ln1_gamma, E, Ea, eps, xn + t * Ea)
+    if int8_path:
+        for dt in range(3):                 # which activation formats do wq, wk, wv need?
+            fmt = wq_dt if dt == 0 else (wk_dt if dt == 1 else wv_dt)
+            if uses_q8_activations(fmt):
+                if activation_format(fmt) == DT_Q8_0:
+                    need_q8_0 = True
+                else:
+                    need_q8_k = True
+        for t in prange(T, num_threads=num_threads, schedule='static', nogil=True):
+            if need_q8_0:
+                quantize_activation_row(xn + t * Ea, xq0 + t * layout.q8_0_row, Ea, DT_Q8_0)
+            if need_q8_k:
+                quantize_activation_row(xn + t * Ea, xqk + t * layout.q8_k_row, Ea, DT_Q8_K)
+
+    t0 = 0
+    while t0 < T:
+        nt = min(<Py_ssize_t>PREFILL_TOKEN_TILE, T - t0)
+        for r in prange(HDa + 2 * GDa, num_threads=num_threads, schedule='static', nogil=True):
+            if r < HDa:                     # q row r -> q[t, r]
+                row = r
+                w = <const char *>wq
+                b = bq
+                dt = wq_dt
+                w_row_bytes = wq_row
+                dst = q + t0 * HDa + row
+                ld = HDa
+            elif r < HDa + GDa:             # k row g*Da+d -> cache_k[g, S+t, d]
+                row = r - HDa
+                w = <const char *>wk
+                b = bk
+                dt = wk_dt
+                w_row_bytes = wk_row
+                dst = kv_cache_k + ((row // Da) * C + S + t0) * Da + row % Da
+                ld = Da
+            else:                           # v row g*Da+d -> cache_v[g, S+t, d]
+                row = r - HDa - GDa
+                w = <const char *>wv
+                b = bv
+                dt = wv_dt
+                w_row_bytes = wv_row
+                dst = kv_cache_v + ((row // Da) * C + S + t0) * Da + row % Da
+                ld = Da
+            if row % Da >= D:
+                zero_column(dst, ld, nt)
+            elif int8_path and uses_q8_activations(dt):
+                if activation_format(dt) == DT_Q8_0:
+                    row_dot_tokens_q8(w + row * w_row_bytes, dt, Ea, xq0 + t0 * layout.q8_0_row,
+                                      layout.q8_0_row, nt, b[row] if b != NULL else 0.0, NULL,
+                                      dst, ld)
+                else:
+                    row_dot_tokens_q8(w + row * w_row_bytes, dt, Ea, xqk + t0 * layout.q8_k_row,
+                                      layout.q8_k_row, nt, b[row] if b != NULL else 0.0, NULL,
+                                      dst, ld)
+            else:
+                row_dot_tokens_f32(w + row * w_row_bytes, dt, Ea, xn + t0 * Ea, Ea, nt,
+                                   b[row] if b != NULL else 0.0, NULL, dst, ld)
+        t0 += nt
+
+    if rope_cos != NULL:
+        for t in prange(T, num_threads=num_threads, schedule='static', nogil=True):
+            rope_rotate_heads(q + t * HDa, H, D, Da, rope_cos + (S + t) * (D // 2),
+                              rope_sin + (S + t) * (D // 2))
+            for g in range(G):
+                rope_rotate_heads(kv_cache_k + (g * C + S + t) * Da, 1, D, Da,
+                                  rope_cos + (S + t) * (D // 2), rope_sin + (S + t) * (D // 2))
+
+    # ---- phase 2: causal flash attention, one task per (head, query tile) -----------------------
+    n_qt = (T + q_tile - 1) // q_tile
+    for task in prange(H * n_qt, num_threads=num_threads, schedule='dynamic', nogil=True):
+        h = task // n_qt
+        qt = task % n_qt
+        i0 = qt * q_tile
+        nq = min(<Py_ssize_t>q_tile, T - i0)
+        attend_query_tile(q + i0 * HDa + h * Da, HDa, kv_cache_k + (h // group) * C * Da,
+                          kv_cache_v + (h // group) * C * Da, S + i0, nq, D, Da, scale, kv_tile,
+                          attn + i0 * HDa + h * Da, HDa)
+
+    # ---- phase 3: out-projection + bias + residual ------------------------------------------------
+    if int8_path and uses_q8_activations(wo_dt):
+        fmt = activation_format(wo_dt)
+        attn_q8_row = ck_dtype_row_bytes(fmt, HDa)
+        for t in prange(T, num_threads=num_threads, schedule='static', nogil=True):
+            quantize_activation_row(attn + t * HDa, attn_q8 + t * attn_q8_row, HDa, fmt)
+    t0 = 0
+    while t0 < T:
+        nt = min(<Py_ssize_t>PREFILL_TOKEN_TILE, T - t0)
+        for e in prange(Ea, num_threads=num_threads, schedule='static', nogil=True):
+            if e >= E:
+                zero_column(output + t0 * Ea + e, Ea, nt)
+            elif attn_q8_row > 0:
+                row_dot_tokens_q8(<const char *>wo + e * wo_row, wo_dt, HDa,
+                                  attn_q8 + t0 * attn_q8_row, attn_q8_row, nt,
+                                  bo[e] if bo != NULL else 0.0,
+                                  residual + t0 * Ea + e if residual != NULL else NULL,
+                                  output + t0 * Ea + e, Ea)
+            else:
+                row_dot_tokens_f32(<const char *>wo + e * wo_row, wo_dt, HDa, attn + t0 * HDa,
+                                   HDa, nt, bo[e] if bo != NULL else 0.0,
+                                   residual + t0 * Ea + e if residual != NULL else NULL,
+                                   output + t0 * Ea + e, Ea)
+        t0 += nt

@@ -1,0 +1,282 @@
+"""mega_fused_outproj_mlp_prefill and mega_fused_mlp_prefill against the NumPy reference, and a
+whole decoder layer composed from the kernels."""
+import numpy as np
+import pytest
+
+import megafuse
+from megafuse import reference
+from helpers import (BLOCK32, KQUANTS, TOL, WEIGHT_FORMATS, assert_q8_close, copy_args,
+                     encode_weight, prefill_case, rel_err)
+
+# (name, E, Ea, H, Da, I, Ia)
+QWEN2_05B = ("qwen2-0.5b", 896, 896, 14, 64, 4864, 4864)
+LLAMA_STYLE = ("llama-style", 2048, 2048, 32, 64, 8192, 8192)
+SMALL_256 = ("small-256", 512, 512, 8, 64, 1024, 1024)
+PADDED = ("padded", 200, 256, 6, 48, 300, 320)
+FLOAT_FORMATS = {"FP32", "FP16", "BF16"}
+
+
+def mlp_weights(shape, formats, rng):
+    _, E, Ea, H, Da, I, Ia = shape
+    wo = np.zeros((Ea, H * Da), np.float32)
+    wo[:E] = rng.standard_normal((E, H * Da)) / np.sqrt(H * Da)
+    w1 = np.zeros((2, Ia, Ea), np.float32)
+    w1[:, :I, :E] = rng.standard_normal((2, I, E)) / np.sqrt(E)
+    w2 = np.zeros((Ea, Ia), np.float32)
+    w2[:E, :I] = rng.standard_normal((E, I)) / np.sqrt(I)
+    return {"wo": encode_weight(wo, formats.get("wo", "FP32"), rng),
+            "w1": encode_weight(w1.reshape(2 * Ia, Ea), formats.get("w1", "FP32"), rng),
+            "w2": encode_weight(w2, formats.get("w2", "FP32"), rng)}
+
+
+def outproj_mlp_case(shape, T, formats=None, *, bias=True, residual=True, seed=0):
+    _, E, Ea, H, Da, I, Ia = shape
+    formats = formats or {}
+    rng = np.random.default_rng(seed)
+    f32 = lambda *s: rng.standard_normal(s).astype(np.float32)  # noqa: E731
+    w = mlp_weights(shape, formats, rng)
+    res = f32(T, Ea) if residual else None
+    if res is not None:
+        res[:, E:] = 3.0
+    pad = lambda v, n: np.pad(v, (0, n - v.size)).astype(np.float32)  # noqa: E731
+    b1 = np.zeros((2, Ia), np.float32)
+    b1[:, :I] = 0.1 * rng.standard_normal((2, I))
+    return dict(
+        output=np.full((T, Ea), np.nan, np.float32), attn_out=f32(H, T, Da) * 0.5,
+        residual=res, ln2_gamma=(1 + 0.1 * f32(E)).astype(np.float32),
+        wo=w["wo"], bo=pad(0.1 * f32(E), Ea) if bias else None,
+        wo_dt=megafuse.CKDataType[formats.get("wo", "FP32")],
+        w1=w["w1"], b1=b1.reshape(-1) if bias else None,
+        w1_dt=megafuse.CKDataType[formats.get("w1", "FP32")],
+        w2=w["w2"], b2=pad(0.1 * f32(E), Ea) if bias else None,
+        w2_dt=megafuse.CKDataType[formats.get("w2", "FP32")],
+        tokens=T, embed_dim=E, aligned_embed_dim=Ea, num_heads=H, aligned_head_dim=Da,
+        intermediate_dim=I, aligned_intermediate_dim=Ia, eps=1e-6,
+        scratch=np.zeros(megafuse.mega_fused_outproj_mlp_prefill_scratch_size(T, Ea, H, Da, Ia),
+                         np.uint8))
+
+
+def mlp_case(shape, T, formats=None, **kw):
+    a = outproj_mlp_case(shape, T, formats, **kw)
+    _, E, Ea, H, Da, I, Ia = shape
+    x = np.random.default_rng(99).standard_normal((T, Ea)).astype(np.float32)
+    x[:, E:] = -50.0
+    for key in ("attn_out", "wo", "bo", "wo_dt", "num_heads", "aligned_head_dim"):
+        del a[key]
+    return dict(output=a.pop("output"), input=x, **a,
+                ) | {"scratch": np.zeros(megafuse.mega_fused_mlp_prefill_scratch_size(T, Ea, Ia),
+                                         np.uint8)}
+
+
+def ordered(args, names):
+    return {n: args[n] for n in names}
+
+
+def run_outproj(args):
+    """(kernel, reference emulating the int8 path, pure-float reference) results."""
+    got, want, pure = copy_args(args), copy_args(args), copy_args(args)
+    megafuse.mega_fused_outproj_mlp_prefill(**got)
+    reference.mega_fused_outproj_mlp_prefill(**want, quantize_activations=True)
+    reference.mega_fused_outproj_mlp_prefill(**pure, quantize_activations=False)
+    return got, want, pure
+
+
+def run_mlp(args):
+    got, want, pure = copy_args(args), copy_args(args), copy_args(args)
+    megafuse.mega_fused_mlp_prefill(**got)
+    reference.mega_fused_mlp_prefill(**want, quantize_activations=True)
+    reference.mega_fused_mlp_prefill(**pure, quantize_activations=False)
+    return got, want, pure
+
+
+def check(got, want, pure, formats):
+    """Float weights: 1e-5; block formats (quantized activations): see assert_q8_close, and
+    within 2e-2 of pure float math."""
+    if set(formats.values()) <= FLOAT_FORMATS:
+        assert rel_err(got["output"], want["output"]) < TOL["float"]
+    else:
+        assert_q8_close(got["output"], want["output"], pure["output"])
+        assert rel_err(got["output"], pure["output"]) < TOL["q8_vs_float"]
+
+
+def fits(fmt, cols):
+    block = 256 if fmt in KQUANTS else (32 if fmt in BLOCK32 else 1)
+    return cols % block == 0
+
+
+@pytest.mark.parametrize("fmt", WEIGHT_FORMATS)
+def test_outproj_mlp_every_format(simd_level, fmt):
+    formats = {"wo": fmt, "w1": fmt, "w2": fmt}
+    check(*run_outproj(outproj_mlp_case(SMALL_256, 5, formats)), formats)
+
+
+@pytest.mark.parametrize("fmt", WEIGHT_FORMATS)
+def test_mlp_every_format(simd_level, fmt):
+    formats = {"w1": fmt, "w2": fmt}
+    check(*run_mlp(mlp_case(SMALL_256, 6, formats)), formats)
+
+
+Q4_K_M_QWEN = {"wo": "Q5_0", "w1": "Q5_0", "w2": "Q4_K"}     # 896 columns: no K-quant there
+
+
+@pytest.mark.parametrize("T", [1, 5, 64, 200])
+def test_qwen2_dims_q4_k_m_layout(T):
+    check(*run_outproj(outproj_mlp_case(QWEN2_05B, T, Q4_K_M_QWEN)), Q4_K_M_QWEN)
+
+
+@pytest.mark.parametrize("T", [1, 64])
+@pytest.mark.parametrize("formats", [{"wo": "FP32", "w1": "FP32", "w2": "FP32"},
+                                     {"wo": "Q8_0", "w1": "Q4_K", "w2": "Q6_K"}],
+                         ids=["fp32", "q4_k_m-mix"])
+def test_llama_dims(T, formats):
+    check(*run_outproj(outproj_mlp_case(LLAMA_STYLE, T, formats)), formats)
+
+
+@pytest.mark.parametrize("T", [1, 5, 64, 200])
+def test_float_path_token_counts(T):
+    check(*run_mlp(mlp_case(PADDED, T, {"w1": "BF16", "w2": "FP16"})),
+          {"w1": "BF16", "w2": "FP16"})
+
+
+def test_kquant_on_896_columns_is_a_clear_error():
+    args = outproj_mlp_case(QWEN2_05B, 2, {"wo": "Q5_0", "w1": "Q5_0", "w2": "Q4_K"})
+    args["w1_dt"] = megafuse.CK_DT_Q4_K
+    with pytest.raises(ValueError, match=r"w1: Q4_K stores rows in whole blocks of 256.*896"):
+        megafuse.mega_fused_outproj_mlp_prefill(**args)
+
+
+@pytest.mark.parametrize("option", ["no_bias", "no_residual"])
+def test_options(option, simd_level):
+    kw = {"bias": option != "no_bias", "residual": option != "no_residual"}
+    formats = {"wo": "Q8_0", "w1": "Q4_0", "w2": "FP32"}
+    check(*run_outproj(outproj_mlp_case(PADDED, 7, formats, **kw)), formats)
+    check(*run_mlp(mlp_case(PADDED, 7, {"w1": "Q8_0", "w2": "Q5_1"}, **kw)), {"w1": "Q8_0"})
+
+
+def test_output_may_be_residual():
+    args = outproj_mlp_case(SMALL_256, 40, {"wo": "Q8_0", "w1": "Q4_K", "w2": "Q6_K"})
+    plain = copy_args(args)
+    megafuse.mega_fused_outproj_mlp_prefill(**plain)
+    in_place = copy_args(args)
+    in_place["output"] = in_place["residual"]
+    megafuse.mega_fused_outproj_mlp_prefill(**in_place)
+    assert np.array_equal(in_place["residual"], plain["output"])
+    for alias in ("input", "residual"):
+        args = mlp_case(SMALL_256, 40, {"w1": "Q8_0", "w2": "Q8_0"})
+        plain = copy_args(args)
+        megafuse.mega_fused_mlp_prefill(**plain)
+        in_place = copy_args(args)
+        in_place["output"] = in_place[alias]
+        megafuse.mega_fused_mlp_prefill(**in_place)
+        assert np.array_equal(in_place[alias], plain["output"])
+
+
+@pytest.mark.parametrize("entry", ["outproj_mlp", "mlp"])
+def test_scratch_guard_bytes(entry):
+    formats = {"wo": "Q8_0", "w1": "Q4_K", "w2": "Q6_K"}
+    args = (outproj_mlp_case(SMALL_256, 45, formats) if entry == "outproj_mlp"
+            else mlp_case(SMALL_256, 45, formats))
+    fn = (megafuse.mega_fused_outproj_mlp_prefill if entry == "outproj_mlp"
+          else megafuse.mega_fused_mlp_prefill)
+    need = args["scratch"].nbytes
+    outputs = []
+    for fill in (0, 0xFF, 0x3C):
+        run = copy_args(args)
+        run["scratch"] = np.full(need + 4096, fill, np.uint8)
+        fn(**run)
+        assert np.all(run["scratch"][need:] == fill)
+        outputs.append(run["output"])
+    assert np.array_equal(outputs[0], outputs[1]) and np.array_equal(outputs[0], outputs[2])
+
+
+def test_scratch_is_per_tile_not_per_prompt():
+    size = megafuse.mega_fused_outproj_mlp_prefill_scratch_size
+    assert size(32, 896, 14, 64, 4864) < 3_166_208          # upstream at T=32
+    assert size(512, 896, 14, 64, 4864) == size(32, 896, 14, 64, 4864)   # no [T, I] buffer
+    assert size(1, 896, 14, 64, 4864) < size(32, 896, 14, 64, 4864)
+
+
+@pytest.mark.parametrize("entry", ["outproj_mlp", "mlp"])
+def test_one_and_two_threads_bitwise_equal(simd_level, threads, entry):
+    formats = {"wo": "Q5_0", "w1": "Q4_K", "w2": "Q6_K"}
+    args = (outproj_mlp_case(SMALL_256, 70, formats) if entry == "outproj_mlp"
+            else mlp_case(SMALL_256, 70, formats))
+    fn = (megafuse.mega_fused_outproj_mlp_prefill if entry == "outproj_mlp"
+          else megafuse.mega_fused_mlp_prefill)
+    outs = []
+    for n in (1, 2):
+        megafuse.set_num_threads(n)
+        run = copy_args(args)
+        fn(**run)
+        outs.append(run["output"])
+    assert np.array_equal(outs[0], outs[1])
+
+
+# ---- a whole decoder layer -----------------------------------------------------------------
+
+def reference_layer(x, attn_args, mlp_args):
+    """The reference layer in float64 all the way (float activations, dequantized weights)."""
+    a = copy_args(attn_args)
+    a["input"] = x.copy()
+    a["residual"] = x.copy()
+    a["output"] = np.zeros_like(x)
+    reference.mega_fused_attention_prefill(**a)
+    m = copy_args(mlp_args)
+    m.update(input=a["output"].copy(), residual=a["output"].copy(),
+             output=np.zeros_like(x))
+    reference.mega_fused_mlp_prefill(**m, quantize_activations=False)
+    return m["output"], a
+
+
+@pytest.mark.parametrize("formats", [
+    {"wq": "FP32", "wk": "FP32", "wv": "FP32", "wo": "FP32", "w1": "FP32", "w2": "FP32"},
+    {"wq": "Q8_0", "wk": "Q8_0", "wv": "Q8_0", "wo": "Q8_0", "w1": "Q8_0", "w2": "Q8_0"},
+], ids=["fp32", "q8_0"])
+def test_decoder_layer_from_prefill_and_mlp(formats):
+    T = 24
+    attn = prefill_case(("layer", 256, 256, 4, 2, 64, 64), T, formats=formats, seed=3)
+    mlp = mlp_case(("layer", 256, 256, 4, 64, 512, 512), T, {"w1": formats["w1"],
+                                                             "w2": formats["w2"]})
+    mlp.pop("input"), mlp.pop("residual"), mlp.pop("output")
+    x = attn["input"].copy()
+    # megafuse: attention (output over x) then the MLP in place on the residual stream
+    a = copy_args(attn)
+    a.update(input=x, residual=x, output=x)
+    megafuse.mega_fused_attention_prefill(**a)
+    m = copy_args(mlp)
+    megafuse.mega_fused_mlp_prefill(output=x, input=x, residual=x, **m)
+    want, _ = reference_layer(attn["input"], attn, mlp)
+    tol = TOL["float"] if formats["w1"] == "FP32" else TOL["q8_vs_float"]
+    assert rel_err(x, want) < tol
+
+
+def test_decoder_layer_through_outproj_mlp():
+    """attention via the reference's head-major output, then the header's fused post-attention
+    block, equals attention + out-projection + MLP done separately."""
+    T, E, H, G, D, I = 16, 256, 4, 2, 64, 512
+    attn = prefill_case(("layer", E, E, H, G, D, D), T, seed=5, bias=False)
+    rng = np.random.default_rng(5)
+    # head-major attention output, as a fused attention kernel would produce it
+    q, k, v = reference._qkv_rows(reference._f64(attn["input"], (T, E)), attn["ln1_gamma"],
+                                  attn["wq"], None, 0, attn["wk"], None, 0, attn["wv"], None, 0,
+                                  attn["rope_cos"], attn["rope_sin"], np.arange(T), E, E, H, G,
+                                  D, D, 1e-6, False)
+    heads = reference.attention(q, k.transpose(1, 0, 2), v.transpose(1, 0, 2), np.arange(T))
+    attn_out = np.ascontiguousarray(heads.transpose(1, 0, 2)).astype(np.float32)   # [H, T, D]
+    w = mlp_weights(("x", E, E, H, D, I, I), {}, rng)
+    gamma = np.ones(E, np.float32)
+    out = np.zeros((T, E), np.float32)
+    megafuse.mega_fused_outproj_mlp_prefill(
+        out, attn_out, attn["input"], gamma, attn["wo"], None, 0, w["w1"], None, 0, w["w2"],
+        None, 0, T, E, E, H, D, I, I, 1e-6,
+        np.zeros(megafuse.mega_fused_outproj_mlp_prefill_scratch_size(T, E, H, D, I), np.uint8))
+    # the same through the attention kernel (out-projection + residual) and the MLP entry
+    a = copy_args(attn)
+    a.update(residual=a["input"], output=np.zeros((T, E), np.float32))
+    megafuse.mega_fused_attention_prefill(**a)
+    h1 = a["output"]
+    out2 = np.zeros((T, E), np.float32)
+    megafuse.mega_fused_mlp_prefill(
+        out2, h1, h1, gamma, w["w1"], None, 0, w["w2"], None, 0, T, E, E, I, I, 1e-6,
+        np.zeros(megafuse.mega_fused_mlp_prefill_scratch_size(T, E, I), np.uint8))
+    assert rel_err(out, out2) < TOL["float"]

@@ -1,0 +1,238 @@
+"""mega_fused_attention_prefill(_q8_0) against the NumPy reference: every weight format, the
+shapes of real models, cache continuation, aliasing, scratch bounds, threads and SIMD levels."""
+import numpy as np
+import pytest
+
+import megafuse
+from megafuse import reference
+from helpers import (BLOCK32, KQUANTS, LLAMA_STYLE, MHA, PADDED, QWEN2_05B, TOL, WEIGHT_FORMATS,
+                     assert_q8_close, copy_args, decode_case, encode_weight, prefill_case,
+                     rel_err)
+
+# a shape every format fits (Ea and H*Da multiples of 256)
+SMALL_256 = ("small-256", 512, 512, 8, 2, 64, 64)
+
+
+def run(args, int8=False):
+    """(kernel result, reference result[, pure-float reference result for the int8 path])."""
+    got, want = copy_args(args), copy_args(args)
+    kernel = (megafuse.mega_fused_attention_prefill_q8_0 if int8
+              else megafuse.mega_fused_attention_prefill)
+    kernel(**got)
+    if not int8:
+        reference.mega_fused_attention_prefill(**want)
+        return got, want
+    reference.mega_fused_attention_prefill_q8_0(**want)
+    pure = copy_args(args)
+    reference.mega_fused_attention_prefill(**pure)
+    return got, want, pure
+
+
+def check(got, want, tol, pure=None):
+    for name in ("output", "kv_cache_k", "kv_cache_v"):
+        if pure is not None and tol == TOL["q8_emulated"]:   # see helpers.assert_q8_close
+            rows = lambda a: a[name].reshape(-1, a[name].shape[-1])  # noqa: E731
+            assert_q8_close(rows(got), rows(want), rows(pure), name)
+            continue
+        err = rel_err(got[name], want[name])
+        assert err < tol, f"{name}: relative error {err:.2e} >= {tol:.0e}"
+
+
+def fits(fmt, shape):
+    _, E, Ea, H, G, D, Da = shape
+    block = 256 if fmt in KQUANTS else (32 if fmt in BLOCK32 else 1)
+    return Ea % block == 0 and (H * Da) % block == 0
+
+
+@pytest.mark.parametrize("fmt", WEIGHT_FORMATS)
+@pytest.mark.parametrize("T", [7, 64])
+def test_every_format_float_activations(simd_level, fmt, T):
+    args = prefill_case(SMALL_256, T, formats={w: fmt for w in ("wq", "wk", "wv", "wo")})
+    check(*run(args), TOL["float"])
+
+
+@pytest.mark.parametrize("fmt", WEIGHT_FORMATS)
+def test_every_format_int8_path(simd_level, fmt):
+    args = prefill_case(SMALL_256, 9, formats={w: fmt for w in ("wq", "wk", "wv", "wo")},
+                        int8=True)
+    got, want, pure = run(args, int8=True)
+    check(got, want, TOL["q8_emulated"] if fmt not in ("FP32", "FP16", "BF16") else TOL["float"],
+          pure)
+    assert rel_err(got["output"], pure["output"]) < TOL["q8_vs_float"]
+
+
+def test_random_kquant_blocks():
+    """K-quant bytes not made by any quantizer (random codes and scales) read the same way."""
+    rng = np.random.default_rng(11)
+    args = prefill_case(SMALL_256, 6)
+    for name, fmt in (("wq", "Q4_K"), ("wk", "Q5_K"), ("wv", "Q6_K"), ("wo", "Q4_K")):
+        w = reference.dequantize(args[name], 0, (args[name].shape[0], args[name].shape[1]))
+        args[name] = encode_weight(w.astype(np.float32), fmt, rng, random_kquants=True)
+        args[name + "_dt"] = megafuse.CKDataType[fmt]
+    check(*run(args), TOL["float"])
+
+
+MIXES = {
+    "q4_k_m-style": {"wq": "Q4_K", "wk": "Q4_K", "wv": "Q6_K", "wo": "Q4_K"},
+    "legacy-mix": {"wq": "Q5_0", "wk": "Q8_0", "wv": "Q4_1", "wo": "Q5_1"},
+    "float-and-blocks": {"wq": "BF16", "wk": "Q8_0", "wv": "FP16", "wo": "Q6_K"},
+}
+
+
+@pytest.mark.parametrize("mix", list(MIXES), ids=list(MIXES))
+@pytest.mark.parametrize("int8", [False, True], ids=["float", "int8"])
+def test_mixed_formats(simd_level, mix, int8):
+    args = prefill_case(LLAMA_STYLE, 13, formats=MIXES[mix], int8=int8, start_pos=3)
+    results = run(args, int8=int8)
+    check(results[0], results[1], TOL["q8_emulated"] if int8 else TOL["float"], *results[2:])
+
+
+@pytest.mark.parametrize("shape", [QWEN2_05B, LLAMA_STYLE, MHA, PADDED], ids=lambda s: s[0])
+@pytest.mark.parametrize("T", [1, 7, 64, 200])
+def test_shapes_and_token_counts(shape, T):
+    if shape is LLAMA_STYLE and T == 200:
+        T = 150     # keeps the float64 reference quick; still several query and KV tiles
+    check(*run(prefill_case(shape, T, cache_capacity=T + 9)), TOL["float"])
+
+
+@pytest.mark.parametrize("shape", [QWEN2_05B, PADDED], ids=lambda s: s[0])
+@pytest.mark.parametrize("fmt", ["Q8_0", "Q5_0"])
+@pytest.mark.parametrize("T", [1, 64])
+def test_qwen_shapes_quantized(shape, fmt, T):
+    if not fits(fmt, shape):
+        pytest.skip(f"{fmt} does not fit {shape[0]}")
+    formats = {w: fmt for w in ("wq", "wk", "wv", "wo")}
+    check(*run(prefill_case(shape, T, formats=formats)), TOL["float"])
+    got, want, pure = run(prefill_case(shape, T, formats=formats, int8=True), int8=True)
+    check(got, want, TOL["q8_emulated"], pure)
+
+
+@pytest.mark.parametrize("option", ["no_bias", "no_residual", "no_rope"])
+@pytest.mark.parametrize("int8", [False, True], ids=["float", "int8"])
+def test_options(simd_level, option, int8):
+    kw = {"bias": option != "no_bias", "residual": option != "no_residual",
+          "rope": option != "no_rope"}
+    args = prefill_case(PADDED, 11, formats={"wq": "Q8_0", "wo": "Q4_0"}, int8=int8, **kw)
+    results = run(args, int8=int8)
+    check(results[0], results[1], TOL["q8_emulated"] if int8 else TOL["float"], *results[2:])
+
+
+def test_continuation_prefill_then_prefill():
+    N, M = 37, 29
+    full = prefill_case(QWEN2_05B, N + M, cache_capacity=N + M + 4)
+    megafuse.mega_fused_attention_prefill(**full)
+    first = prefill_case(QWEN2_05B, N + M, cache_capacity=N + M + 4)   # same seed: same data
+    a = dict(first, input=first["input"][:N].copy(), output=np.zeros((N, 896), np.float32),
+             residual=first["residual"][:N].copy(), tokens=N)
+    megafuse.mega_fused_attention_prefill(**a)
+    b = dict(first, input=first["input"][N:].copy(), output=np.zeros((M, 896), np.float32),
+             residual=first["residual"][N:].copy(), tokens=M, start_pos=N)
+    megafuse.mega_fused_attention_prefill(**b)
+    assert rel_err(np.concatenate([a["output"], b["output"]]), full["output"]) < TOL["float"]
+    assert rel_err(first["kv_cache_k"], full["kv_cache_k"]) < TOL["float"]
+
+
+def test_continuation_prefill_then_decode():
+    N = 40
+    full = prefill_case(QWEN2_05B, N + 1, cache_capacity=64)
+    megafuse.mega_fused_attention_prefill(**full)
+    case = prefill_case(QWEN2_05B, N + 1, cache_capacity=64)
+    part = dict(case, input=case["input"][:N].copy(), residual=case["residual"][:N].copy(),
+                output=np.zeros((N, 896), np.float32), tokens=N)
+    megafuse.mega_fused_attention_prefill(**part)
+    out = np.zeros(896, np.float32)
+    megafuse.mega_fused_attention_decode(
+        out, case["input"][N], case["residual"][N], case["ln1_gamma"], case["wq"], case["bq"],
+        case["wk"], case["bk"], case["wv"], case["bv"], case["wo"], case["bo"],
+        case["kv_cache_k"], case["kv_cache_v"], case["rope_cos"], case["rope_sin"], N, 896, 896,
+        14, 2, 64, 64, 64, 1e-6)
+    assert rel_err(out, full["output"][N]) < TOL["float"]
+    assert rel_err(case["kv_cache_v"], full["kv_cache_v"]) < TOL["float"]
+
+
+@pytest.mark.parametrize("alias", ["input", "residual"])
+@pytest.mark.parametrize("int8", [False, True], ids=["float", "int8"])
+def test_output_may_be_input_or_residual(alias, int8):
+    args = prefill_case(QWEN2_05B, 70, formats={"wo": "Q8_0"}, int8=int8)
+    kernel = (megafuse.mega_fused_attention_prefill_q8_0 if int8
+              else megafuse.mega_fused_attention_prefill)
+    out_of_place = copy_args(args)
+    kernel(**out_of_place)
+    in_place = copy_args(args)
+    in_place["output"] = in_place[alias]
+    kernel(**in_place)
+    assert np.array_equal(in_place[alias], out_of_place["output"])
+
+
+@pytest.mark.parametrize("int8", [False, True], ids=["float", "int8"])
+@pytest.mark.parametrize("shape", [QWEN2_05B, SMALL_256, PADDED], ids=lambda s: s[0])
+def test_scratch_guard_bytes_and_prior_content(int8, shape):
+    formats = {"wq": "Q8_0", "wk": "Q4_K", "wv": "Q8_0", "wo": "Q4_K"} if shape is SMALL_256 \
+        else {"wq": "Q8_0", "wo": "Q8_0"}
+    if shape is PADDED:
+        formats = {}
+    args = prefill_case(shape, 33, formats=formats, int8=int8)
+    need = args["scratch"].nbytes
+    results = []
+    for fill in (0x00, 0xFF, 0x7F):
+        run_args = copy_args(args)
+        scratch = np.full(need + 4096, fill, np.uint8)
+        run_args["scratch"] = scratch
+        kernel = (megafuse.mega_fused_attention_prefill_q8_0 if int8
+                  else megafuse.mega_fused_attention_prefill)
+        kernel(**run_args)
+        assert np.all(scratch[need:] == fill), "the kernel wrote past scratch_size bytes"
+        results.append(run_args["output"])
+    assert np.array_equal(results[0], results[1]) and np.array_equal(results[0], results[2])
+
+
+def test_scratch_size_is_small_and_linear():
+    sizes = [megafuse.mega_fused_attention_prefill_scratch_size(T, 896, 14, 64)
+             for T in (32, 64, 96)]
+    assert sizes[0] < 648_192                      # upstream at T=32 on these dims
+    assert abs((sizes[2] - sizes[1]) - (sizes[1] - sizes[0])) <= 128   # linear in T
+    q8 = megafuse.mega_fused_attention_prefill_q8_0_scratch_size(32, 896, 14, 64)
+    assert sizes[0] < q8 < 648_192
+
+
+@pytest.mark.parametrize("int8", [False, True], ids=["float", "int8"])
+def test_one_and_two_threads_bitwise_equal(simd_level, threads, int8):
+    args = prefill_case(LLAMA_STYLE, 150, formats={"wq": "Q4_K", "wk": "Q8_0", "wo": "Q6_K"},
+                        int8=int8)
+    kernel = (megafuse.mega_fused_attention_prefill_q8_0 if int8
+              else megafuse.mega_fused_attention_prefill)
+    results = []
+    for n in (1, 2):
+        megafuse.set_num_threads(n)
+        r = copy_args(args)
+        kernel(**r)
+        results.append(r)
+    for name in ("output", "kv_cache_k", "kv_cache_v"):
+        assert np.array_equal(results[0][name], results[1][name])
+
+
+def test_cache_rows_outside_the_call_are_untouched():
+    args = prefill_case(PADDED, 10, start_pos=6, cache_capacity=30)
+    before = args["kv_cache_k"].copy()
+    megafuse.mega_fused_attention_prefill(**args)
+    changed = np.where(np.any(before != args["kv_cache_k"], axis=(0, 2)))[0]
+    assert changed.min() >= 6 and changed.max() <= 15
+
+
+def test_tokens_one_matches_decode():
+    """A one-token prefill is a decode step (the way a quantized decode runs)."""
+    dec = decode_case(QWEN2_05B, pos=20, cache_capacity=40)
+    a = dec.args
+    pre = dict(output=np.zeros((1, 896), np.float32), input=a["input"][None].copy(),
+               residual=a["residual"][None].copy(), ln1_gamma=a["ln1_gamma"],
+               wq=a["wq"], bq=a["bq"], wq_dt=0, wk=a["wk"], bk=a["bk"], wk_dt=0, wv=a["wv"],
+               bv=a["bv"], wv_dt=0, wo=a["wo"], bo=a["bo"], wo_dt=0,
+               kv_cache_k=a["kv_cache_k"].copy(), kv_cache_v=a["kv_cache_v"].copy(),
+               rope_cos=a["rope_cos"], rope_sin=a["rope_sin"], start_pos=20, tokens=1,
+               cache_capacity=40, embed_dim=896, aligned_embed_dim=896, num_heads=14,
+               num_kv_heads=2, head_dim=64, aligned_head_dim=64, eps=a["eps"],
+               scratch=np.zeros(megafuse.mega_fused_attention_prefill_scratch_size(1, 896, 14,
+                                                                                   64), np.uint8))
+    megafuse.mega_fused_attention_prefill(**pre)
+    megafuse.mega_fused_attention_decode(**a)
+    assert rel_err(pre["output"][0], a["output"]) < TOL["float"]

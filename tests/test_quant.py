@@ -1,0 +1,705 @@
+"""The GGML block-format layer (issue 3): megafuse.quantize / dequantize, the row dot products of
+both activation paths, and the activation quantizers.
+
+Independent references: the `gguf` package (gguf.quants.quantize / dequantize, NumPy), megafuse's
+own NumPy reference (megafuse.reference: activation quantization), llama.cpp's
+tests/test-quantize-fns.cpp methodology, exact integer arithmetic, and -- when the optional
+ggml-python package is installed -- ggml's own quantizers (ggml_quantize_chunk).
+
+Kernel tests take the `simd_level` fixture (tests/conftest.py): they run once per SIMD level
+this CPU supports.
+"""
+import ctypes
+import math
+import warnings
+
+import numpy as np
+import pytest
+
+import megafuse as mf
+from megafuse import _kernels, _simd
+from megafuse import reference as ref
+
+gguf = pytest.importorskip("gguf")
+from gguf import GGMLQuantizationType as GQ  # noqa: E402
+from gguf.constants import GGML_QUANT_SIZES  # noqa: E402
+from gguf.quants import dequantize as gguf_dequantize  # noqa: E402
+from gguf.quants import quantize as gguf_quantize  # noqa: E402
+
+DT = mf.CKDataType
+FLOAT_FORMATS = [DT.FP32, DT.FP16, DT.BF16]
+BLOCK32_FORMATS = [DT.Q4_0, DT.Q4_1, DT.Q5_0, DT.Q5_1, DT.Q8_0]
+KQUANT_FORMATS = [DT.Q4_K, DT.Q5_K, DT.Q6_K]
+BLOCK_FORMATS = BLOCK32_FORMATS + KQUANT_FORMATS
+WEIGHT_FORMATS = FLOAT_FORMATS + BLOCK_FORMATS
+GGUF_QUANTIZES = BLOCK32_FORMATS + [DT.FP16, DT.BF16]   # what gguf.quants.quantize implements
+GGUF_TYPE = {
+    DT.FP32: GQ.F32, DT.FP16: GQ.F16, DT.BF16: GQ.BF16, DT.Q4_0: GQ.Q4_0, DT.Q4_1: GQ.Q4_1,
+    DT.Q5_0: GQ.Q5_0, DT.Q5_1: GQ.Q5_1, DT.Q8_0: GQ.Q8_0, DT.Q4_K: GQ.Q4_K, DT.Q5_K: GQ.Q5_K,
+    DT.Q6_K: GQ.Q6_K,
+}
+NON_WEIGHT_DTYPES = [DT.INT8, DT.INT4, DT.Q8_K, DT.COUNT, 14, -1, 99]
+
+# Byte offsets of the fp16 scale fields of each block (GGML layouts).
+SCALE_FIELDS = {
+    DT.Q4_0: [0], DT.Q4_1: [0, 2], DT.Q5_0: [0], DT.Q5_1: [0, 2], DT.Q8_0: [0],
+    DT.Q4_K: [0, 2], DT.Q5_K: [0, 2], DT.Q6_K: [208],
+}
+
+# Named tolerances.
+TOL = {
+    "llama_total_error": 0.002,   # llama.cpp MAX_QUANTIZATION_TOTAL_ERROR (round-trip)
+    "llama_dot_error": 0.02,      # llama.cpp MAX_DOT_PRODUCT_ERROR
+    "float_dot": 1e-5,            # float-activation dot vs float64, relative to sum |w_i x_i|
+    "int8_dot": 1e-6,             # int8 dot vs its float64 emulation, relative to sum |w_i a_i|
+    "ggml_rmse_ratio": 1.01,      # our K-quant round-trip RMSE / ggml's
+}
+
+
+def block_size(dt):
+    return mf.ck_dtype_block_size(dt)
+
+
+def storage(blob, dt):
+    """gguf's output as megafuse stores it (FP16, BF16: uint16 bits)."""
+    if dt in (DT.FP16, DT.BF16):
+        return np.ascontiguousarray(blob).view(np.uint16)
+    return blob
+
+
+def g_quantize(x, dt):
+    with warnings.catch_warnings(), np.errstate(all="ignore"):
+        warnings.simplefilter("ignore")            # NumPy's "invalid value in cast"
+        return storage(gguf_quantize(x, GGUF_TYPE[dt]), dt)
+
+
+def g_dequantize(blob, dt):
+    """gguf.quants.dequantize of a blob stored as megafuse stores it."""
+    if dt == DT.FP16:
+        blob = blob.view(np.float16)
+    elif dt == DT.BF16:
+        blob = blob.view(np.uint8)
+    with np.errstate(all="ignore"):
+        return np.asarray(gguf_dequantize(blob, GGUF_TYPE[dt]), dtype=np.float32)
+
+
+def same_bits(a, b):
+    a, b = np.asarray(a), np.asarray(b)
+    return a.shape == b.shape and a.dtype == b.dtype and np.array_equal(
+        a.view(np.uint8), b.view(np.uint8))
+
+
+def finite_fp16(rng, n):
+    """n finite fp16 scales: normal values of many magnitudes and signs, subnormals, zeros."""
+    mag = np.exp2(rng.uniform(-14, 15, n)) * rng.choice([-1.0, 1.0], n)
+    v = mag.astype(np.float16)
+    v[rng.random(n) < 0.05] = np.float16(0)
+    sub = rng.random(n) < 0.05
+    v[sub] = (rng.integers(1, 1024, sub.sum()) * 2.0 ** -24).astype(np.float16)
+    assert np.isfinite(v).all()
+    return v.view(np.uint16)
+
+
+def random_blocks(rng, dt, rows, cols, scale_value=None):
+    """rows x cols weights of format dt: random bytes, fp16 scale fields finite (or all set to
+    scale_value)."""
+    bb = mf.ck_dtype_block_bytes(dt)
+    nb = rows * cols // block_size(dt)
+    raw = rng.integers(0, 256, (nb, bb), dtype=np.uint8)
+    for off in SCALE_FIELDS[dt]:
+        if scale_value is None:
+            bits = finite_fp16(rng, nb)
+        else:
+            bits = np.full(nb, np.float16(scale_value).view(np.uint16), dtype=np.uint16)
+        raw[:, off:off + 2] = bits.view(np.uint8).reshape(nb, 2)
+    return raw.reshape(rows, cols // block_size(dt) * bb)
+
+
+def llama_data(offset, n):
+    """llama.cpp generate_data: dst[i] = 0.1 + 2*cosf(i + offset) (cosf in float, + 0.1 in double)."""
+    c = np.cos(np.arange(n, dtype=np.float32) + np.float32(offset))
+    return (0.1 + 2.0 * c.astype(np.float64)).astype(np.float32)
+
+
+# ---------------------------------------------------------------------------------------------
+# Layouts
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dt", BLOCK_FORMATS)
+def test_block_layout_matches_ggml(dt):
+    block, nbytes = GGML_QUANT_SIZES[GGUF_TYPE[dt]]
+    assert (mf.ck_dtype_block_size(dt), mf.ck_dtype_block_bytes(dt)) == (block, nbytes)
+    x = np.zeros((3, 2 * block), dtype=np.float32)
+    assert mf.quantize(x, dt).shape == (3, 2 * nbytes)
+    assert mf.quantize(x, dt).dtype == np.uint8
+
+
+def test_public_surface():
+    assert "quantize" in mf.__all__ and "dequantize" in mf.__all__
+    assert mf.quantize is _kernels.quantize and mf.dequantize is _kernels.dequantize
+
+
+# ---------------------------------------------------------------------------------------------
+# dequantize == gguf.quants.dequantize, bit for bit
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dt", BLOCK_FORMATS)
+def test_dequantize_random_blocks_bit_exact(simd_level, dt):
+    rng = np.random.default_rng(int(dt))
+    cols = 8 * block_size(dt)
+    blob = random_blocks(rng, dt, 37, cols)
+    got = mf.dequantize(blob, dt, (37, cols))
+    assert same_bits(got, g_dequantize(blob, dt))
+    # Any leading shape, and a flat blob: only the byte count matters.
+    got3 = mf.dequantize(blob.reshape(-1), dt, (37, 1, cols))
+    assert same_bits(got3.reshape(37, cols), got)
+
+
+@pytest.mark.parametrize("dt", BLOCK_FORMATS)
+def test_dequantize_every_scale_value_bit_exact(simd_level, dt):
+    """Scale fields taking every fp16 value -- subnormals, Inf and NaN payloads included: the
+    scalar fp16 conversion and the NaN propagation of d * q + m are NumPy's, bit for bit."""
+    rng = np.random.default_rng(100 + int(dt))
+    every = np.arange(65536, dtype=np.uint32).astype(np.uint16)
+    nb = 65536 if block_size(dt) == 32 else 4096
+    raw = rng.integers(0, 256, (nb, mf.ck_dtype_block_bytes(dt)), dtype=np.uint8)
+    for i, off in enumerate(SCALE_FIELDS[dt]):
+        bits = every if nb == 65536 else rng.choice(every, nb)
+        bits = rng.permutation(bits) if i else bits
+        raw[:, off:off + 2] = bits.view(np.uint8).reshape(nb, 2)
+    raw[:16, SCALE_FIELDS[dt][0]:SCALE_FIELDS[dt][0] + 2] = np.array(
+        [0x7c00, 0xfc00, 0x7c01, 0xfe00, 0x7e00, 0x7fff, 0xffff, 0x0001, 0x8001, 0x03ff, 0x0400,
+         0x7bff, 0xfbff, 0x0000, 0x8000, 0x3c00], np.uint16).view(np.uint8).reshape(16, 2)
+    n = nb * block_size(dt)
+    assert same_bits(mf.dequantize(raw, dt, n), g_dequantize(raw, dt).reshape(-1))
+
+
+def test_dequantize_fp16_every_value(simd_level):
+    bits = np.arange(65536, dtype=np.uint32).astype(np.uint16).reshape(2, 32768)
+    want = bits.view(np.float16).astype(np.float32)            # gguf: view(float16).astype
+    assert same_bits(mf.dequantize(bits, DT.FP16, bits.shape), want)
+    assert same_bits(mf.dequantize(bits.view(np.float16), DT.FP16, bits.shape), want)
+    tail = np.ascontiguousarray(bits[:, :1001])                   # an odd length: scalar tail
+    assert same_bits(mf.dequantize(tail, DT.FP16, (2, 1001)),
+                     tail.view(np.float16).astype(np.float32))
+
+
+def test_dequantize_bf16_every_value_and_fp32(simd_level):
+    bits = np.arange(65536, dtype=np.uint32).astype(np.uint16).reshape(4, 16384)
+    assert same_bits(mf.dequantize(bits, DT.BF16, bits.shape), g_dequantize(bits, DT.BF16))
+    rng = np.random.default_rng(3)
+    f = rng.integers(0, 2**32, (5, 77), dtype=np.uint32).view(np.float32)
+    got = mf.dequantize(f, DT.FP32, f.shape)
+    assert same_bits(got, f) and not np.shares_memory(got, f)
+
+
+@pytest.mark.parametrize("dt", BLOCK32_FORMATS)
+def test_dequantize_gguf_quantized_data(simd_level, dt):
+    rng = np.random.default_rng(5)
+    x = (rng.standard_normal((16, 4096)) * rng.uniform(0.01, 10, (16, 1))).astype(np.float32)
+    blob = g_quantize(x, dt)
+    assert same_bits(mf.dequantize(blob, dt, x.shape), g_dequantize(blob, dt))
+
+
+@pytest.mark.parametrize("dt", KQUANT_FORMATS)
+def test_gguf_dequantizes_our_kquants_like_us(simd_level, dt):
+    rng = np.random.default_rng(7)
+    rows = [llama_data(0, 1024), rng.standard_normal(1024), np.zeros(1024),
+            rng.uniform(-3, 1, 1024), rng.standard_normal(1024) * 1e-3,
+            np.where(np.arange(1024) == 5, 100.0, rng.standard_normal(1024))]
+    x = np.stack(rows).astype(np.float32)
+    blob = mf.quantize(x, dt)
+    ours = mf.dequantize(blob, dt, x.shape)
+    assert same_bits(ours, g_dequantize(blob, dt))
+    assert same_bits(ours, ref.dequantize(blob, dt, x.shape).astype(np.float32))
+    assert np.all(ours[2] == 0)
+
+
+# ---------------------------------------------------------------------------------------------
+# quantize == gguf.quants.quantize, bit for bit
+# ---------------------------------------------------------------------------------------------
+
+def _quantize_cases():
+    rng = np.random.default_rng(11)
+    n = 256
+    normal = rng.standard_normal(n)
+    cases = {
+        "normal": normal,
+        "scaled": normal * np.repeat(np.exp2(rng.uniform(-20, 20, n // 32)), 32),
+        "zeros": np.zeros(n),
+        "negative_zeros": -np.zeros(n),
+        "constant": np.full(n, -2.5),
+        "integers": rng.integers(-1000, 1000, n) / 8.0,
+        "tiny": normal * 1e-30,
+        "subnormal": normal * 1e-39,
+        "deep_subnormal": normal * 1e-44,
+        "huge": normal * 1e38,
+        "max_float": np.full(n, 3.4e38) * np.sign(normal),
+        "fp16_overflow": normal * 7e4,
+        "one_outlier": np.where(np.arange(n) % 32 == 7, 1e20, normal * 1e-20),
+    }
+    nonfinite = normal.copy()
+    nonfinite[[3, 40, 77, 200]] = [np.nan, np.inf, -np.inf, -np.nan]
+    nonfinite[96:128] = np.nan
+    nonfinite[128:130] = [np.inf, -np.inf]
+    cases["nan_inf"] = nonfinite
+    return {k: np.asarray(v, dtype=np.float32) for k, v in cases.items()}
+
+
+QUANTIZE_CASES = _quantize_cases()
+
+
+@pytest.mark.parametrize("dt", GGUF_QUANTIZES)
+def test_quantize_matches_gguf(simd_level, dt):
+    for name, row in QUANTIZE_CASES.items():
+        x = row.reshape(2, -1)
+        got = mf.quantize(x, dt)
+        want = g_quantize(x, dt)
+        assert same_bits(got, want), f"{dt.name}, case {name!r}"
+
+
+@pytest.mark.parametrize("dt", GGUF_QUANTIZES)
+def test_quantize_bulk_matches_gguf(simd_level, dt):
+    rng = np.random.default_rng(13)
+    x = (rng.standard_normal((64, 2048)) * rng.uniform(1e-3, 1e3, (64, 1))).astype(np.float32)
+    assert same_bits(mf.quantize(x, dt), g_quantize(x, dt))
+
+
+def test_fp16_rounding_of_arbitrary_floats(simd_level):
+    """fp32 -> fp16 on random bit patterns (every exponent, NaN payloads, subnormals): NumPy's
+    float16 cast, bit for bit -- the vector (F16C) and the scalar paths alike."""
+    rng = np.random.default_rng(17)
+    bits = rng.integers(0, 2**32, 1 << 20, dtype=np.uint32)
+    bits[:64] = [0x7f800001, 0xff800001, 0x7fc00000, 0xffc00000, 0x7f801fff, 0x7fbfffff,
+                 0x33000000, 0x33000001, 0xb3000000, 0x387fc000, 0x387fe000, 0x38800000,
+                 0x477fefff, 0x477ff000, 0x477fe000, 0x7f7fffff, 0x00000001, 0x80000000] + \
+        list(range(0x38000000, 0x38000000 + 46 * 0x1000, 0x1000))
+    x = bits.view(np.float32).reshape(256, -1)
+    with np.errstate(all="ignore"):
+        want = x.astype(np.float16).view(np.uint16)
+    assert same_bits(mf.quantize(x, DT.FP16), want)
+    want_bf16 = g_quantize(x, DT.BF16)
+    assert same_bits(mf.quantize(x, DT.BF16), want_bf16)
+
+
+def test_quantize_accepts_any_layout(simd_level):
+    rng = np.random.default_rng(19)
+    base = rng.standard_normal((4, 3, 512)).astype(np.float32)
+    want = mf.quantize(base, DT.Q4_K)
+    assert want.shape == (4, 3, 2 * 144)
+    strided = np.zeros((4, 3, 1024), dtype=np.float32)
+    strided[..., ::2] = base
+    assert same_bits(mf.quantize(strided[..., ::2], DT.Q4_K), want)      # not contiguous
+    ro = base.copy()
+    ro.flags.writeable = False
+    assert same_bits(mf.quantize(ro, DT.Q4_K), want)                      # read-only
+    fortran = np.asfortranarray(base)
+    assert same_bits(mf.quantize(fortran, DT.Q4_K), want)
+    copy = mf.quantize(base, DT.FP32)
+    assert same_bits(copy, base) and not np.shares_memory(copy, base)
+    assert mf.quantize(base, DT.FP16).dtype == np.uint16
+    assert mf.quantize(base, DT.FP16).shape == base.shape
+    empty = mf.quantize(np.zeros((0, 64), np.float32), DT.Q8_0)
+    assert empty.shape == (0, 68)
+    assert mf.dequantize(empty, DT.Q8_0, (0, 64)).shape == (0, 64)
+
+
+def test_quantize_identical_across_levels():
+    rng = np.random.default_rng(23)
+    x = rng.standard_normal((8, 1024)).astype(np.float32)
+    x[0, 5] = np.nan
+    x[1, 300] = np.inf
+    before = mf.simd_level()
+    try:
+        results = {}
+        for level in _simd.supported_levels():
+            _kernels._load_level(level)
+            results[level] = {dt: mf.quantize(x, dt) for dt in WEIGHT_FORMATS}
+    finally:
+        _kernels._load_level(before)
+    first = next(iter(results.values()))
+    for level, res in results.items():
+        for dt in WEIGHT_FORMATS:
+            assert same_bits(res[dt], first[dt]), (level, dt.name)
+
+
+# ---------------------------------------------------------------------------------------------
+# llama.cpp tests/test-quantize-fns.cpp, mirrored
+# ---------------------------------------------------------------------------------------------
+
+def llama_array_rmse(a1, a2):
+    """sqrtf(sum (double)(a1[i] - a2[i])^2) / n, the difference taken in float."""
+    diff = (a1.astype(np.float32) - a2.astype(np.float32)).astype(np.float64)
+    total = float(np.sum(diff * diff))
+    return float(np.float32(np.sqrt(np.float32(total))) / np.float32(a1.size))
+
+
+def llama_dot_product(a1, a2):
+    """sum += a1[i] * a2[i]: float products, double sum, returned as float."""
+    return float(np.float32(np.sum((a1 * a2).astype(np.float64))))
+
+
+@pytest.mark.parametrize("dt", WEIGHT_FORMATS)
+def test_llama_cpp_quantize_fns(simd_level, dt):
+    n = 32 * 128
+    w = llama_data(0.0, n)
+    a = llama_data(1.0, n)
+    blob = mf.quantize(w, dt)
+    total_error = llama_array_rmse(w, mf.dequantize(blob, dt, n))
+    assert total_error < TOL["llama_total_error"], total_error
+    dot_ref = llama_dot_product(w, a)
+    for quantized in (True, False):
+        result = np.float32(_kernels._row_dot(blob, dt, a, quantized))
+        dot_error = float(np.abs(result - np.float32(dot_ref)) / np.float32(n))
+        assert dot_error < TOL["llama_dot_error"], (quantized, dot_error)
+
+
+# ---------------------------------------------------------------------------------------------
+# Dot products
+# ---------------------------------------------------------------------------------------------
+
+def _dot_sizes(dt):
+    b = block_size(dt)
+    return [1, 7, 8, 15, 16, 33, 100, 1000, 4096] if b == 1 else [b, 3 * b, 4096 + b]
+
+
+@pytest.mark.parametrize("dt", WEIGHT_FORMATS)
+def test_float_dot_matches_float64(simd_level, dt):
+    rng = np.random.default_rng(29 + int(dt))
+    for n in _dot_sizes(dt):
+        for trial in range(3):
+            w = (rng.standard_normal(n) * np.exp(rng.uniform(-3, 3))).astype(np.float32)
+            x = (rng.standard_normal(n) * np.exp(rng.uniform(-3, 3))).astype(np.float32)
+            if trial == 2 and dt in BLOCK_FORMATS:                     # random blocks too
+                blob = random_blocks(rng, dt, 1, n).reshape(-1)
+            else:
+                blob = mf.quantize(w, dt)
+            wd = mf.dequantize(blob, dt, n).astype(np.float64)
+            exact = math.fsum(wd * x.astype(np.float64))
+            scale = float(np.sum(np.abs(wd * x)))
+            got = _kernels._row_dot(blob, dt, x, False)
+            assert abs(got - exact) <= TOL["float_dot"] * scale + 1e-30, (n, got, exact)
+
+
+def activation_emulation(x, dt):
+    """The int8 path's activations as float64 (megafuse.reference's quantizers)."""
+    if dt in BLOCK32_FORMATS:
+        q, d = ref.quantize_q8_0(x)
+        return q.reshape(-1, 32).astype(np.float64) * d.astype(np.float64).reshape(-1, 1)
+    if dt in KQUANT_FORMATS:
+        q, d, _ = ref.quantize_q8_K(x)
+        return q.reshape(-1, 256).astype(np.float64) * d.astype(np.float64).reshape(-1, 1)
+    return x.astype(np.float64)
+
+
+@pytest.mark.parametrize("dt", WEIGHT_FORMATS)
+def test_int8_dot_matches_emulation(simd_level, dt):
+    """weights (dequantized, gguf) . activations (quantized as the reference emulates) in
+    float64 -- the kernel's integer sums are exact, so only float rounding is left."""
+    rng = np.random.default_rng(31 + int(dt))
+    tol = TOL["int8_dot"] if dt in BLOCK_FORMATS else TOL["float_dot"]
+    for n in _dot_sizes(dt):
+        for trial in range(3):
+            x = (rng.standard_normal(n) * np.exp(rng.uniform(-3, 3))).astype(np.float32)
+            if trial == 2 and dt in BLOCK_FORMATS:
+                blob = random_blocks(rng, dt, 1, n).reshape(-1)
+            else:
+                blob = mf.quantize(rng.standard_normal(n).astype(np.float32), dt)
+            wd = g_dequantize(blob, dt).reshape(-1).astype(np.float64)
+            xa = activation_emulation(x, dt).reshape(-1)
+            exact = math.fsum(wd * xa)
+            scale = float(np.sum(np.abs(wd * xa)))
+            got = _kernels._row_dot(blob, dt, x, True)
+            assert abs(got - exact) <= tol * scale + 1e-30, (n, got, exact)
+
+
+def _integer_case(rng, dt, n):
+    """A weight row whose scales are exactly 1 (so every weight is an integer) and activations
+    that quantize to integers with scale +-1: the dot is an exact integer."""
+    blob = random_blocks(rng, dt, 1, n, scale_value=1.0).reshape(-1)
+    if dt in (DT.Q4_1, DT.Q5_1):                       # m: a small integer too
+        nb = n // 32
+        blocks = blob.reshape(nb, -1)
+        m = rng.integers(-8, 8, nb).astype(np.float16).view(np.uint16)
+        blocks[:, 2:4] = m.view(np.uint8).reshape(nb, 2)
+    group = 32 if dt in BLOCK32_FORMATS else 256
+    x = rng.integers(-126, 127, n).astype(np.float32)
+    x[::group] = 127.0                                  # amax 127: d = 1 (Q8_0), iscale -1 (Q8_K)
+    return blob, x
+
+
+@pytest.mark.parametrize("dt", BLOCK_FORMATS)
+def test_int8_dot_integer_parts_are_exact(simd_level, dt):
+    rng = np.random.default_rng(37 + int(dt))
+    for n in (block_size(dt), 4096):
+        blob, x = _integer_case(rng, dt, n)
+        w = mf.dequantize(blob, dt, n).astype(np.float64)
+        assert np.array_equal(w, np.round(w))                 # integer weights
+        xa = activation_emulation(x, dt).reshape(-1)
+        assert np.array_equal(xa, x)                          # activations quantize exactly
+        exact = int(sum(int(a) * int(b) for a, b in zip(w, x)))
+        assert _kernels._row_dot(blob, dt, x, True) == float(np.float32(exact))
+
+
+def test_int8_dot_identical_across_levels():
+    rng = np.random.default_rng(41)
+    before = mf.simd_level()
+    cases = []
+    for dt in BLOCK_FORMATS:
+        for n in (block_size(dt), 5 * block_size(dt), 4096 + 3 * 32 * (dt in BLOCK32_FORMATS)):
+            cases.append((dt, random_blocks(rng, dt, 1, n).reshape(-1),
+                          rng.standard_normal(n).astype(np.float32)))
+    try:
+        results = {}
+        for level in _simd.supported_levels():
+            _kernels._load_level(level)
+            results[level] = [_kernels._row_dot(b, dt, x, True) for dt, b, x in cases]
+    finally:
+        _kernels._load_level(before)
+    first = next(iter(results.values()))
+    for level, res in results.items():
+        assert res == first, level
+
+
+# ---------------------------------------------------------------------------------------------
+# Activation quantizers == megafuse.reference (GGML's quantize_row_q8_0_ref / q8_K_ref)
+# ---------------------------------------------------------------------------------------------
+
+def decode_q8_0(raw):
+    b = raw.reshape(-1, 34)
+    return (np.ascontiguousarray(b[:, 2:]).view(np.int8).reshape(-1),
+            np.ascontiguousarray(b[:, :2]).view(np.float16).astype(np.float32).reshape(-1))
+
+
+def decode_q8_K(raw):
+    b = raw.reshape(-1, 292)
+    return (np.ascontiguousarray(b[:, 4:260]).view(np.int8).reshape(-1),
+            np.ascontiguousarray(b[:, :4]).view(np.float32).reshape(-1),
+            np.ascontiguousarray(b[:, 260:]).view(np.int16).reshape(-1))
+
+
+def _activation_rows():
+    rng = np.random.default_rng(43)
+    rows = [rng.standard_normal(512) * 3, np.zeros(512), rng.standard_normal(512) * 1e-30,
+            rng.standard_normal(512) * 1e30]
+    ties = np.zeros(512)
+    ties[:32] = np.arange(32) - 15.5           # Q8_0: amax 15.5 -> q = x * 127/15.5, no ties;
+    ties[32] = 127.0                            # block 1: d = 1, x + .5 halves: away from zero
+    ties[33:64] = np.arange(31) - 14.5
+    ties[256] = -127.0                          # Q8_K block 1: max = -127 -> iscale 1, halves even
+    ties[257:512] = (np.arange(255) % 40 - 19.5)
+    rows.append(ties)
+    signs = rng.standard_normal(512)
+    signs[10], signs[20] = -50.0, 50.0          # first occurrence of the largest |x| is negative
+    rows.append(signs)
+    bad = rng.standard_normal(512)
+    bad[[3, 300]] = [np.nan, np.inf]
+    rows.append(bad)
+    return np.stack(rows).astype(np.float32)
+
+
+def test_activation_quantizers_match_reference(simd_level):
+    x = _activation_rows()
+    q, d = decode_q8_0(_kernels._quantize_activations(x, DT.Q4_0))
+    rq, rd = ref.quantize_q8_0(x)
+    assert np.array_equal(q, rq.reshape(-1))
+    assert same_bits(d, rd.reshape(-1).astype(np.float32)) or np.array_equal(d, rd.reshape(-1),
+                                                                             equal_nan=True)
+    assert np.abs(q).max() <= 127
+    q, d, bs = decode_q8_K(_kernels._quantize_activations(x, DT.Q6_K))
+    rq, rd, rbs = ref.quantize_q8_K(x)
+    assert np.array_equal(q, rq.reshape(-1))
+    assert np.array_equal(d, rd.reshape(-1), equal_nan=True)
+    assert np.array_equal(bs, rbs.reshape(-1))
+    assert np.abs(q).max() <= 127
+    # Every 32-weight format uses Q8_0, every K-quant Q8_K, float formats the float32 bytes.
+    for dt in BLOCK32_FORMATS:
+        assert same_bits(_kernels._quantize_activations(x, dt),
+                         _kernels._quantize_activations(x, DT.Q8_0))
+    for dt in KQUANT_FORMATS:
+        assert same_bits(_kernels._quantize_activations(x, dt),
+                         _kernels._quantize_activations(x, DT.Q4_K))
+    assert same_bits(_kernels._quantize_activations(x, DT.FP16).view(np.float32), x)
+
+
+# ---------------------------------------------------------------------------------------------
+# NaN / Inf, threads, memmaps
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dt", WEIGHT_FORMATS)
+def test_nan_and_inf_propagate(simd_level, dt):
+    rng = np.random.default_rng(47)
+    n = 512
+    w = rng.standard_normal((2, n)).astype(np.float32)
+    w[1, 7] = np.nan
+    w[1, 300] = np.inf
+    blob = mf.quantize(w, dt)                                   # no crash on NaN / Inf rows
+    assert blob.shape[0] == 2
+    y = mf.dequantize(blob, dt, w.shape)
+    assert np.isfinite(y[0]).all()
+    x = rng.standard_normal(n).astype(np.float32)
+    x_bad = x.copy()
+    x_bad[9] = np.nan
+    for quantized in (False, True):
+        assert np.isfinite(_kernels._row_dot(blob[0], dt, x, quantized))
+        assert math.isnan(_kernels._row_dot(blob[0], dt, x_bad, quantized))
+        x_inf = x.copy()
+        x_inf[100] = np.inf
+        assert not np.isfinite(_kernels._row_dot(blob[0], dt, x_inf, quantized))
+    if dt in BLOCK_FORMATS:                                     # a NaN scale in a block
+        bad = blob[0].copy()
+        bad[SCALE_FIELDS[dt][0]:SCALE_FIELDS[dt][0] + 2] = np.array(
+            [np.float16(np.nan)]).view(np.uint8)
+        yb = mf.dequantize(bad, dt, n)
+        bs = block_size(dt)
+        assert np.isnan(yb[:bs]).all() and np.isfinite(yb[bs:]).all()
+        assert math.isnan(_kernels._row_dot(bad, dt, x, False))
+        assert math.isnan(_kernels._row_dot(bad, dt, x, True))
+
+
+@pytest.mark.parametrize("dt", [DT.FP16, DT.Q4_0, DT.Q5_1, DT.Q4_K, DT.Q6_K])
+def test_results_do_not_depend_on_threads(simd_level, threads, dt):
+    rng = np.random.default_rng(53)
+    x = rng.standard_normal((7, 3 * 8192 + 256)).astype(np.float32)   # several chunks a row
+    out = {}
+    for nt in (1, 2, 3):
+        mf.set_num_threads(nt)
+        blob = mf.quantize(x, dt)
+        out[nt] = (blob, mf.dequantize(blob, dt, x.shape))
+    for nt in (2, 3):
+        assert same_bits(out[nt][0], out[1][0]) and same_bits(out[nt][1], out[1][1])
+
+
+def test_readonly_memmap_at_any_offset(simd_level, tmp_path):
+    rng = np.random.default_rng(59)
+    x = rng.standard_normal((6, 512)).astype(np.float32)
+    for dt in (DT.Q4_K, DT.Q8_0, DT.FP16, DT.BF16):
+        blob = mf.quantize(x, dt)
+        want = mf.dequantize(blob, dt, x.shape)
+        for offset in (0, 1, 3, 64):
+            path = tmp_path / f"{dt.name}_{offset}.bin"
+            path.write_bytes(b"\0" * offset + blob.tobytes())
+            mm = np.memmap(path, dtype=blob.dtype, mode="r", offset=offset, shape=blob.shape)
+            assert not mm.flags.writeable
+            assert same_bits(mf.dequantize(mm, dt, x.shape), want), (dt.name, offset)
+    path = tmp_path / "x.f32"
+    path.write_bytes(x.tobytes())
+    xm = np.memmap(path, dtype=np.float32, mode="r", shape=x.shape)
+    assert same_bits(mf.quantize(xm, DT.Q5_K), mf.quantize(x, DT.Q5_K))
+
+
+# ---------------------------------------------------------------------------------------------
+# Validation: every error names its argument
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("bad", NON_WEIGHT_DTYPES)
+def test_non_weight_dtypes_are_rejected(bad):
+    x = np.zeros((2, 256), np.float32)
+    with pytest.raises(ValueError, match="dtype"):
+        mf.quantize(x, bad)
+    with pytest.raises(ValueError, match="dtype"):
+        mf.dequantize(np.zeros(10, np.uint8), bad, (2, 256))
+    with pytest.raises(ValueError, match="dtype"):
+        _kernels._row_dot(np.zeros(10, np.uint8), bad, x[0], True)
+
+
+@pytest.mark.parametrize("bad", ["Q4_0", 2.0, None, True])
+def test_dtype_of_the_wrong_type(bad):
+    with pytest.raises(TypeError, match="dtype"):
+        mf.quantize(np.zeros(32, np.float32), bad)
+    with pytest.raises(TypeError, match="dtype"):
+        mf.dequantize(np.zeros(18, np.uint8), bad, 32)
+
+
+def test_quantize_validation():
+    with pytest.raises(TypeError, match="x"):
+        mf.quantize([0.0] * 32, DT.Q4_0)
+    with pytest.raises(TypeError, match="x.*float32"):
+        mf.quantize(np.zeros(32, np.float64), DT.Q4_0)
+    with pytest.raises(TypeError, match="x"):
+        mf.quantize(np.zeros(32, ">f4"), DT.Q4_0)
+    with pytest.raises(ValueError, match="x.*multiple"):
+        mf.quantize(np.zeros((2, 48), np.float32), DT.Q4_0)
+    with pytest.raises(ValueError, match="x.*multiple.*256"):
+        mf.quantize(np.zeros((2, 32), np.float32), DT.Q4_K)
+    with pytest.raises(ValueError, match="x"):
+        mf.quantize(np.zeros((2, 0), np.float32), DT.FP16)
+    with pytest.raises(ValueError, match="x"):
+        mf.quantize(np.array(1.0, dtype=np.float32), DT.FP32)      # 0-d: no row
+
+
+def test_dequantize_validation():
+    good = mf.quantize(np.zeros((2, 64), np.float32), DT.Q4_0)       # (2, 36) uint8
+    with pytest.raises(ValueError, match="blob.*contiguous"):
+        mf.dequantize(good[:, ::2], DT.Q4_0, (2, 32))                # not contiguous
+    with pytest.raises(ValueError, match="blob.*72"):
+        mf.dequantize(good.reshape(-1)[:70], DT.Q4_0, (2, 64))       # wrong byte count
+    with pytest.raises(ValueError, match="blob"):
+        mf.dequantize(good, DT.Q4_0, (3, 64))
+    with pytest.raises(TypeError, match="blob.*uint8"):
+        mf.dequantize(good.view(np.uint16), DT.Q4_0, (2, 64))
+    with pytest.raises(TypeError, match="blob.*uint8"):
+        mf.dequantize(np.zeros(18, np.int8), DT.Q4_0, 32)
+    with pytest.raises(TypeError, match="blob"):
+        mf.dequantize(bytes(72), DT.Q4_0, (2, 64))
+    with pytest.raises(TypeError, match="blob.*float32"):
+        mf.dequantize(np.zeros(64, np.float64), DT.FP32, 64)
+    with pytest.raises(TypeError, match="blob"):
+        mf.dequantize(np.zeros(128, np.uint8), DT.FP16, 64)          # bytes are not fp16
+    with pytest.raises(TypeError, match="blob"):
+        mf.dequantize(np.zeros(64, np.float16), DT.BF16, 64)
+    with pytest.raises(ValueError, match="blob"):
+        mf.dequantize(np.zeros(63, np.uint16), DT.BF16, 64)
+    with pytest.raises(ValueError, match="shape.*multiple"):
+        mf.dequantize(good, DT.Q4_0, (3, 48))
+    with pytest.raises(ValueError, match="shape"):
+        mf.dequantize(good, DT.Q4_0, (-2, 64))
+    with pytest.raises(ValueError, match="shape"):
+        mf.dequantize(good, DT.Q4_0, ())
+    with pytest.raises(ValueError, match="shape"):
+        mf.dequantize(good, DT.Q4_0, (2, 0))
+    with pytest.raises(TypeError, match="shape"):
+        mf.dequantize(good, DT.Q4_0, "2,64")
+    with pytest.raises(TypeError, match="shape"):
+        mf.dequantize(good, DT.Q4_0, (2, 64.0))
+    with pytest.raises(TypeError, match="shape"):
+        mf.dequantize(good, DT.Q4_0, None)
+    assert mf.dequantize(good, int(DT.Q4_0), np.array([2, 64])).shape == (2, 64)
+
+
+def test_row_dot_validation():
+    x = np.zeros(64, np.float32)
+    w = mf.quantize(x, DT.Q8_0)
+    with pytest.raises(ValueError, match="w_row_blob"):
+        _kernels._row_dot(w[:-1], DT.Q8_0, x, True)
+    with pytest.raises(ValueError, match="x.*multiple"):
+        _kernels._row_dot(w, DT.Q8_0, x[:48], True)
+    with pytest.raises(TypeError, match="x"):
+        _kernels._row_dot(w, DT.Q8_0, x.astype(np.float64), True)
+
+
+# ---------------------------------------------------------------------------------------------
+# ggml itself (optional: pip install ggml-python)
+# ---------------------------------------------------------------------------------------------
+
+GGML_TYPE_IDS = {DT.Q4_0: 2, DT.Q4_1: 3, DT.Q5_0: 6, DT.Q5_1: 7, DT.Q8_0: 8, DT.Q4_K: 12,
+                 DT.Q5_K: 13, DT.Q6_K: 14}
+
+
+@pytest.mark.parametrize("dt", BLOCK_FORMATS)
+def test_blocks_match_ggml_quantize_chunk(simd_level, dt):
+    ggml = pytest.importorskip("ggml", reason="ggml-python is not installed")
+    rng = np.random.default_rng(61)
+    x = np.concatenate([llama_data(0, 4096).reshape(4, 1024),
+                        rng.standard_normal((8, 1024)),
+                        rng.uniform(-3, 1, (4, 1024)) * np.exp2(rng.uniform(-10, 10, (4, 1)))])
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    want = np.zeros((x.shape[0], mf.ck_dtype_row_bytes(dt, x.shape[1])), np.uint8)
+    written = ggml.ggml_quantize_chunk(GGML_TYPE_IDS[dt],
+                                       x.ctypes.data_as(ctypes.POINTER(ctypes.c_float)),
+                                       want.ctypes.data, 0, x.shape[0], x.shape[1], None)
+    assert written == want.size
+    got = mf.quantize(x, dt)
+    assert same_bits(got, want)
+    rmse = lambda b: float(np.sqrt(np.mean((mf.dequantize(b, dt, x.shape) - x) ** 2.0)))  # noqa
+    assert rmse(got) <= TOL["ggml_rmse_ratio"] * rmse(want)
