@@ -1,24 +1,22 @@
 # Tiled flash attention with an online softmax.
 #
 # No score array longer than one KV tile exists anywhere: the scores of a tile live on the stack
-# (at most MF_MAX_KV_TILE floats), and a running max m and sum l per query row rescale that row's
-# accumulator between tiles (the online softmax of Milakov & Gimelshein, as FlashAttention uses
-# it).  Each row is normalised once, at the end.
+# (at most MF_MAX_KV_TILE floats a query row), and a running max m and sum l per query row rescale
+# that row's accumulator between tiles (the online softmax of Milakov & Gimelshein, as
+# FlashAttention uses it).  Each row is normalised once, at the end.  Scores come from register
+# blocks (1 or 3 query rows x 4 keys); exp runs vectorised over a row of the tile.
 
-
-cdef inline void online_softmax_tile(
-        const float *q,        # [D]: one query row
-        const float *k_tile,   # [n, Da]: keys of the tile
+cdef inline void softmax_update(
+        float *scores,         # [n]: this row's scores of the tile (overwritten by exp)
+        Py_ssize_t n,
         const float *v_tile,   # [n, Da]: values of the tile
-        Py_ssize_t n, Py_ssize_t D, Py_ssize_t Da, float scale,
+        Py_ssize_t D, Py_ssize_t Da,
         float *m, float *l,    # running max and sum of the row, updated
         float *acc) noexcept nogil:   # [D]: the row's unnormalised output, updated
-    cdef float scores[MF_MAX_KV_TILE]
     cdef float tile_max = -INFINITY
-    cdef float m_new, alpha, p
+    cdef float m_new, alpha
     cdef Py_ssize_t j
     for j in range(n):
-        scores[j] = mf_dot_f32(q, k_tile + j * Da, D) * scale
         if scores[j] > tile_max:
             tile_max = scores[j]
     m_new = m[0] if m[0] >= tile_max else tile_max
@@ -26,11 +24,26 @@ cdef inline void online_softmax_tile(
         alpha = expf(m[0] - m_new)
         l[0] = l[0] * alpha
         mf_scale_f32(acc, alpha, D)
+    l[0] = l[0] + mf_exp_shift_sum_f32(scores, m_new, n)
     for j in range(n):
-        p = expf(scores[j] - m_new)
-        l[0] = l[0] + p
-        mf_axpy_f32(acc, p, v_tile + j * Da, D)
+        mf_axpy_f32(acc, scores[j], v_tile + j * Da, D)
     m[0] = m_new
+
+
+cdef inline void scores_1xn(const float *q, const float *k_tile, Py_ssize_t n, Py_ssize_t D,
+                            Py_ssize_t Da, float scale, float *s) noexcept nogil:
+    """s[j] = q . k_j * scale for the n keys of a tile (k_tile [n, Da])."""
+    cdef const float *kp[4]
+    cdef float out4[4]
+    cdef Py_ssize_t j0, r
+    j0 = 0
+    while j0 < n:
+        for r in range(4):
+            kp[r] = k_tile + min(j0 + r, n - 1) * Da
+        mf_dot_1x4_f32(q, kp, D, out4)
+        for r in range(min(<Py_ssize_t>4, n - j0)):
+            s[j0 + r] = out4[r] * scale
+        j0 += 4
 
 
 cdef void attend_one_query(
@@ -39,12 +52,14 @@ cdef void attend_one_query(
         const float *v_g,      # [n_keys, Da]: the same rows of the V cache
         Py_ssize_t n_keys, Py_ssize_t D, Py_ssize_t Da, float scale, Py_ssize_t kv_tile,
         float *out) noexcept nogil:   # [Da] out: softmax(q.k * scale) @ v; dims >= D are 0
+    cdef float scores[MF_MAX_KV_TILE]
     cdef float m = -INFINITY, l = 0.0
     cdef Py_ssize_t t0 = 0, n
     memset(out, 0, Da * sizeof(float))
     while t0 < n_keys:
         n = min(kv_tile, n_keys - t0)
-        online_softmax_tile(q, k_g + t0 * Da, v_g + t0 * Da, n, D, Da, scale, &m, &l, out)
+        scores_1xn(q, k_g + t0 * Da, n, D, Da, scale, scores)
+        softmax_update(scores, n, v_g + t0 * Da, D, Da, &m, &l, out)
         t0 += n
     mf_scale_f32(out, 1.0 / l, D)
 
@@ -59,11 +74,16 @@ cdef void attend_query_tile(
         float *out,            # [nq, ldo] out: row i = softmax over keys 0..first_pos+i, @ v
         Py_ssize_t ldo) noexcept nogil:
     """FlashAttention-2 order for one (head, query tile): KV tiles outer (each K/V tile stays in
-    L1 while every query row of the tile uses it), query rows inner; only tiles that reach past
-    a row's position are cut short (the causal mask touches the diagonal tiles only)."""
+    L1 while every query row of the tile uses it), query rows inner, 3 at a time through the
+    3 x 4 score block; only the tiles that reach past a row's position are cut short (the causal
+    mask touches the diagonal tiles only)."""
     cdef float m[MF_MAX_Q_TILE]
     cdef float l[MF_MAX_Q_TILE]
-    cdef Py_ssize_t i, t0 = 0, n, n_row
+    cdef float s[3][MF_MAX_KV_TILE]          # scores of 3 query rows for the tile
+    cdef float blk[3][4]
+    cdef const float *qp[3]
+    cdef const float *kp[4]
+    cdef Py_ssize_t i, i0, j0, r, c, t0 = 0, n, n_row, n_max
     cdef Py_ssize_t n_keys = first_pos + nq      # keys the last row sees
     for i in range(nq):
         m[i] = -INFINITY
@@ -71,11 +91,28 @@ cdef void attend_query_tile(
         memset(out + i * ldo, 0, Da * sizeof(float))
     while t0 < n_keys:
         n = min(kv_tile, n_keys - t0)
-        for i in range(nq):
-            n_row = min(n, first_pos + i + 1 - t0)   # keys of this tile row i may see
-            if n_row > 0:
-                online_softmax_tile(q + i * ldq, k_g + t0 * Da, v_g + t0 * Da, n_row, D, Da,
-                                    scale, &m[i], &l[i], out + i * ldo)
+        i0 = 0
+        while i0 < nq:
+            n_max = min(n, first_pos + min(i0 + 2, nq - 1) + 1 - t0)   # keys the group's last row sees
+            if n_max > 0:
+                for r in range(3):
+                    qp[r] = q + min(i0 + r, nq - 1) * ldq
+                j0 = 0
+                while j0 < n_max:
+                    for c in range(4):
+                        kp[c] = k_g + (t0 + min(j0 + c, n_max - 1)) * Da
+                    mf_dot_3x4_f32(qp, kp, D, blk)
+                    for r in range(3):
+                        for c in range(min(<Py_ssize_t>4, n_max - j0)):
+                            s[r][j0 + c] = blk[r][c] * scale
+                    j0 += 4
+                for r in range(min(<Py_ssize_t>3, nq - i0)):
+                    i = i0 + r
+                    n_row = min(n, first_pos + i + 1 - t0)   # keys of this tile row i may see
+                    if n_row > 0:
+                        softmax_update(s[r], n_row, v_g + t0 * Da, D, Da, &m[i], &l[i],
+                                       out + i * ldo)
+            i0 += 3
         t0 += n
     for i in range(nq):
         mf_scale_f32(out + i * ldo, 1.0 / l[i], D)

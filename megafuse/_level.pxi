@@ -17,6 +17,10 @@ cdef extern from "megafuse/mf_simd.h" nogil:
     float mf_dot3_f32(const float *w, const float *x, const float *g, Py_ssize_t n)
     void mf_axpy_f32(float *y, float a, const float *x, Py_ssize_t n)
     void mf_scale_f32(float *y, float a, Py_ssize_t n)
+    void mf_dot_3x4_f32(const float *const *x, const float *const *w, Py_ssize_t n,
+                        float (*out)[4])
+    void mf_dot_1x4_f32(const float *x, const float *const *w, Py_ssize_t n, float *out)
+    float mf_exp_shift_sum_f32(float *s, float m, Py_ssize_t n)
 
 include "_quant.pxi"
 include "_norm_qkv_rope.pxi"

@@ -20,31 +20,42 @@ cdef inline float silu(float x) noexcept nogil:
     return x / (1.0 + expf(-x))
 
 
-cdef inline void project_tile(
-        const char *w_row, int dt, Py_ssize_t K,
-        const float *x, Py_ssize_t ldx,          # [nt, ldx] float rows
-        const char *xq, Py_ssize_t xq_row,       # [nt, xq_row] the same rows quantized
-        Py_ssize_t nt, float bias, const float *add, float *out, Py_ssize_t ld_out) noexcept nogil:
-    """One weight row against the tile: int8 dots for block formats, float dots otherwise."""
-    if uses_q8_activations(dt):
-        row_dot_tokens_q8(w_row, dt, K, xq, xq_row, nt, bias, add, out, ld_out)
-    else:
-        row_dot_tokens_f32(w_row, dt, K, x, ldx, nt, bias, add, out, ld_out)
-
-
-cdef void swiglu_column(
-        const char *w_gate, const char *w_up, int dt, Py_ssize_t Ea,
+cdef void swiglu_block(
+        Py_ssize_t i0,         # first intermediate index of the block
+        const char *w1, Py_ssize_t w1_row, int dt, Py_ssize_t Ea,
+        const float *b1,       # [2*Ia] or NULL
         const float *z, const char *z_q, Py_ssize_t z_q_row, Py_ssize_t nt,
-        float b_gate, float b_up,
-        float *act, Py_ssize_t Ia) noexcept nogil:   # act[j * Ia] = silu(gate_j) * up_j
-    """Column i of silu(z @ Wg.T + bg) * (z @ Wu.T + bu) for the tile's nt tokens."""
-    cdef float gate[MLP_MAX_TILE]
-    cdef float up[MLP_MAX_TILE]
-    cdef Py_ssize_t j
-    project_tile(w_gate, dt, Ea, z, Ea, z_q, z_q_row, nt, b_gate, NULL, gate, 1)
-    project_tile(w_up, dt, Ea, z, Ea, z_q, z_q_row, nt, b_up, NULL, up, 1)
-    for j in range(nt):
-        act[j * Ia] = silu(gate[j]) * up[j]
+        Py_ssize_t I, Py_ssize_t Ia,
+        float *act) noexcept nogil:   # [nt, Ia]: columns i0 .. i0+3 = silu(gate) * up
+    """Gate rows i and up rows Ia + i of w1, for 4 intermediate indices, against the tile."""
+    cdef float gate[MLP_MAX_TILE * GEMM_ROWS]   # [nt, 4]
+    cdef float up[MLP_MAX_TILE * GEMM_ROWS]     # [nt, 4]
+    cdef RowBlock g, u
+    cdef Py_ssize_t r, j, i
+    g.n = u.n = 0
+    for r in range(GEMM_ROWS):
+        i = i0 + r
+        if i >= Ia:
+            break
+        if i >= I:                     # padding of the intermediate dim: activation 0
+            zero_column(act + i, Ia, nt)
+            continue
+        g.w[g.n] = w1 + i * w1_row
+        u.w[u.n] = w1 + (Ia + i) * w1_row
+        g.bias[g.n] = b1[i] if b1 != NULL else 0.0
+        u.bias[u.n] = b1[Ia + i] if b1 != NULL else 0.0
+        g.add[g.n] = u.add[u.n] = NULL
+        g.out[g.n] = gate + g.n
+        u.out[u.n] = up + u.n
+        g.n += 1
+        u.n += 1
+    if g.n == 0:
+        return
+    block_dot_tokens(&g, dt, Ea, z, Ea, z_q, z_q_row, nt, GEMM_ROWS)
+    block_dot_tokens(&u, dt, Ea, z, Ea, z_q, z_q_row, nt, GEMM_ROWS)
+    for r in range(g.n):
+        for j in range(nt):
+            act[j * Ia + i0 + r] = silu(gate[j * GEMM_ROWS + r]) * up[j * GEMM_ROWS + r]
 
 
 cdef void quantize_rows_for(int dt, const float *x, Py_ssize_t ldx, char *xq, Py_ssize_t xq_row,
@@ -82,7 +93,8 @@ cdef void mlp_prefill_kernel(
     cdef char *act_q = base + layout.aq               # [tile, aq_row]
     cdef Py_ssize_t wo_row = ck_dtype_row_bytes(wo_dt, HDa) if HDa else 0
     cdef Py_ssize_t w1_row = ck_dtype_row_bytes(w1_dt, Ea), w2_row = ck_dtype_row_bytes(w2_dt, Ia)
-    cdef Py_ssize_t t0, nt, t, j, h, e, i
+    cdef Py_ssize_t t0, nt, t, j, h, e, i, blk
+    cdef Py_ssize_t n_be = (Ea + GEMM_ROWS - 1) // GEMM_ROWS    # register blocks of output rows
     cdef const float *h_rows        # [T, Ea]: the hidden state the MLP normalises
     cdef const float *base_rows     # [T, Ea] or NULL: what the MLP output is added to
 
@@ -104,14 +116,10 @@ cdef void mlp_prefill_kernel(
                     memcpy(rows + j * HDa + h * Da, attn_out + (h * T + t0 + j) * Da,
                            Da * sizeof(float))
             quantize_rows_for(wo_dt, rows, HDa, rows_q, layout.q_row, HDa, nt, num_threads)
-            for e in prange(Ea, num_threads=num_threads, schedule='static', nogil=True):
-                if e >= E:
-                    zero_column(output + t0 * Ea + e, Ea, nt)
-                else:
-                    project_tile(<const char *>wo + e * wo_row, wo_dt, HDa, rows, HDa, rows_q,
-                                 layout.q_row, nt, bo[e] if bo != NULL else 0.0,
-                                 residual + t0 * Ea + e if residual != NULL else NULL,
-                                 output + t0 * Ea + e, Ea)
+            for blk in prange(n_be, num_threads=num_threads, schedule='static', nogil=True):
+                linear_block(blk * GEMM_ROWS, <const char *>wo, wo_row, wo_dt, HDa, bo, E, Ea,
+                             rows, HDa, rows_q, layout.q_row, nt, output + t0 * Ea,
+                             residual + t0 * Ea if residual != NULL else NULL, Ea)
 
         # ---- z = rmsnorm(h) -------------------------------------------------------------------
         for j in prange(nt, num_threads=num_threads, schedule='static', nogil=True):
@@ -119,23 +127,15 @@ cdef void mlp_prefill_kernel(
         quantize_rows_for(w1_dt, rows, Ea, rows_q, layout.q_row, Ea, nt, num_threads)
 
         # ---- act = silu(z @ Wg.T + bg) * (z @ Wu.T + bu): gate row i and up row Ia+i together --
-        for i in prange(Ia, num_threads=num_threads, schedule='static', nogil=True):
-            if i >= I:
-                zero_column(act + i, Ia, nt)
-            else:
-                swiglu_column(<const char *>w1 + i * w1_row, <const char *>w1 + (Ia + i) * w1_row,
-                              w1_dt, Ea, rows, rows_q, layout.q_row, nt,
-                              b1[i] if b1 != NULL else 0.0, b1[Ia + i] if b1 != NULL else 0.0,
-                              act + i, Ia)
+        for blk in prange((Ia + GEMM_ROWS - 1) // GEMM_ROWS, num_threads=num_threads,
+                          schedule='static', nogil=True):
+            swiglu_block(blk * GEMM_ROWS, <const char *>w1, w1_row, w1_dt, Ea, b1, rows, rows_q,
+                         layout.q_row, nt, I, Ia, act)
         quantize_rows_for(w2_dt, act, Ia, act_q, layout.aq_row, Ia, nt, num_threads)
 
         # ---- output[t] = base[t] + act[t] @ w2.T + b2 ------------------------------------------
-        for e in prange(Ea, num_threads=num_threads, schedule='static', nogil=True):
-            if e >= E:
-                zero_column(output + t0 * Ea + e, Ea, nt)
-            else:
-                project_tile(<const char *>w2 + e * w2_row, w2_dt, Ia, act, Ia, act_q,
-                             layout.aq_row, nt, b2[e] if b2 != NULL else 0.0,
-                             base_rows + t0 * Ea + e if base_rows != NULL else NULL,
-                             output + t0 * Ea + e, Ea)
+        for blk in prange(n_be, num_threads=num_threads, schedule='static', nogil=True):
+            linear_block(blk * GEMM_ROWS, <const char *>w2, w2_row, w2_dt, Ia, b2, E, Ea, act, Ia,
+                         act_q, layout.aq_row, nt, output + t0 * Ea,
+                         base_rows + t0 * Ea if base_rows != NULL else NULL, Ea)
         t0 += nt

@@ -33,6 +33,64 @@ cdef inline int activation_format(int weight_dt) noexcept nogil:
     return DT_Q8_K if ck_dtype_block_size(weight_dt) == 256 else DT_Q8_0
 
 
+cdef void qkv_block(
+        Py_ssize_t blk, Py_ssize_t n_bq, Py_ssize_t n_bkv,
+        const void *wq, const float *bq, int wq_dt,
+        const void *wk, const float *bk, int wk_dt,
+        const void *wv, const float *bv, int wv_dt,
+        float *q,              # [T, H*Da]
+        float *kv_cache_k,     # [G, C, Da]: rows S .. S+T-1 receive k
+        float *kv_cache_v,     # [G, C, Da]: rows S .. S+T-1 receive v
+        const float *xn,       # [T, Ea] normalised input
+        const char *xq0, Py_ssize_t q8_0_row,    # [T, q8_0_row] or NULL
+        const char *xqk, Py_ssize_t q8_k_row,    # [T, q8_k_row] or NULL
+        Py_ssize_t T, Py_ssize_t S, Py_ssize_t C, Py_ssize_t Ea, Py_ssize_t H, Py_ssize_t G,
+        Py_ssize_t D, Py_ssize_t Da) noexcept nogil:
+    """Register block `blk` of the Q/K/V projections: 4 rows of wq, wk or wv against every token.
+    q rows land in q[t, row]; k and v rows (kv head g = row / Da, dim d = row % Da) go straight
+    to the caches at [g, S + t, d].  Padded dims (d >= D) are written as 0."""
+    cdef RowBlock rb
+    cdef const char *w
+    cdef const float *b
+    cdef float *cache
+    cdef int dt
+    cdef Py_ssize_t r0, n_rows, row, r, ld, w_row
+    cdef const char *xq = NULL
+    cdef Py_ssize_t xq_row = 0
+    if blk < n_bq:
+        w, b, dt, r0, n_rows, ld = <const char *>wq, bq, wq_dt, blk * GEMM_ROWS, H * Da, H * Da
+    elif blk < n_bq + n_bkv:
+        w, b, dt, r0, n_rows, ld = <const char *>wk, bk, wk_dt, (blk - n_bq) * GEMM_ROWS, G * Da, Da
+        cache = kv_cache_k
+    else:
+        w, b, dt, r0, n_rows, ld = (<const char *>wv, bv, wv_dt, (blk - n_bq - n_bkv) * GEMM_ROWS,
+                                    G * Da, Da)
+        cache = kv_cache_v
+    w_row = ck_dtype_row_bytes(dt, Ea)
+    if uses_q8_activations(dt):
+        if activation_format(dt) == DT_Q8_0:
+            xq, xq_row = xq0, q8_0_row
+        else:
+            xq, xq_row = xqk, q8_k_row
+    rb.n = 0
+    for r in range(GEMM_ROWS):
+        row = r0 + r
+        if row >= n_rows:
+            break
+        rb.w[r] = w + row * w_row
+        rb.bias[r] = b[row] if b != NULL else 0.0
+        rb.add[r] = NULL
+        if blk < n_bq:
+            rb.out[r] = q + row
+        else:
+            rb.out[r] = cache + ((row // Da) * C + S) * Da + row % Da
+        rb.n += 1
+    block_dot_tokens(&rb, dt, Ea, xn, Ea, xq, xq_row, T, ld)
+    for r in range(rb.n):
+        if (r0 + r) % Da >= D:
+            zero_column(rb.out[r], ld, T)
+
+
 cdef void attention_prefill_kernel(
         float *output,             # [T, Ea]: columns >= E written as 0
         const float *input,        # [T, Ea]
@@ -61,12 +119,11 @@ cdef void attention_prefill_kernel(
     cdef float *attn = <float *>(base + layout.b)     # [T, H*Da]   phases 2-3
     cdef char *xq0 = base + layout.c_q8_0             # [T, Q8_0 row of Ea]  phase 1
     cdef char *xqk = base + layout.c_q8_k             # [T, Q8_K row of Ea]  phase 1
-    cdef Py_ssize_t wq_row = ck_dtype_row_bytes(wq_dt, Ea), wk_row = ck_dtype_row_bytes(wk_dt, Ea)
-    cdef Py_ssize_t wv_row = ck_dtype_row_bytes(wv_dt, Ea), wo_row = ck_dtype_row_bytes(wo_dt, HDa)
+    cdef Py_ssize_t wo_row = ck_dtype_row_bytes(wo_dt, HDa)
     cdef Py_ssize_t attn_q8_row = 0
     cdef bint need_q8_0 = False, need_q8_k = False
     cdef float scale = 1.0 / sqrtf(<float>D)
-    cdef Py_ssize_t t, g, r, row, d, e, t0, nt, task, h, qt, n_qt, i0, nq
+    cdef Py_ssize_t t, g, r, row, d, e, t0, nt, task, h, qt, n_qt, i0, nq, blk, n_bq, n_bkv
     cdef const char *w
     cdef const float *b
     cdef float *dst
@@ -90,48 +147,18 @@ cdef void attention_prefill_kernel(
             if need_q8_k:
                 quantize_activation_row(xn + t * Ea, xqk + t * layout.q8_k_row, Ea, DT_Q8_K)
 
+    n_bq = (HDa + GEMM_ROWS - 1) // GEMM_ROWS
+    n_bkv = (GDa + GEMM_ROWS - 1) // GEMM_ROWS
     t0 = 0
-    while t0 < T:
+    while t0 < T:       # a tile of tokens stays in L2 while every weight row streams past it
         nt = min(<Py_ssize_t>PREFILL_TOKEN_TILE, T - t0)
-        for r in prange(HDa + 2 * GDa, num_threads=num_threads, schedule='static', nogil=True):
-            if r < HDa:                     # q row r -> q[t, r]
-                row = r
-                w = <const char *>wq
-                b = bq
-                dt = wq_dt
-                w_row_bytes = wq_row
-                dst = q + t0 * HDa + row
-                ld = HDa
-            elif r < HDa + GDa:             # k row g*Da+d -> cache_k[g, S+t, d]
-                row = r - HDa
-                w = <const char *>wk
-                b = bk
-                dt = wk_dt
-                w_row_bytes = wk_row
-                dst = kv_cache_k + ((row // Da) * C + S + t0) * Da + row % Da
-                ld = Da
-            else:                           # v row g*Da+d -> cache_v[g, S+t, d]
-                row = r - HDa - GDa
-                w = <const char *>wv
-                b = bv
-                dt = wv_dt
-                w_row_bytes = wv_row
-                dst = kv_cache_v + ((row // Da) * C + S + t0) * Da + row % Da
-                ld = Da
-            if row % Da >= D:
-                zero_column(dst, ld, nt)
-            elif int8_path and uses_q8_activations(dt):
-                if activation_format(dt) == DT_Q8_0:
-                    row_dot_tokens_q8(w + row * w_row_bytes, dt, Ea, xq0 + t0 * layout.q8_0_row,
-                                      layout.q8_0_row, nt, b[row] if b != NULL else 0.0, NULL,
-                                      dst, ld)
-                else:
-                    row_dot_tokens_q8(w + row * w_row_bytes, dt, Ea, xqk + t0 * layout.q8_k_row,
-                                      layout.q8_k_row, nt, b[row] if b != NULL else 0.0, NULL,
-                                      dst, ld)
-            else:
-                row_dot_tokens_f32(w + row * w_row_bytes, dt, Ea, xn + t0 * Ea, Ea, nt,
-                                   b[row] if b != NULL else 0.0, NULL, dst, ld)
+        for blk in prange(n_bq + 2 * n_bkv, num_threads=num_threads, schedule='static',
+                          nogil=True):
+            qkv_block(blk, n_bq, n_bkv, wq, bq, wq_dt, wk, bk, wk_dt, wv, bv, wv_dt,
+                      q + t0 * HDa, kv_cache_k, kv_cache_v, xn + t0 * Ea,
+                      xq0 + t0 * layout.q8_0_row if need_q8_0 else NULL, layout.q8_0_row,
+                      xqk + t0 * layout.q8_k_row if need_q8_k else NULL, layout.q8_k_row,
+                      nt, S + t0, C, Ea, H, G, D, Da)
         t0 += nt
 
     if rope_cos != NULL:
@@ -162,18 +189,11 @@ cdef void attention_prefill_kernel(
     t0 = 0
     while t0 < T:
         nt = min(<Py_ssize_t>PREFILL_TOKEN_TILE, T - t0)
-        for e in prange(Ea, num_threads=num_threads, schedule='static', nogil=True):
-            if e >= E:
-                zero_column(output + t0 * Ea + e, Ea, nt)
-            elif attn_q8_row > 0:
-                row_dot_tokens_q8(<const char *>wo + e * wo_row, wo_dt, HDa,
-                                  attn_q8 + t0 * attn_q8_row, attn_q8_row, nt,
-                                  bo[e] if bo != NULL else 0.0,
-                                  residual + t0 * Ea + e if residual != NULL else NULL,
-                                  output + t0 * Ea + e, Ea)
-            else:
-                row_dot_tokens_f32(<const char *>wo + e * wo_row, wo_dt, HDa, attn + t0 * HDa,
-                                   HDa, nt, bo[e] if bo != NULL else 0.0,
-                                   residual + t0 * Ea + e if residual != NULL else NULL,
-                                   output + t0 * Ea + e, Ea)
+        for blk in prange((Ea + GEMM_ROWS - 1) // GEMM_ROWS, num_threads=num_threads,
+                          schedule='static', nogil=True):
+            linear_block(blk * GEMM_ROWS, <const char *>wo, wo_row, wo_dt, HDa, bo, E, Ea,
+                         attn + t0 * HDa, HDa,
+                         attn_q8 + t0 * attn_q8_row if attn_q8_row > 0 else NULL, attn_q8_row,
+                         nt, output + t0 * Ea, residual + t0 * Ea if residual != NULL else NULL,
+                         Ea)
         t0 += nt

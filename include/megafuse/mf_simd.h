@@ -31,7 +31,7 @@
 #  define MF_SIMD_NAME "generic"
 #endif
 
-#if defined(MF_SIMD_AVX2)
+#if defined(__AVX2__)
 /* Sum of the 8 lanes of v, in a fixed order. */
 static inline float mf_hsum256(__m256 v)
 {
@@ -172,6 +172,184 @@ static inline void mf_scale_f32(float *y, float a, ptrdiff_t n)
 {
     for (ptrdiff_t i = 0; i < n; i++)
         y[i] *= a;
+}
+
+/*
+ * The softmax step of a row of scores: s[j] = exp(s[j] - m) in place, returning the sum of the
+ * new s[j] (in a fixed order).  exp is Cephes' expf polynomial (max relative error ~1e-7) on
+ * AVX2 -- also at the avx512 level, whose builds include AVX2 -- and libm's expf elsewhere.
+ * NaN stays NaN; arguments below -87.3 give exactly 0 (so a score of -inf weighs nothing).
+ */
+#if defined(__AVX2__) && defined(__FMA__)
+static inline __m256 mf_exp256(__m256 x)
+{
+    const __m256 lo = _mm256_set1_ps(-87.3365447505f), hi = _mm256_set1_ps(88.3762626647f);
+    __m256 nan_mask = _mm256_cmp_ps(x, x, _CMP_UNORD_Q);
+    __m256 under = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
+    __m256 xc = _mm256_min_ps(_mm256_max_ps(x, lo), hi);
+    __m256 fx = _mm256_round_ps(_mm256_mul_ps(xc, _mm256_set1_ps(1.44269504088896341f)),
+                                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), xc);
+    r = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.3981999507e-3f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(8.3334519073e-3f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(4.1665795894e-2f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.6666665459e-1f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(5.0000001201e-1f));
+    y = _mm256_fmadd_ps(y, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(fx), _mm256_set1_epi32(127)), 23);
+    y = _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+    y = _mm256_andnot_ps(under, y);
+    return _mm256_blendv_ps(y, x, nan_mask);
+}
+#endif
+
+static inline float mf_exp_shift_sum_f32(float *s, float m, ptrdiff_t n)
+{
+    ptrdiff_t j = 0;
+    float total;
+#if defined(__AVX2__) && defined(__FMA__)
+    __m256 vm = _mm256_set1_ps(m), acc = _mm256_setzero_ps();
+    for (; j + 8 <= n; j += 8) {
+        __m256 p = mf_exp256(_mm256_sub_ps(_mm256_loadu_ps(s + j), vm));
+        _mm256_storeu_ps(s + j, p);
+        acc = _mm256_add_ps(acc, p);
+    }
+    total = mf_hsum256(acc);
+    if (j < n) {                       /* the ragged end: same exp, summed after, in order */
+        float tail[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        for (ptrdiff_t k = j; k < n; k++)
+            tail[k - j] = s[k] - m;
+        _mm256_storeu_ps(tail, mf_exp256(_mm256_loadu_ps(tail)));
+        for (ptrdiff_t k = j; k < n; k++) {
+            s[k] = tail[k - j];
+            total += s[k];
+        }
+    }
+#else
+    float part[4] = {0, 0, 0, 0};
+    for (; j < n; j++) {
+        s[j] = expf(s[j] - m);
+        part[j & 3] += s[j];
+    }
+    total = (part[0] + part[2]) + (part[1] + part[3]);
+#endif
+    return total;
+}
+
+/* out[r] = sum_k x[k] * w[r][k] for 4 rows: one query against 4 keys. */
+static inline void mf_dot_1x4_f32(const float *x, const float *const w[4], ptrdiff_t n,
+                                  float out[4])
+{
+    ptrdiff_t k = 0;
+#if defined(MF_SIMD_AVX2) || defined(MF_SIMD_AVX512)
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+    __m256 a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
+    for (; k + 8 <= n; k += 8) {
+        __m256 xv = _mm256_loadu_ps(x + k);
+        a0 = _mm256_fmadd_ps(xv, _mm256_loadu_ps(w[0] + k), a0);
+        a1 = _mm256_fmadd_ps(xv, _mm256_loadu_ps(w[1] + k), a1);
+        a2 = _mm256_fmadd_ps(xv, _mm256_loadu_ps(w[2] + k), a2);
+        a3 = _mm256_fmadd_ps(xv, _mm256_loadu_ps(w[3] + k), a3);
+    }
+    __m256 a[4] = {a0, a1, a2, a3};
+    for (int r = 0; r < 4; r++) {
+        float v = mf_hsum256(a[r]);
+        for (ptrdiff_t j = k; j < n; j++)
+            v = fmaf(x[j], w[r][j], v);
+        out[r] = v;
+    }
+#else
+    for (int r = 0; r < 4; r++)
+        out[r] = mf_dot_f32(x, w[r], n);
+#endif
+}
+
+/*
+ * The register block of every float projection: 3 token rows x 4 weight rows.
+ *
+ * out[t][r] = sum_k x[t][k] * w[r][k] for t < 3, r < 4 (x rows and w rows each of n floats, K
+ * contiguous: the "NT" layout of activations [T, K] against a torch Linear weight [R, K]).
+ * 12 vector accumulators stay in registers; each k step loads 3 x vectors and 4 w vectors once
+ * for 12 FMAs.  Callers with fewer rows pass repeated pointers and drop the extra results.  Each
+ * out[t][r] is the same fixed-order reduction whatever the other rows are: results do not depend
+ * on how rows are grouped into blocks, or blocks onto threads.
+ */
+static inline void mf_dot_3x4_f32(const float *const x[3], const float *const w[4], ptrdiff_t n,
+                                  float out[3][4])
+{
+    ptrdiff_t k = 0;
+#if defined(MF_SIMD_AVX512)
+    __m512 a[3][4];
+    for (int t = 0; t < 3; t++)
+        for (int r = 0; r < 4; r++)
+            a[t][r] = _mm512_setzero_ps();
+    for (; k + 16 <= n; k += 16) {
+        __m512 x0 = _mm512_loadu_ps(x[0] + k), x1 = _mm512_loadu_ps(x[1] + k);
+        __m512 x2 = _mm512_loadu_ps(x[2] + k);
+        for (int r = 0; r < 4; r++) {
+            __m512 wr = _mm512_loadu_ps(w[r] + k);
+            a[0][r] = _mm512_fmadd_ps(x0, wr, a[0][r]);
+            a[1][r] = _mm512_fmadd_ps(x1, wr, a[1][r]);
+            a[2][r] = _mm512_fmadd_ps(x2, wr, a[2][r]);
+        }
+    }
+    if (k < n) {
+        __mmask16 m = (__mmask16)((1u << (n - k)) - 1u);
+        __m512 x0 = _mm512_maskz_loadu_ps(m, x[0] + k), x1 = _mm512_maskz_loadu_ps(m, x[1] + k);
+        __m512 x2 = _mm512_maskz_loadu_ps(m, x[2] + k);
+        for (int r = 0; r < 4; r++) {
+            __m512 wr = _mm512_maskz_loadu_ps(m, w[r] + k);
+            a[0][r] = _mm512_fmadd_ps(x0, wr, a[0][r]);
+            a[1][r] = _mm512_fmadd_ps(x1, wr, a[1][r]);
+            a[2][r] = _mm512_fmadd_ps(x2, wr, a[2][r]);
+        }
+    }
+    for (int t = 0; t < 3; t++)
+        for (int r = 0; r < 4; r++)
+            out[t][r] = _mm512_reduce_add_ps(a[t][r]);
+#elif defined(MF_SIMD_AVX2)
+    __m256 a[3][4];
+    for (int t = 0; t < 3; t++)
+        for (int r = 0; r < 4; r++)
+            a[t][r] = _mm256_setzero_ps();
+    for (; k + 8 <= n; k += 8) {
+        __m256 x0 = _mm256_loadu_ps(x[0] + k), x1 = _mm256_loadu_ps(x[1] + k);
+        __m256 x2 = _mm256_loadu_ps(x[2] + k);
+        for (int r = 0; r < 4; r++) {
+            __m256 wr = _mm256_loadu_ps(w[r] + k);
+            a[0][r] = _mm256_fmadd_ps(x0, wr, a[0][r]);
+            a[1][r] = _mm256_fmadd_ps(x1, wr, a[1][r]);
+            a[2][r] = _mm256_fmadd_ps(x2, wr, a[2][r]);
+        }
+    }
+    for (int t = 0; t < 3; t++)
+        for (int r = 0; r < 4; r++) {
+            float s = mf_hsum256(a[t][r]);
+            for (ptrdiff_t j = k; j < n; j++)
+                s = fmaf(x[t][j], w[r][j], s);
+            out[t][r] = s;
+        }
+#else
+    float a[3][4][4];
+    for (int t = 0; t < 3; t++)
+        for (int r = 0; r < 4; r++)
+            for (int l = 0; l < 4; l++)
+                a[t][r][l] = 0.0f;
+    for (; k + 4 <= n; k += 4)
+        for (int t = 0; t < 3; t++)
+            for (int r = 0; r < 4; r++)
+                for (int l = 0; l < 4; l++)
+                    a[t][r][l] += x[t][k + l] * w[r][k + l];
+    for (int t = 0; t < 3; t++)
+        for (int r = 0; r < 4; r++) {
+            float s = (a[t][r][0] + a[t][r][2]) + (a[t][r][1] + a[t][r][3]);
+            for (ptrdiff_t j = k; j < n; j++)
+                s += x[t][j] * w[r][j];
+            out[t][r] = s;
+        }
+#endif
 }
 
 #endif /* MEGAFUSE_MF_SIMD_H */
