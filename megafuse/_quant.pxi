@@ -11,14 +11,13 @@
 
 cdef extern from "megafuse/mf_quant.h" nogil:
     size_t ck_dtype_row_bytes_q "ck_dtype_row_bytes"(int dt, size_t n)
-    size_t ck_dtype_block_size_q "ck_dtype_block_size"(int dt)
     void mf_dequantize_row(const void *w, float *y, Py_ssize_t n, int dt)
     void mf_quantize_row(const float *x, void *w, Py_ssize_t n, int dt)
     float mf_weight_row_dot_f32(const void *w, int dt, const float *x, Py_ssize_t n)
     float mf_weight_row_dot_q8(const void *w, int dt, const void *a, Py_ssize_t n)
     void mf_quantize_activation_row(const float *x, void *a, Py_ssize_t n, int dt)
     size_t mf_activation_row_bytes(int dt, size_t n)
-    int mf_activation_dtype(int dt)
+    int mf_activation_dtype(int dt)     # Q8_0 / Q8_K / FP32: the int8 path's activations
 
 cdef enum:
     QUANT_CHUNK = 8192        # values a work item of quantize_rows / dequantize_rows (a multiple

@@ -568,6 +568,15 @@ def test_results_do_not_depend_on_threads(simd_level, threads, dt):
         out[nt] = (blob, mf.dequantize(blob, dt, x.shape))
     for nt in (2, 3):
         assert same_bits(out[nt][0], out[1][0]) and same_bits(out[nt][1], out[1][1])
+    w = out[1][0]
+    a = x[0]
+    for quantized in (False, True):                     # one fixed-order dot per row
+        dots = {}
+        for nt in (1, 2, 3):
+            mf.set_num_threads(nt)
+            dots[nt] = _kernels._rows_dot(w, dt, a, quantized)
+        assert same_bits(dots[2], dots[1]) and same_bits(dots[3], dots[1])
+        assert dots[1][0] == _kernels._row_dot(w[0], dt, a, quantized)
 
 
 def test_readonly_memmap_at_any_offset(simd_level, tmp_path):

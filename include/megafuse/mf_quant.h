@@ -9,7 +9,9 @@
  * kept to those few, small differences from the AVX2 ones, which the tests run.
  *
  * What is here, for every weight format dt (FP32, FP16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K,
- * Q5_K, Q6_K) -- a "row" is n weights (n a multiple of the block size; the caller checks it):
+ * Q5_K, Q6_K) -- a "row" is n weights (n a multiple of the block size; the caller checks it).
+ * Shapes: w = one weight row, [n / block] blocks (ck_dtype_row_bytes(dt, n) bytes); x, y [n]
+ * float32; a = one activation row, [n / 32] block_q8_0 or [n / 256] block_q8_K.
  *
  *   mf_dequantize_row_<dt>(const void *w, float *y, n)       y[n] = the weights, bit-exact with
  *                                                            GGML / gguf.quants.dequantize
