@@ -2,6 +2,30 @@
 # cache -> out-projection + bias + residual.  Float32 weights, float32 activations throughout.
 
 
+cdef void outproj_rows_block(
+        Py_ssize_t e0, const float *wo, const float *bo, const float *residual,
+        const float *attn,     # [H*Da]
+        float *output,         # [Ea]: rows e0 .. e0+3 written
+        Py_ssize_t E, Py_ssize_t Ea, Py_ssize_t HDa) noexcept nogil:
+    """output[e] = wo[e] . attn + bo[e] + residual[e] for 4 rows (0 for e >= E)."""
+    cdef const float *rows[4]
+    cdef float out4[4]
+    cdef Py_ssize_t r, e
+    for r in range(4):
+        rows[r] = wo + min(e0 + r, E - 1) * HDa
+    if e0 < E:
+        mf_dot_1x4_f32(attn, rows, HDa, out4)
+    for r in range(4):
+        e = e0 + r
+        if e >= Ea:
+            break
+        if e >= E:
+            output[e] = 0.0
+        else:
+            output[e] = out4[r] + (bo[e] if bo != NULL else 0.0) + (
+                residual[e] if residual != NULL else 0.0)
+
+
 cdef void attention_decode_kernel(
         float *output,             # [Ea]: columns >= E written as 0
         const float *input,        # [Ea]
@@ -29,7 +53,7 @@ cdef void attention_decode_kernel(
     cdef float *v = kv_workspace + G * Da        # [G, Da]
     cdef float scale = 1.0 / sqrtf(<float>D)
     cdef float acc
-    cdef Py_ssize_t g, h, e
+    cdef Py_ssize_t g, h, e, blk
 
     project_qkv(input, ln1_gamma, rms_inverse(input, E, eps), wq, bq, wk, bk, wv, bv,
                 q, k, v, E, Ea, H, G, D, Da, num_threads)
@@ -50,13 +74,5 @@ cdef void attention_decode_kernel(
 
     # output = attn @ wo.T + bo + residual.  Row e of output reads only residual[e]: output may be
     # the residual (or the input, no longer needed) itself.
-    for e in prange(Ea, num_threads=num_threads, schedule='static', nogil=True):
-        if e >= E:
-            output[e] = 0.0
-        else:
-            acc = mf_dot_f32(wo + e * HDa, attn, HDa)
-            if bo != NULL:
-                acc = acc + bo[e]
-            if residual != NULL:
-                acc = acc + residual[e]
-            output[e] = acc
+    for blk in prange((Ea + 3) // 4, num_threads=num_threads, schedule='static', nogil=True):
+        outproj_rows_block(blk * 4, wo, bo, residual, attn, output, E, Ea, HDa)

@@ -10,6 +10,38 @@ cdef inline float rms_inverse(const float *x, Py_ssize_t E, float eps) noexcept 
     return 1.0 / sqrtf(mf_dot_f32(x, x, E) / <float>E + eps)
 
 
+cdef void qkv_rows_block(
+        Py_ssize_t blk, Py_ssize_t n_bq, Py_ssize_t n_bkv,
+        const float *x, const float *gamma, float inv_rms,
+        const float *wq, const float *bq, const float *wk, const float *bk,
+        const float *wv, const float *bv,
+        float *q, float *k, float *v,
+        Py_ssize_t E, Py_ssize_t Ea, Py_ssize_t HDa, Py_ssize_t GDa, Py_ssize_t D,
+        Py_ssize_t Da) noexcept nogil:
+    """Rows 4*blk .. 4*blk+3 of wq, wk or wv (whichever block `blk` falls in) for one token."""
+    cdef const float *w
+    cdef const float *b
+    cdef float *dst
+    cdef Py_ssize_t r0, n_rows, r, row
+    cdef const float *rows[4]
+    cdef float out4[4]
+    if blk < n_bq:
+        w, b, dst, r0, n_rows = wq, bq, q, blk * 4, HDa
+    elif blk < n_bq + n_bkv:
+        w, b, dst, r0, n_rows = wk, bk, k, (blk - n_bq) * 4, GDa
+    else:
+        w, b, dst, r0, n_rows = wv, bv, v, (blk - n_bq - n_bkv) * 4, GDa
+    for r in range(4):
+        rows[r] = w + min(r0 + r, n_rows - 1) * Ea
+    mf_dot3_1x4_f32(x, gamma, rows, E, out4)
+    for r in range(min(<Py_ssize_t>4, n_rows - r0)):
+        row = r0 + r
+        if row % Da >= D:
+            dst[row] = 0.0
+        else:
+            dst[row] = out4[r] * inv_rms + (b[row] if b != NULL else 0.0)
+
+
 cdef void project_qkv(
         const float *x,        # [E] (a row of stride Ea: only the first E columns are read)
         const float *gamma,    # [E]
@@ -24,36 +56,15 @@ cdef void project_qkv(
         Py_ssize_t D, Py_ssize_t Da, int num_threads) noexcept nogil:
     """q = rmsnorm(x) @ wq.T + bq, likewise k and v; rows d >= D of each head are written as 0.
 
-    One output element per loop iteration and a fixed-order dot product inside it: the result does
-    not depend on how many threads share the rows.
+    Blocks of 4 rows share each load of x * gamma (mf_dot3_1x4_f32); every output element is one
+    fixed-order dot product, so the result does not depend on how many threads share the blocks.
     """
     cdef Py_ssize_t HDa = H * Da, GDa = G * Da
-    cdef Py_ssize_t r, row
-    cdef const float *w
-    cdef const float *b
-    cdef float *dst
-    for r in prange(HDa + 2 * GDa, num_threads=num_threads, schedule='static', nogil=True):
-        if r < HDa:
-            row = r
-            w = wq
-            b = bq
-            dst = q
-        elif r < HDa + GDa:
-            row = r - HDa
-            w = wk
-            b = bk
-            dst = k
-        else:
-            row = r - HDa - GDa
-            w = wv
-            b = bv
-            dst = v
-        if row % Da >= D:
-            dst[row] = 0.0
-        else:
-            dst[row] = mf_dot3_f32(w + row * Ea, x, gamma, E) * inv_rms
-            if b != NULL:
-                dst[row] = dst[row] + b[row]
+    cdef Py_ssize_t n_bq = (HDa + 3) // 4, n_bkv = (GDa + 3) // 4
+    cdef Py_ssize_t blk
+    for blk in prange(n_bq + 2 * n_bkv, num_threads=num_threads, schedule='static', nogil=True):
+        qkv_rows_block(blk, n_bq, n_bkv, x, gamma, inv_rms, wq, bq, wk, bk, wv, bv, q, k, v,
+                       E, Ea, HDa, GDa, D, Da)
 
 
 cdef inline void rope_rotate_heads(

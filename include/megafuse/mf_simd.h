@@ -266,6 +266,35 @@ static inline void mf_dot_1x4_f32(const float *x, const float *const w[4], ptrdi
 #endif
 }
 
+/* out[r] = sum_k w[r][k] * (x[k] * g[k]) for 4 rows: decode's normalised-input projection, with
+ * x * gamma formed once per k step for all four rows. */
+static inline void mf_dot3_1x4_f32(const float *x, const float *g, const float *const w[4],
+                                   ptrdiff_t n, float out[4])
+{
+    ptrdiff_t k = 0;
+#if defined(MF_SIMD_AVX2) || defined(MF_SIMD_AVX512)
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+    __m256 a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
+    for (; k + 8 <= n; k += 8) {
+        __m256 xv = _mm256_mul_ps(_mm256_loadu_ps(x + k), _mm256_loadu_ps(g + k));
+        a0 = _mm256_fmadd_ps(xv, _mm256_loadu_ps(w[0] + k), a0);
+        a1 = _mm256_fmadd_ps(xv, _mm256_loadu_ps(w[1] + k), a1);
+        a2 = _mm256_fmadd_ps(xv, _mm256_loadu_ps(w[2] + k), a2);
+        a3 = _mm256_fmadd_ps(xv, _mm256_loadu_ps(w[3] + k), a3);
+    }
+    __m256 a[4] = {a0, a1, a2, a3};
+    for (int r = 0; r < 4; r++) {
+        float v = mf_hsum256(a[r]);
+        for (ptrdiff_t j = k; j < n; j++)
+            v = fmaf(x[j] * g[j], w[r][j], v);
+        out[r] = v;
+    }
+#else
+    for (int r = 0; r < 4; r++)
+        out[r] = mf_dot3_f32(w[r], x, g, n);
+#endif
+}
+
 /*
  * The register block of every float projection: 3 token rows x 4 weight rows.
  *
