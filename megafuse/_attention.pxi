@@ -4,7 +4,7 @@
 # (at most MF_MAX_KV_TILE floats a query row), and a running max m and sum l per query row rescale
 # that row's accumulator between tiles (the online softmax of Milakov & Gimelshein, as
 # FlashAttention uses it).  Each row is normalised once, at the end.  Scores come from register
-# blocks (1 or 3 query rows x 4 keys); exp runs vectorised over a row of the tile.
+# blocks (3 query rows x 4 keys); exp runs vectorised over a row of the tile.
 
 cdef inline void softmax_update(
         float *scores,         # [n]: this row's scores of the tile (overwritten by exp)
@@ -30,53 +30,21 @@ cdef inline void softmax_update(
     m[0] = m_new
 
 
-cdef inline void scores_1xn(const float *q, const float *k_tile, Py_ssize_t n, Py_ssize_t D,
-                            Py_ssize_t Da, float scale, float *s) noexcept nogil:
-    """s[j] = q . k_j * scale for the n keys of a tile (k_tile [n, Da])."""
-    cdef const float *kp[4]
-    cdef float out4[4]
-    cdef Py_ssize_t j0, r
-    j0 = 0
-    while j0 < n:
-        for r in range(4):
-            kp[r] = k_tile + min(j0 + r, n - 1) * Da
-        mf_dot_1x4_f32(q, kp, D, out4)
-        for r in range(min(<Py_ssize_t>4, n - j0)):
-            s[j0 + r] = out4[r] * scale
-        j0 += 4
-
-
-cdef void attend_one_query(
-        const float *q,        # [D] (a head of stride Da)
-        const float *k_g,      # [n_keys, Da]: kv head g of the K cache, positions 0..n_keys-1
-        const float *v_g,      # [n_keys, Da]: the same rows of the V cache
-        Py_ssize_t n_keys, Py_ssize_t D, Py_ssize_t Da, float scale, Py_ssize_t kv_tile,
-        float *out) noexcept nogil:   # [Da] out: softmax(q.k * scale) @ v; dims >= D are 0
-    cdef float scores[MF_MAX_KV_TILE]
-    cdef float m = -INFINITY, l = 0.0
-    cdef Py_ssize_t t0 = 0, n
-    memset(out, 0, Da * sizeof(float))
-    while t0 < n_keys:
-        n = min(kv_tile, n_keys - t0)
-        scores_1xn(q, k_g + t0 * Da, n, D, Da, scale, scores)
-        softmax_update(scores, n, v_g + t0 * Da, D, Da, &m, &l, out)
-        t0 += n
-    mf_scale_f32(out, 1.0 / l, D)
-
-
 cdef void attend_query_tile(
         const float *q,        # [nq, ldq]: query rows of one head (head dims at stride 1)
         Py_ssize_t ldq,
         const float *k_g,      # [>last position, Da]: kv head g of the K cache
         const float *v_g,      # [>last position, Da]: the same rows of the V cache
-        Py_ssize_t first_pos,  # absolute position of query row 0; row i is at first_pos + i
+        Py_ssize_t first_pos,  # absolute position of query row 0
+        Py_ssize_t pos_step,   # row i is at first_pos + i * pos_step (1: prefill rows of one
+                               # head; 0: decode, the query heads of one kv group at one position)
         Py_ssize_t nq, Py_ssize_t D, Py_ssize_t Da, float scale, Py_ssize_t kv_tile,
-        float *out,            # [nq, ldo] out: row i = softmax over keys 0..first_pos+i, @ v
+        float *out,            # [nq, ldo] out: row i = softmax over keys 0..its position, @ v
         Py_ssize_t ldo) noexcept nogil:
-    """FlashAttention-2 order for one (head, query tile): KV tiles outer (each K/V tile stays in
-    L1 while every query row of the tile uses it), query rows inner, 3 at a time through the
-    3 x 4 score block; only the tiles that reach past a row's position are cut short (the causal
-    mask touches the diagonal tiles only)."""
+    """FlashAttention-2 order for one (head, query tile) -- or, in decode, for the query heads
+    that share a kv head: KV tiles outer (each K/V tile stays in L1 while every query row uses
+    it), query rows inner, 3 at a time through the 3 x 4 score block; only the tiles that reach
+    past a row's position are cut short (the causal mask touches the diagonal tiles only)."""
     cdef float m[MF_MAX_Q_TILE]
     cdef float l[MF_MAX_Q_TILE]
     cdef float s[3][MF_MAX_KV_TILE]          # scores of 3 query rows for the tile
@@ -84,7 +52,7 @@ cdef void attend_query_tile(
     cdef const float *qp[3]
     cdef const float *kp[4]
     cdef Py_ssize_t i, i0, j0, r, c, t0 = 0, n, n_row, n_max
-    cdef Py_ssize_t n_keys = first_pos + nq      # keys the last row sees
+    cdef Py_ssize_t n_keys = first_pos + (nq - 1) * pos_step + 1   # keys the last row sees
     for i in range(nq):
         m[i] = -INFINITY
         l[i] = 0.0
@@ -93,7 +61,8 @@ cdef void attend_query_tile(
         n = min(kv_tile, n_keys - t0)
         i0 = 0
         while i0 < nq:
-            n_max = min(n, first_pos + min(i0 + 2, nq - 1) + 1 - t0)   # keys the group's last row sees
+            # keys the last row of this group of 3 sees
+            n_max = min(n, first_pos + min(i0 + 2, nq - 1) * pos_step + 1 - t0)
             if n_max > 0:
                 for r in range(3):
                     qp[r] = q + min(i0 + r, nq - 1) * ldq
@@ -108,7 +77,7 @@ cdef void attend_query_tile(
                     j0 += 4
                 for r in range(min(<Py_ssize_t>3, nq - i0)):
                     i = i0 + r
-                    n_row = min(n, first_pos + i + 1 - t0)   # keys of this tile row i may see
+                    n_row = min(n, first_pos + i * pos_step + 1 - t0)   # keys row i may see
                     if n_row > 0:
                         softmax_update(s[r], n_row, v_g + t0 * Da, D, Da, &m[i], &l[i],
                                        out + i * ldo)

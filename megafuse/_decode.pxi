@@ -53,7 +53,7 @@ cdef void attention_decode_kernel(
     cdef float *v = kv_workspace + G * Da        # [G, Da]
     cdef float scale = 1.0 / sqrtf(<float>D)
     cdef float acc
-    cdef Py_ssize_t g, h, e, blk
+    cdef Py_ssize_t g, h, e, blk, task, n_chunks
 
     project_qkv(input, ln1_gamma, rms_inverse(input, E, eps), wq, bq, wk, bk, wv, bv,
                 q, k, v, E, Ea, H, G, D, Da, num_threads)
@@ -66,11 +66,15 @@ cdef void attention_decode_kernel(
         memcpy(kv_cache_k + (g * C + P) * Da, k + g * Da, Da * sizeof(float))
         memcpy(kv_cache_v + (g * C + P) * Da, v + g * Da, Da * sizeof(float))
 
-    # Query head h reads kv head h // (H // G) over positions 0..pos.
-    for h in prange(H, num_threads=num_threads, schedule='static', nogil=True):
-        attend_one_query(q + h * Da, kv_cache_k + (h // group) * C * Da,
-                         kv_cache_v + (h // group) * C * Da, P + 1, D, Da, scale, kv_tile,
-                         attn + h * Da)
+    # Query head h reads kv head g = h // (H // G) over positions 0..pos.  A task is up to 3
+    # query heads of one kv group: they share every K/V tile load (one 3 x 4 score block).
+    n_chunks = (group + 2) // 3
+    for task in prange(G * n_chunks, num_threads=num_threads, schedule='dynamic', nogil=True):
+        g = task // n_chunks
+        h = g * group + (task % n_chunks) * 3
+        attend_query_tile(q + h * Da, Da, kv_cache_k + g * C * Da, kv_cache_v + g * C * Da, P,
+                          0, min(<Py_ssize_t>3, (g + 1) * group - h), D, Da, scale, kv_tile,
+                          attn + h * Da, Da)
 
     # output = attn @ wo.T + bo + residual.  Row e of output reads only residual[e]: output may be
     # the residual (or the input, no longer needed) itself.

@@ -177,7 +177,7 @@ cdef void attention_prefill_kernel(
         i0 = qt * q_tile
         nq = min(<Py_ssize_t>q_tile, T - i0)
         attend_query_tile(q + i0 * HDa + h * Da, HDa, kv_cache_k + (h // group) * C * Da,
-                          kv_cache_v + (h // group) * C * Da, S + i0, nq, D, Da, scale, kv_tile,
+                          kv_cache_v + (h // group) * C * Da, S + i0, 1, nq, D, Da, scale, kv_tile,
                           attn + i0 * HDa + h * Da, HDa)
 
     # ---- phase 3: out-projection + bias + residual ------------------------------------------------
