@@ -44,6 +44,8 @@ from megafuse._kernels import (  # noqa: F401
     ck_dtype_supported,
 )
 
+from megafuse.layer import DecoderLayer, rope_tables  # noqa: E402,F401  (pure Python)
+
 __version__ = "0.1.0"
 
 __all__ = [
@@ -65,7 +67,18 @@ __all__ = [
     "ck_dtype_row_bytes", "ck_dtype_supported",
     # configuration
     "set_num_threads", "get_num_threads", "simd_level", "get_include", "show_config",
+    # a whole decoder layer (megafuse.layer); GGUF weights: the megafuse.gguf module (lazy)
+    "DecoderLayer", "rope_tables",
 ]
+
+
+def __getattr__(name):
+    """``megafuse.gguf`` is imported on first use (it needs the optional ``gguf`` package only
+    when a file is read)."""
+    if name == "gguf":
+        import importlib
+        return importlib.import_module("megafuse.gguf")
+    raise AttributeError(f"module 'megafuse' has no attribute {name!r}")
 
 
 def get_include():

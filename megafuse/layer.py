@@ -1,0 +1,537 @@
+"""megafuse.layer: one transformer decoder layer (attention block + MLP block) with its KV cache.
+
+Pure Python over the header's functions -- no second implementation of any math:
+
+    prefill(x):  mega_fused_attention_prefill_q8_0   (any weight block-quantized: the int8 path)
+                 or mega_fused_attention_prefill      (FP32 / FP16 / BF16 weights only),
+                 then mega_fused_mlp_prefill with residual = the attention output;
+    decode(x):   mega_fused_attention_decode_workspace (all four attention weights FP32),
+                 else the prefill path with tokens = 1; then mega_fused_mlp_prefill.
+
+Dimension letters (SPEC section 3): E = embed_dim, H = num_heads, G = num_kv_heads,
+D = head_dim, I = intermediate_dim, T = tokens, C = cache_capacity.  The layer uses no padding
+(Ea = E, Da = D, Ia = I).
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Any, Dict, Mapping, Optional, Tuple, Union
+
+import numpy as np
+import numpy.typing as npt
+
+import megafuse as _mf   # the kernels, looked up at call time (this module is imported by
+                         # megafuse/__init__.py once they are bound)
+from megafuse._dtype import CKDataType
+
+F32Array = npt.NDArray[np.float32]
+#: A weight format: a CKDataType, its int value, or its name ("Q8_0", "q4_k", ...).
+DTypeLike = Union[CKDataType, int, str]
+
+#: The weights of a layer, in the order of the header's arguments.
+WEIGHT_NAMES: Tuple[str, ...] = ("wq", "wk", "wv", "wo", "w1", "w2")
+BIAS_NAMES: Tuple[str, ...] = ("bq", "bk", "bv", "bo", "b1", "b2")
+_WEIGHT_FORMATS = (CKDataType.FP32, CKDataType.FP16, CKDataType.BF16, CKDataType.Q4_0,
+                   CKDataType.Q4_1, CKDataType.Q5_0, CKDataType.Q5_1, CKDataType.Q8_0,
+                   CKDataType.Q4_K, CKDataType.Q5_K, CKDataType.Q6_K)
+
+
+def as_weight_format(dt: DTypeLike, name: str = "dtype") -> CKDataType:
+    """A weight format from a CKDataType, an int or a name (case-insensitive: "q8_0", "FP16")."""
+    if isinstance(dt, str):
+        key = dt.strip().upper()
+        aliases = {"F32": "FP32", "F16": "FP16", "FLOAT32": "FP32", "FLOAT16": "FP16"}
+        key = aliases.get(key, key)
+        if key not in CKDataType.__members__:
+            raise ValueError(f"{name}: expected a weight format name "
+                             f"({', '.join(f.name for f in _WEIGHT_FORMATS)}), got {dt!r}")
+        value = CKDataType[key]
+    elif isinstance(dt, bool) or not hasattr(dt, "__index__"):
+        raise TypeError(f"{name}: expected a megafuse.CKDataType, an int or a format name, got "
+                        f"{type(dt).__name__}")
+    else:
+        try:
+            value = CKDataType(dt.__index__())
+        except ValueError:
+            raise ValueError(f"{name}: expected a CKDataType value, got {dt!r}") from None
+    if value not in _WEIGHT_FORMATS:
+        raise ValueError(f"{name}: expected a weight format "
+                         f"({', '.join(f.name for f in _WEIGHT_FORMATS)}), got {value.name}")
+    return value
+
+
+def rope_tables(head_dim: int, max_seq: int, theta: float = 10000.0, *,
+                freq_factors: Optional[npt.ArrayLike] = None,
+                position_scale: float = 1.0) -> Tuple[F32Array, F32Array]:
+    """RoPE tables (cos, sin), each float32 [max_seq, head_dim/2], in the rotate-half convention
+    of HF Llama / Qwen2 (SPEC section 4):
+
+        angle[p, i] = p * position_scale * theta ** (-2i / head_dim) / freq_factors[i]
+
+    freq_factors (head_dim/2 values, default all 1) are the per-frequency divisors of Llama 3's
+    RoPE scaling (GGUF tensor ``rope_freqs.weight``); position_scale < 1 is linear RoPE scaling
+    (1 / factor).  Angles are computed in float64 and rounded once to float32.
+    """
+    D, rows = _positive_int(head_dim, "head_dim"), _positive_int(max_seq, "max_seq")
+    if D % 2:
+        raise ValueError(f"head_dim: expected an even value (rotate-half RoPE), got {D}")
+    inv_freq = float(theta) ** (-np.arange(0, D, 2, dtype=np.float64) / D)       # [D/2]
+    if freq_factors is not None:
+        factors = np.asarray(freq_factors, dtype=np.float64).reshape(-1)
+        if factors.size != D // 2:
+            raise ValueError(f"freq_factors: expected head_dim/2 = {D // 2} values, got "
+                             f"{factors.size}")
+        inv_freq = inv_freq / factors
+    positions = np.arange(rows, dtype=np.float64) * float(position_scale)
+    angles = positions[:, None] * inv_freq[None, :]                             # [rows, D/2]
+    return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+
+
+def _positive_int(value: Any, name: str) -> int:
+    if isinstance(value, bool) or not hasattr(value, "__index__"):
+        raise TypeError(f"{name}: expected an int, got {type(value).__name__}")
+    v = int(value.__index__())
+    if v <= 0:
+        raise ValueError(f"{name}: expected a positive value, got {v}")
+    return v
+
+
+def _storage_dtypes(dt: CKDataType) -> Tuple[np.dtype[Any], ...]:
+    if dt == CKDataType.FP32:
+        return (np.dtype(np.float32),)
+    if dt == CKDataType.FP16:
+        return (np.dtype(np.float16), np.dtype(np.uint16))
+    if dt == CKDataType.BF16:
+        return (np.dtype(np.uint16),)
+    return (np.dtype(np.uint8),)
+
+
+def _aligned_bytes(nbytes: int, align: int = 64) -> npt.NDArray[np.uint8]:
+    """A writeable uint8 array of nbytes whose address is a multiple of align."""
+    raw = np.empty(nbytes + align, dtype=np.uint8)
+    offset = (-raw.ctypes.data) % align
+    return raw[offset:offset + nbytes]
+
+
+class DecoderLayer:
+    """One pre-norm decoder layer (Llama / Qwen2) with its KV cache:
+
+        h   = x + attention(rope(rmsnorm(x, ln1_gamma) @ [wq; wk; wv].T + b)) @ wo.T + bo
+        out = h + (silu(z @ Wg.T + bg) * (z @ Wu.T + bu)) @ w2.T + b2,  z = rmsnorm(h, ln2_gamma)
+
+    Weights are kept as given (a read-only memmap stays a memmap: no copy), each in its own
+    format.  The KV cache ([G, cache_capacity, D] float32, K and V), the RoPE tables and the
+    scratch are allocated once; the scratch grows when a prefill has more tokens than any
+    before it (or than ``max_tokens``).
+
+    Build it with :meth:`from_arrays` (float32 or pre-quantized weights) or :meth:`from_gguf`;
+    the constructor takes the same keywords as ``from_arrays`` but never converts a weight.
+    ``prefill`` and ``decode`` append to the cache; ``reset`` empties it.  Not thread-safe: one
+    layer (its cache) per sequence; the kernels themselves use ``megafuse.get_num_threads()``.
+    """
+
+    def __init__(self, *, ln1_gamma: npt.ArrayLike, wq: npt.NDArray[Any], wk: npt.NDArray[Any],
+                 wv: npt.NDArray[Any], wo: npt.NDArray[Any], ln2_gamma: npt.ArrayLike,
+                 w1: npt.NDArray[Any], w2: npt.NDArray[Any],
+                 bq: Optional[npt.ArrayLike] = None, bk: Optional[npt.ArrayLike] = None,
+                 bv: Optional[npt.ArrayLike] = None, bo: Optional[npt.ArrayLike] = None,
+                 b1: Optional[npt.ArrayLike] = None, b2: Optional[npt.ArrayLike] = None,
+                 dtype: DTypeLike = CKDataType.FP32,
+                 dtypes: Optional[Mapping[str, DTypeLike]] = None,
+                 embed_dim: Optional[int] = None, num_heads: int,
+                 num_kv_heads: Optional[int] = None, head_dim: Optional[int] = None,
+                 intermediate_dim: Optional[int] = None, eps: float = 1e-6,
+                 rope_theta: float = 10000.0, cache_capacity: int = 2048,
+                 max_tokens: Optional[int] = None,
+                 rope_freq_factors: Optional[npt.ArrayLike] = None,
+                 rope_position_scale: float = 1.0) -> None:
+        gamma1 = self._vector(ln1_gamma, "ln1_gamma")
+        E = _positive_int(embed_dim if embed_dim is not None else gamma1.size, "embed_dim")
+        H = _positive_int(num_heads, "num_heads")
+        G = _positive_int(num_kv_heads if num_kv_heads is not None else H, "num_kv_heads")
+        if H % G:
+            raise ValueError(f"num_heads: expected a multiple of num_kv_heads = {G}, got {H}")
+        if head_dim is None and E % H:
+            raise ValueError(f"head_dim: embed_dim = {E} is not a multiple of num_heads = {H}; "
+                             f"give head_dim")
+        D = _positive_int(head_dim if head_dim is not None else E // H, "head_dim")
+        if D % 2:
+            raise ValueError(f"head_dim: expected an even value (rotate-half RoPE), got {D}")
+        if intermediate_dim is None:
+            if np.ndim(w1) != 2:
+                raise ValueError("intermediate_dim: expected a value (w1 is not a 2-D "
+                                 "[2*intermediate_dim, ...] array to infer it from)")
+            intermediate_dim = np.shape(w1)[0] // 2
+        I = _positive_int(intermediate_dim, "intermediate_dim")
+        C = _positive_int(cache_capacity, "cache_capacity")
+        self.embed_dim, self.num_heads, self.num_kv_heads = E, H, G
+        self.head_dim, self.intermediate_dim, self.cache_capacity = D, I, C
+        self.eps = float(eps)
+        self.rope_theta = float(rope_theta)
+
+        formats = self._formats(dtype, dtypes)
+        self.ln1_gamma = self._vector(gamma1, "ln1_gamma", E, "[embed_dim]")
+        self.ln2_gamma = self._vector(ln2_gamma, "ln2_gamma", E, "[embed_dim]")
+        shapes = {"wq": (H * D, E), "wk": (G * D, E), "wv": (G * D, E), "wo": (E, H * D),
+                  "w1": (2 * I, E), "w2": (E, I)}
+        given = {"wq": wq, "wk": wk, "wv": wv, "wo": wo, "w1": w1, "w2": w2}
+        self._weights: Dict[str, npt.NDArray[Any]] = {}
+        self._dtypes: Dict[str, CKDataType] = {}
+        for name in WEIGHT_NAMES:
+            rows, cols = shapes[name]
+            self._weights[name] = self._stored_weight(given[name], name, formats[name], rows,
+                                                      cols)
+            self._dtypes[name] = formats[name]
+        bias_sizes = {"bq": (H * D, "[num_heads*head_dim]"),
+                      "bk": (G * D, "[num_kv_heads*head_dim]"),
+                      "bv": (G * D, "[num_kv_heads*head_dim]"), "bo": (E, "[embed_dim]"),
+                      "b1": (2 * I, "[2*intermediate_dim]"), "b2": (E, "[embed_dim]")}
+        biases = {"bq": bq, "bk": bk, "bv": bv, "bo": bo, "b1": b1, "b2": b2}
+        self._biases: Dict[str, Optional[F32Array]] = {
+            n: None if biases[n] is None else self._vector(biases[n], n, *bias_sizes[n])
+            for n in BIAS_NAMES}
+
+        # The int8 path as soon as any weight is block-quantized (with float weights only, the
+        # two prefills are the same math; the float one needs less scratch).
+        self._int8 = any(_mf.ck_dtype_is_quantized(dt) for dt in self._dtypes.values())
+        self._attention_prefill = (_mf.mega_fused_attention_prefill_q8_0 if self._int8
+                                   else _mf.mega_fused_attention_prefill)
+        self._attention_scratch_size = (
+            _mf.mega_fused_attention_prefill_q8_0_scratch_size if self._int8
+            else _mf.mega_fused_attention_prefill_scratch_size)
+        self._fp32_decode = all(self._dtypes[n] == CKDataType.FP32
+                                for n in ("wq", "wk", "wv", "wo"))
+
+        self.rope_cos, self.rope_sin = rope_tables(D, C, rope_theta, freq_factors=rope_freq_factors,
+                                                   position_scale=rope_position_scale)
+        self.kv_cache_k: F32Array = np.zeros((G, C, D), dtype=np.float32)
+        self.kv_cache_v: F32Array = np.zeros((G, C, D), dtype=np.float32)
+        self._q_workspace: F32Array = np.zeros(2 * H * D, dtype=np.float32)     # [2, H*D]
+        self._kv_workspace: F32Array = np.zeros(2 * G * D, dtype=np.float32)    # [2, G*D]
+        self._scratch_tokens = 0
+        self._scratch: npt.NDArray[np.uint8] = np.zeros(0, dtype=np.uint8)
+        self._position = 0
+        if max_tokens is not None:
+            self._scratch_for(_positive_int(max_tokens, "max_tokens"))
+
+    # ---- construction ------------------------------------------------------------------------
+
+    @classmethod
+    def from_arrays(cls, *, ln1_gamma: npt.ArrayLike, wq: npt.NDArray[Any],
+                    wk: npt.NDArray[Any], wv: npt.NDArray[Any], wo: npt.NDArray[Any],
+                    ln2_gamma: npt.ArrayLike, w1: npt.NDArray[Any], w2: npt.NDArray[Any],
+                    bq: Optional[npt.ArrayLike] = None, bk: Optional[npt.ArrayLike] = None,
+                    bv: Optional[npt.ArrayLike] = None, bo: Optional[npt.ArrayLike] = None,
+                    b1: Optional[npt.ArrayLike] = None, b2: Optional[npt.ArrayLike] = None,
+                    dtype: DTypeLike = CKDataType.FP32,
+                    dtypes: Optional[Mapping[str, DTypeLike]] = None,
+                    embed_dim: Optional[int] = None, num_heads: int,
+                    num_kv_heads: Optional[int] = None, head_dim: Optional[int] = None,
+                    intermediate_dim: Optional[int] = None, eps: float = 1e-6,
+                    rope_theta: float = 10000.0, cache_capacity: int = 2048,
+                    max_tokens: Optional[int] = None,
+                    rope_freq_factors: Optional[npt.ArrayLike] = None,
+                    rope_position_scale: float = 1.0) -> "DecoderLayer":
+        """A layer from NumPy weights in the torch ``Linear.weight`` layout:
+
+        wq [H*D, E], wk / wv [G*D, E], wo [E, H*D], w1 [2*I, E] (the gate rows, then the up
+        rows), w2 [E, I]; ln1_gamma / ln2_gamma [E]; biases (optional) bq [H*D], bk / bv [G*D],
+        bo [E], b1 [2*I], b2 [E].
+
+        Formats: ``dtype`` for every weight (default FP32), ``dtypes`` per weight
+        ({"w2": "Q6_K", ...}; a CKDataType, an int or a name).  A float32 weight whose format
+        is not FP32 is converted here (``megafuse.quantize``); any other array (uint8 block
+        bytes, float16 / uint16 FP16, uint16 BF16 bits) is taken as already stored in its format
+        and used as is, without a copy.
+
+        Hyper-parameters: embed_dim (default ln1_gamma.size), num_heads, num_kv_heads (default
+        num_heads), head_dim (default embed_dim // num_heads), intermediate_dim (default
+        w1.shape[0] // 2), eps, rope_theta, cache_capacity (KV-cache positions), max_tokens (the
+        largest prefill to size the scratch for up front), rope_freq_factors / rope_position_scale
+        (see ``rope_tables``).
+        """
+        formats = cls._formats(dtype, dtypes)
+        given = {"wq": wq, "wk": wk, "wv": wv, "wo": wo, "w1": w1, "w2": w2}
+        converted: Dict[str, npt.NDArray[Any]] = {}
+        for name, arr in given.items():
+            a = np.asarray(arr)
+            if a.dtype == np.float32 and formats[name] != CKDataType.FP32:
+                cols = a.shape[-1] if a.ndim >= 2 else None
+                if cols is None:
+                    raise ValueError(f"{name}: expected a 2-D float32 [rows, cols] array to "
+                                     f"convert to {formats[name].name}, got shape {a.shape}")
+                block = _mf.ck_dtype_block_size(formats[name])
+                if cols % block:
+                    raise ValueError(f"{name}: {formats[name].name} stores rows in whole blocks "
+                                     f"of {block} weights, but the weight has {cols} columns")
+                a = _mf.quantize(a, formats[name])
+            converted[name] = a
+        return cls(ln1_gamma=ln1_gamma, ln2_gamma=ln2_gamma, bq=bq, bk=bk, bv=bv, bo=bo, b1=b1,
+                   b2=b2, dtypes=formats, embed_dim=embed_dim, num_heads=num_heads,
+                   num_kv_heads=num_kv_heads, head_dim=head_dim,
+                   intermediate_dim=intermediate_dim, eps=eps, rope_theta=rope_theta,
+                   cache_capacity=cache_capacity, max_tokens=max_tokens,
+                   rope_freq_factors=rope_freq_factors,
+                   rope_position_scale=rope_position_scale, wq=converted["wq"],
+                   wk=converted["wk"], wv=converted["wv"], wo=converted["wo"],
+                   w1=converted["w1"], w2=converted["w2"])
+
+    @classmethod
+    def from_gguf(cls, reader: Any, layer_index: int, *, cache_capacity: Optional[int] = None,
+                  max_tokens: Optional[int] = None) -> "DecoderLayer":
+        """Layer ``layer_index`` of a llama- or qwen2-architecture GGUF file.
+
+        reader: a ``gguf.GGUFReader`` or a path.  Weights stay read-only memmaps of the file in
+        their GGML format, except w1 (gate and up rows concatenated) and llama's wq / wk (rows
+        put back in rotate-half order), which are copies.  Hyper-parameters come from the
+        metadata; cache_capacity defaults to min(context length, 4096).  See ``megafuse.gguf``.
+        """
+        from megafuse import gguf as _gguf
+        kwargs = _gguf.layer_arrays(reader, layer_index)
+        if cache_capacity is None:
+            cache_capacity = min(int(kwargs.pop("context_length", 4096) or 4096), 4096)
+        else:
+            kwargs.pop("context_length", None)
+        return cls(cache_capacity=cache_capacity, max_tokens=max_tokens, **kwargs)
+
+    @staticmethod
+    def _formats(dtype: DTypeLike,
+                 dtypes: Optional[Mapping[str, DTypeLike]]) -> Dict[str, CKDataType]:
+        base = as_weight_format(dtype, "dtype")
+        formats = {name: base for name in WEIGHT_NAMES}
+        for name, dt in (dtypes or {}).items():
+            if name not in formats:
+                raise ValueError(f"dtypes: expected keys among {', '.join(WEIGHT_NAMES)}, got "
+                                 f"{name!r}")
+            formats[name] = as_weight_format(dt, f"dtypes[{name!r}]")
+        return formats
+
+    @staticmethod
+    def _vector(arr: Any, name: str, size: Optional[int] = None,
+                shape: str = "") -> F32Array:
+        a = np.asarray(arr)
+        if a.dtype != np.float32:
+            if not (np.issubdtype(a.dtype, np.floating) or np.issubdtype(a.dtype, np.integer)):
+                raise TypeError(f"{name}: expected float32 values, got dtype {a.dtype}")
+            a = a.astype(np.float32)
+        a = np.ascontiguousarray(a).reshape(-1)
+        if size is not None and a.size != size:
+            raise ValueError(f"{name}: expected {shape} = {size} values, got {a.size}")
+        return a
+
+    @staticmethod
+    def _stored_weight(arr: npt.ArrayLike, name: str, dt: CKDataType, rows: int,
+                       cols: int) -> npt.NDArray[Any]:
+        """arr checked as a [rows, cols] weight stored in format dt (no conversion)."""
+        arr = np.asarray(arr)
+        allowed = _storage_dtypes(dt)
+        if arr.dtype not in allowed:
+            hint = (" (a float32 weight is converted only by DecoderLayer.from_arrays)"
+                    if arr.dtype == np.float32 else "")
+            raise TypeError(f"{name}: a {dt.name} weight is stored as "
+                            f"{' or '.join(str(d) for d in allowed)}, got {arr.dtype}{hint}")
+        block = _mf.ck_dtype_block_size(dt)
+        if cols % block:
+            raise ValueError(f"{name}: {dt.name} stores rows in whole blocks of {block} weights, "
+                             f"but [{rows}, {cols}] has {cols} columns")
+        if block > 1:
+            want = rows * int(_mf.ck_dtype_row_bytes(dt, cols))
+            what = f"{rows} rows x {_mf.ck_dtype_row_bytes(dt, cols)} bytes"
+        else:
+            want, what = rows * cols, f"[{rows}, {cols}]"
+        if arr.size != want:
+            unit = "bytes" if block > 1 else "values"
+            raise ValueError(f"{name}: expected {what} = {want} {unit} of {dt.name}, got "
+                             f"{arr.size} (shape {arr.shape})")
+        if not (arr.flags.c_contiguous and arr.flags.aligned):
+            arr = np.array(arr, order="C")            # a copy: C-contiguous and aligned
+        return arr
+
+    # ---- state -------------------------------------------------------------------------------
+
+    @property
+    def position(self) -> int:
+        """Tokens in the KV cache: the absolute position of the next token."""
+        return self._position
+
+    def reset(self) -> None:
+        """Empty the KV cache (position 0).  The cache rows are not cleared: positions at or
+        after ``position`` are always written before they are read."""
+        self._position = 0
+
+    @property
+    def weights(self) -> Dict[str, Optional[npt.NDArray[Any]]]:
+        """Every parameter by its header name (wq ... w2 as stored; gammas and biases float32,
+        None for an absent bias)."""
+        out: Dict[str, Optional[npt.NDArray[Any]]] = {"ln1_gamma": self.ln1_gamma,
+                                                       "ln2_gamma": self.ln2_gamma}
+        out.update(self._weights)
+        out.update(self._biases)
+        return out
+
+    @property
+    def dtypes(self) -> Dict[str, CKDataType]:
+        """The format of each weight (wq, wk, wv, wo, w1, w2)."""
+        return dict(self._dtypes)
+
+    @property
+    def int8_path(self) -> bool:
+        """True when some weight is block-quantized: activations are then quantized to
+        Q8_0 / Q8_K for those weights' integer dot products."""
+        return self._int8
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of every parameter (weights, biases, gammas): what one call streams."""
+        return sum(int(a.nbytes) for a in self.weights.values() if a is not None)
+
+    def __repr__(self) -> str:
+        formats = ", ".join(f"{n}={dt.name}" for n, dt in self._dtypes.items())
+        return (f"DecoderLayer(embed_dim={self.embed_dim}, num_heads={self.num_heads}, "
+                f"num_kv_heads={self.num_kv_heads}, head_dim={self.head_dim}, "
+                f"intermediate_dim={self.intermediate_dim}, {formats}, "
+                f"position={self._position}/{self.cache_capacity})")
+
+    def _scratch_for(self, tokens: int) -> npt.NDArray[np.uint8]:
+        if tokens > self._scratch_tokens:
+            E, H, D, I = self.embed_dim, self.num_heads, self.head_dim, self.intermediate_dim
+            need = max(int(self._attention_scratch_size(tokens, E, H, D)),
+                       int(_mf.mega_fused_mlp_prefill_scratch_size(tokens, E, I)))
+            self._scratch = _aligned_bytes(need)
+            self._scratch_tokens = tokens
+        return self._scratch
+
+    # ---- running -----------------------------------------------------------------------------
+
+    def _check_room(self, tokens: int, what: str) -> None:
+        if self._position + tokens > self.cache_capacity:
+            raise ValueError(
+                f"{what}: {tokens} token{'s' if tokens != 1 else ''} at position "
+                f"{self._position} would need cache positions up to "
+                f"{self._position + tokens - 1}, but cache_capacity is {self.cache_capacity} "
+                f"(reset() the layer, or build it with a larger cache_capacity); the cache is "
+                f"unchanged")
+
+    def _input(self, x: Any, ndim: int, what: str) -> F32Array:
+        a = np.asarray(x)
+        if not np.issubdtype(a.dtype, np.floating):
+            raise TypeError(f"{what}: expected float32 hidden states, got dtype {a.dtype}")
+        if ndim == 1 and a.ndim == 2 and a.shape[0] == 1:
+            a = a.reshape(-1)
+        expected = "[tokens, embed_dim]" if ndim == 2 else "[embed_dim]"
+        if a.ndim != ndim or a.shape[-1] != self.embed_dim or (ndim == 2 and a.shape[0] == 0):
+            raise ValueError(f"{what}: expected x of shape {expected} with embed_dim = "
+                             f"{self.embed_dim}, got shape {a.shape}")
+        return np.require(a, dtype=np.float32, requirements=("C", "A"))
+
+    def _run(self, x: F32Array, tokens: int) -> F32Array:
+        """Attention (out-of-place into a new array), then the MLP in place on it."""
+        E, H, G, D, C = (self.embed_dim, self.num_heads, self.num_kv_heads, self.head_dim,
+                         self.cache_capacity)
+        w, dt, b = self._weights, self._dtypes, self._biases
+        out = np.empty((tokens, E), dtype=np.float32)
+        scratch = self._scratch_for(tokens)
+        self._attention_prefill(
+            out, x, x, self.ln1_gamma, w["wq"], b["bq"], dt["wq"], w["wk"], b["bk"], dt["wk"],
+            w["wv"], b["bv"], dt["wv"], w["wo"], b["bo"], dt["wo"], self.kv_cache_k,
+            self.kv_cache_v, self.rope_cos, self.rope_sin, self._position, tokens, C, E, E, H,
+            G, D, D, self.eps, scratch)
+        self._mlp(out, tokens, scratch)
+        return out
+
+    def _mlp(self, h: F32Array, tokens: int, scratch: npt.NDArray[np.uint8]) -> None:
+        E, I = self.embed_dim, self.intermediate_dim
+        w, dt, b = self._weights, self._dtypes, self._biases
+        _mf.mega_fused_mlp_prefill(
+            h, h, h, self.ln2_gamma, w["w1"], b["b1"], dt["w1"], w["w2"], b["b2"], dt["w2"],
+            tokens, E, E, I, I, self.eps, scratch)
+
+    def prefill(self, x: npt.ArrayLike) -> F32Array:
+        """Run the layer on x [T, embed_dim] (float32; the tokens at positions position ..
+        position+T-1) and return the new hidden states [T, embed_dim] (a new array; x is not
+        changed).  Their k, v are appended to the cache.  A prompt may be prefilled in chunks:
+        each call continues at ``position``.  Raises ValueError, before touching the cache,
+        when position + T > cache_capacity.
+        """
+        xa = self._input(x, 2, "prefill")
+        tokens = int(xa.shape[0])
+        self._check_room(tokens, "prefill")
+        out = self._run(xa, tokens)
+        self._position += tokens
+        return out
+
+    def decode(self, x: npt.ArrayLike) -> F32Array:
+        """Run the layer on one token x [embed_dim] at position ``position``; returns the new
+        hidden state [embed_dim].  FP32 attention weights take the allocation-free decode kernel
+        (mega_fused_attention_decode_workspace), other formats the prefill path with one
+        token.  Equal to row N of a prefill of N+1 tokens (SPEC section 4)."""
+        xa = self._input(x, 1, "decode")
+        self._check_room(1, "decode")
+        if not self._fp32_decode:
+            out = self._run(xa, 1).reshape(self.embed_dim)
+        else:
+            E, H, G, D, C = (self.embed_dim, self.num_heads, self.num_kv_heads, self.head_dim,
+                             self.cache_capacity)
+            w, b = self._weights, self._biases
+            out = np.empty(E, dtype=np.float32)
+            scratch = self._scratch_for(1)
+            _mf.mega_fused_attention_decode_workspace(
+                out, xa, xa, self.ln1_gamma, w["wq"], b["bq"], w["wk"], b["bk"], w["wv"],
+                b["bv"], w["wo"], b["bo"], self.kv_cache_k, self.kv_cache_v, self.rope_cos,
+                self.rope_sin, self._position, E, E, H, G, D, D, C, self.eps,
+                self._q_workspace, self._q_workspace.nbytes, self._kv_workspace,
+                self._kv_workspace.nbytes)
+            self._mlp(out, 1, scratch)
+        self._position += 1
+        return out
+
+    def reference(self, x: npt.ArrayLike, *, quantize_activations: bool = False) -> F32Array:
+        """What ``prefill(x)`` on an empty cache computes, by ``megafuse.reference`` (plain
+        NumPy, float64 math, weights dequantized bit for bit).  quantize_activations=False
+        (default) is pure float math; True emulates the int8 path.  The layer's own cache and
+        position are not touched.  Slow: for checking, not for running."""
+        # (imported by name: megafuse.reference is plain untyped NumPy, not part of the stubs)
+        ref: Any = importlib.import_module("megafuse.reference")
+        xa = self._input(x, 2, "reference")
+        T = int(xa.shape[0])
+        if T > self.cache_capacity:
+            raise ValueError(f"reference: {T} tokens exceed cache_capacity = "
+                             f"{self.cache_capacity}")
+        E, H, G, D, I = (self.embed_dim, self.num_heads, self.num_kv_heads, self.head_dim,
+                         self.intermediate_dim)
+        w, dt, b = self._weights, self._dtypes, self._biases
+        cache_k = np.zeros((G, T, D), np.float32)
+        cache_v = np.zeros((G, T, D), np.float32)
+        h = np.zeros((T, E), np.float32)
+        attention = (ref.mega_fused_attention_prefill_q8_0 if quantize_activations
+                     else ref.mega_fused_attention_prefill)
+        attention(h, xa, xa, self.ln1_gamma, w["wq"], b["bq"], dt["wq"], w["wk"], b["bk"],
+                  dt["wk"], w["wv"], b["bv"], dt["wv"], w["wo"], b["bo"], dt["wo"], cache_k,
+                  cache_v, self.rope_cos, self.rope_sin, 0, T, T, E, E, H, G, D, D, self.eps,
+                  None)
+        out = np.zeros((T, E), np.float32)
+        ref.mega_fused_mlp_prefill(out, h, h, self.ln2_gamma, w["w1"], b["b1"], dt["w1"],
+                                   w["w2"], b["b2"], dt["w2"], T, E, E, I, I, self.eps, None,
+                                   quantize_activations=quantize_activations)
+        return out
+
+    # ---- figures for benchmarks --------------------------------------------------------------
+
+    def flops(self, tokens: int, start_pos: int = 0) -> int:
+        """Floating-point operations (multiply + add = 2) of tokens at positions start_pos ..
+        start_pos+tokens-1: the six projections, 2*tokens*(H*D*E + 2*G*D*E + E*H*D + 3*I*E),
+        plus attention, 4*H*D per (query, visible key) pair."""
+        E, H, G, D, I = (self.embed_dim, self.num_heads, self.num_kv_heads, self.head_dim,
+                         self.intermediate_dim)
+        proj = 2 * tokens * (H * D * E + 2 * G * D * E + E * H * D + 3 * I * E)
+        pairs = tokens * start_pos + tokens * (tokens + 1) // 2       # sum of (position + 1)
+        return int(proj + 4 * H * D * pairs)
+
+    def bytes_moved(self, tokens: int, start_pos: int = 0) -> int:
+        """Bytes a call must move at least: every parameter once, the K and V cache rows of
+        positions 0 .. start_pos+tokens-1 once, and the input and output rows."""
+        kv = 2 * self.num_kv_heads * (start_pos + tokens) * self.head_dim * 4
+        return int(self.weight_bytes + kv + 2 * tokens * self.embed_dim * 4)
+
+
+__all__ = ["DecoderLayer", "rope_tables", "as_weight_format", "WEIGHT_NAMES"]

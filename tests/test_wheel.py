@@ -1,0 +1,240 @@
+"""The wheel is self-contained: `pip wheel` of the sources, installed into a fresh virtual
+environment outside the source tree, imports from site-packages, ships its C headers (found by
+get_include()) and its .pxd, lets a downstream Cython extension cimport megafuse._kernels and
+call the C-level kernels, and passes tests against the installed package.
+
+Marked `slow` (~1-2 minutes: it compiles every extension once); it runs by default, and
+`pytest -m "not slow"` leaves it out (cibuildwheel's test-command does: it tests the wheel it
+just installed instead).
+"""
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import zipfile
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+
+pytestmark = pytest.mark.slow
+
+SKIP_DIRS = {".git", "build", "dist", "__pycache__", ".pytest_cache", ".mypy_cache",
+             ".benchmarks", ".hypothesis", "benchmarks"}
+
+CHECK_INSTALLED = textwrap.dedent('''\
+    import os, sys
+    import numpy as np
+    import megafuse
+    root, prefix = os.path.realpath(sys.argv[1]), os.path.realpath(sys.prefix)
+    here = os.path.realpath(megafuse.__file__)
+    assert here.startswith(prefix + os.sep), f"megafuse imported from {here}, not the venv"
+    assert not here.startswith(root + os.sep), f"megafuse imported from the source tree: {here}"
+    assert "site-packages" in here, here
+    inc = os.path.realpath(megafuse.get_include())
+    assert inc.startswith(os.path.dirname(here)), f"get_include() outside the package: {inc}"
+    for name in ("mega_fused_attention.h", "ckernel_dtype.h"):
+        assert os.path.isfile(os.path.join(inc, "megafuse", name)), name
+    pkg = os.path.dirname(here)
+    for name in ("_kernels.pxd", "__init__.pyi", "py.typed"):
+        assert os.path.isfile(os.path.join(pkg, name)), name
+    # a whole layer through the installed kernels, against the installed reference
+    rng = np.random.default_rng(0)
+    E, H, G, D, I = 128, 2, 1, 64, 256
+    w = lambda r, c: (rng.standard_normal((r, c)) / np.sqrt(c)).astype(np.float32)
+    layer = megafuse.DecoderLayer.from_arrays(
+        ln1_gamma=np.ones(E, np.float32), ln2_gamma=np.ones(E, np.float32), wq=w(H * D, E),
+        wk=w(G * D, E), wv=w(G * D, E), wo=w(E, H * D), w1=w(2 * I, E), w2=w(E, I),
+        num_heads=H, num_kv_heads=G, cache_capacity=16)
+    x = rng.standard_normal((6, E)).astype(np.float32)
+    got, want = layer.prefill(x), layer.reference(x)
+    err = float(np.abs(got - want).max() / np.abs(want).max())
+    assert err < 1e-5, err
+    print("installed-ok", megafuse.simd_level(), inc)
+''')
+
+DOWNSTREAM_PYX = textwrap.dedent('''\
+    # A downstream Cython module using megafuse's C-level surface (megafuse/_kernels.pxd).
+    from megafuse._kernels cimport (c_mega_fuse_get_optimal_tiles,
+                                    c_mega_fused_attention_decode_workspace)
+
+
+    def tiles(int head_dim):
+        cdef int q_tile = 0, kv_tile = 0
+        c_mega_fuse_get_optimal_tiles(&q_tile, &kv_tile, head_dim)
+        return q_tile, kv_tile
+
+
+    def decode(float[::1] output, const float[::1] x, const float[::1] gamma,
+               const float[::1] wq, const float[::1] wk, const float[::1] wv,
+               const float[::1] wo, float[::1] cache_k, float[::1] cache_v,
+               const float[::1] cos, const float[::1] sin, int pos, int E, int H, int G,
+               int D, int C, float[::1] q_ws, float[::1] kv_ws):
+        with nogil:
+            c_mega_fused_attention_decode_workspace(
+                &output[0], &x[0], &x[0], &gamma[0], &wq[0], NULL, &wk[0], NULL, &wv[0],
+                NULL, &wo[0], NULL, &cache_k[0], &cache_v[0], &cos[0], &sin[0], pos, E, E,
+                H, G, D, D, C, 1e-6, &q_ws[0], q_ws.shape[0] * 4, &kv_ws[0],
+                kv_ws.shape[0] * 4)
+''')
+
+DOWNSTREAM_SETUP = textwrap.dedent('''\
+    import numpy
+    import megafuse
+    from Cython.Build import cythonize
+    from setuptools import Extension, setup
+
+    setup(name="downstream", ext_modules=cythonize(
+        [Extension("downstream", ["downstream.pyx"],
+                   include_dirs=[megafuse.get_include(), numpy.get_include()])],
+        compiler_directives={"language_level": 3}, quiet=True))
+''')
+
+DOWNSTREAM_RUN = textwrap.dedent('''\
+    import numpy as np
+    import megafuse
+    import downstream
+
+    assert downstream.tiles(64) == megafuse.mega_fuse_get_optimal_tiles(64)
+    rng = np.random.default_rng(1)
+    E, H, G, D, C, pos = 128, 4, 2, 32, 8, 5
+    f = lambda *s: rng.standard_normal(s).astype(np.float32).reshape(-1)
+    x, gamma = f(E), np.ones(E, np.float32)
+    wq, wk, wv, wo = f(H * D, E), f(G * D, E), f(G * D, E), f(E, H * D)
+    cos, sin = (t.reshape(-1) for t in megafuse.rope_tables(D, C))
+    k, v = f(G, C, D), f(G, C, D)                  # a history at positions < pos
+    caches = [k, v, k.copy(), v.copy()]
+    out_c, out_py = np.zeros(E, np.float32), np.zeros(E, np.float32)
+    downstream.decode(out_c, x, gamma, wq, wk, wv, wo, caches[0], caches[1], cos, sin, pos,
+                      E, H, G, D, C, np.zeros(2 * H * D, np.float32),
+                      np.zeros(2 * G * D, np.float32))
+    megafuse.mega_fused_attention_decode(out_py, x, x, gamma, wq, None, wk, None, wv, None, wo,
+                                         None, caches[2], caches[3], cos, sin, pos, E, E, H, G,
+                                         D, D, C, 1e-6)
+    assert np.array_equal(out_c, out_py) and np.any(out_c != 0)
+    assert np.array_equal(caches[0], caches[2])
+    print("downstream-ok", downstream.tiles(64))
+''')
+
+
+def _ignore(folder, names):
+    """What a source distribution would not carry: VCS and build output, compiled modules,
+    and the C files Cython generates (regenerated from the .pyx)."""
+    skip = set()
+    for name in names:
+        if name in SKIP_DIRS or name.endswith((".egg-info", ".so", ".pyd")):
+            skip.add(name)
+        elif name.endswith(".c") and os.path.exists(os.path.join(folder, name[:-2] + ".pyx")):
+            skip.add(name)
+        elif name == "_build_config.py":
+            skip.add(name)
+    return skip
+
+
+def _run(cmd, cwd, env=None, timeout=900):
+    done = subprocess.run(cmd, cwd=str(cwd), env=env, capture_output=True, text=True,
+                          timeout=timeout)
+    assert done.returncode == 0, (f"{' '.join(map(str, cmd))} failed ({done.returncode}):\n"
+                                  f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+    return done.stdout
+
+
+def _clean_env():
+    """The environment for the venv's processes: nothing pointing at the source tree."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "PYTHONSTARTUP")}
+    env["PIP_DISABLE_PIP_VERSION_CHECK"] = "1"
+    return env
+
+
+def _venv_python(venv):
+    return os.path.join(venv, "Scripts", "python.exe") if os.name == "nt" else \
+        os.path.join(venv, "bin", "python")
+
+
+def _have_build_deps():
+    import importlib.util
+    return all(importlib.util.find_spec(m) is not None for m in ("Cython", "numpy", "setuptools"))
+
+
+def test_wheel_installs_into_a_fresh_venv_and_is_self_contained(tmp_path):
+    if not os.path.isfile(os.path.join(ROOT, "setup.py")):
+        pytest.skip("needs the source tree (setup.py) to build a wheel from")
+    tmp = os.path.realpath(str(tmp_path))
+    assert not tmp.startswith(os.path.realpath(ROOT) + os.sep)
+    env = _clean_env()
+
+    # 0. meanwhile (in the background): a fresh venv outside the source tree, with numpy,
+    #    pytest, and what the downstream build needs (Cython, setuptools)
+    venv = os.path.join(tmp, "venv")
+    py = _venv_python(venv)
+    venv_log = open(os.path.join(tmp, "venv.log"), "w+")
+    prepare = subprocess.Popen(
+        f'"{sys.executable}" -m venv "{venv}" && "{py}" -m pip install -q numpy pytest '
+        f'"Cython>=3.0" "setuptools>=64"', shell=True, cwd=tmp, env=env, stdout=venv_log,
+        stderr=subprocess.STDOUT, start_new_session=os.name != "nt")
+
+    try:
+        # 1. the wheel, built from a copy of the sources (the working tree is left alone: no
+        #    build/ folder, no regenerated .c files under other people's feet)
+        src = os.path.join(tmp, "src")
+        shutil.copytree(ROOT, src, ignore=_ignore)
+        dist = os.path.join(tmp, "dist")
+        cmd = [sys.executable, "-m", "pip", "wheel", src, "-w", dist, "--no-deps", "-q"]
+        if _have_build_deps():
+            cmd.append("--no-build-isolation")      # the build requirements are here already
+        # compile the extensions in parallel (setuptools reads DIST_EXTRA_CONFIG)
+        extra_cfg = os.path.join(tmp, "build-parallel.cfg")
+        with open(extra_cfg, "w") as f:
+            f.write(f"[build_ext]\nparallel = {max(2, os.cpu_count() or 1)}\n")
+        _run(cmd, tmp, dict(env, DIST_EXTRA_CONFIG=extra_cfg))
+        wheels = [f for f in os.listdir(dist)
+                  if f.startswith("megafuse-") and f.endswith(".whl")]
+        assert len(wheels) == 1, wheels
+        wheel = os.path.join(dist, wheels[0])
+        names = zipfile.ZipFile(wheel).namelist()
+        for needed in ("megafuse/include/megafuse/mega_fused_attention.h",
+                       "megafuse/_kernels.pxd", "megafuse/__init__.pyi", "megafuse/py.typed",
+                       "megafuse/layer.py", "megafuse/gguf.py"):
+            assert needed in names, needed
+        assert not any(n.startswith("tests/") for n in names)
+
+        # 2. the wheel into the fresh venv
+        status = prepare.wait(timeout=900)
+        venv_log.seek(0)
+        assert status == 0, f"creating the venv failed:\n{venv_log.read()[-3000:]}"
+        _run([py, "-m", "pip", "install", "-q", "--no-deps", wheel], tmp, env)
+
+    finally:
+        if prepare.poll() is None:                 # a failure above: stop it (and its pip)
+            if os.name != "nt":
+                os.killpg(prepare.pid, signal.SIGKILL)
+            else:
+                prepare.kill()
+            prepare.wait()
+        venv_log.close()
+
+    # 3. imported from site-packages, headers and .pxd shipped, the kernels run
+    check = os.path.join(tmp, "check_installed.py")
+    with open(check, "w") as f:
+        f.write(CHECK_INSTALLED)
+    out = _run([py, check, ROOT], tmp, env)
+    assert "installed-ok" in out
+
+    # 4. a downstream Cython extension cimports megafuse._kernels and calls the C functions
+    down = os.path.join(tmp, "downstream")
+    os.makedirs(down)
+    for name, text in (("downstream.pyx", DOWNSTREAM_PYX), ("setup.py", DOWNSTREAM_SETUP),
+                       ("run.py", DOWNSTREAM_RUN)):
+        with open(os.path.join(down, name), "w") as f:
+            f.write(text)
+    _run([py, "setup.py", "-q", "build_ext", "--inplace"], down, env)
+    assert "downstream-ok" in _run([py, "run.py"], down, env)
+
+    # 5. tests against the installed package (the rest of the suite needs more test extras)
+    out = _run([py, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir", tmp,
+                os.path.join(ROOT, "tests", "test_layer.py")], tmp, env)
+    assert " passed" in out
