@@ -302,31 +302,52 @@ cdef inline void _positive(long long value, str name) except *:
         raise ValueError(f"{name}: expected a positive value, got {value}")
 
 
+cdef inline bint _dtype_ok(cnp.ndarray a, tuple dtypes):
+    cdef int tn = cnp.PyArray_TYPE(a)
+    cdef cnp.dtype d
+    if cnp.PyArray_ISBYTESWAPPED(a):
+        return False
+    for d in dtypes:
+        if d.type_num == tn:
+            return True
+    return False
+
+
 cdef object _array(object arr, str name, tuple dtypes, Py_ssize_t count, str shape,
                    bint writeable=False, bint at_least=False):
     """arr, checked: an ndarray of one of `dtypes`, C-contiguous, aligned, of `count` elements
-    (at least `count` when at_least), writeable when asked.  `shape` spells the expected shape."""
-    names = " or ".join(str(d) for d in dtypes)
-    if not isinstance(arr, np.ndarray):
-        raise TypeError(f"{name}: expected a numpy.ndarray of {names}, got {type(arr).__name__}")
-    if arr.dtype not in dtypes:
-        raise TypeError(f"{name}: expected dtype {names} (native byte order), got {arr.dtype.str}"
-                        f" ({arr.dtype})")
-    if not arr.flags.c_contiguous:
+    (at least `count` when at_least), writeable when asked.  `shape` spells the expected shape.
+    The checks are C-level (this runs on every call of every kernel); messages are built only
+    on failure."""
+    cdef cnp.ndarray a
+    cdef Py_ssize_t size
+    if not cnp.PyArray_Check(arr):
+        raise TypeError(f"{name}: expected a numpy.ndarray of {_dtype_names(dtypes)}, got "
+                        f"{type(arr).__name__}")
+    a = <cnp.ndarray>arr
+    if not _dtype_ok(a, dtypes):
+        raise TypeError(f"{name}: expected dtype {_dtype_names(dtypes)} (native byte order), "
+                        f"got {arr.dtype.str} ({arr.dtype})")
+    if not cnp.PyArray_IS_C_CONTIGUOUS(a):
         raise ValueError(f"{name}: expected a C-contiguous array, got strides {arr.strides} "
                          f"for shape {arr.shape}")
-    if not arr.flags.aligned:
+    if not cnp.PyArray_ISALIGNED(a):
         raise ValueError(f"{name}: expected an array aligned to its dtype, got address "
-                         f"{arr.__array_interface__['data'][0]:#x}")
-    if at_least and arr.size < count:
-        raise ValueError(f"{name}: expected at least {shape} = {count} elements, got {arr.size} "
+                         f"{_addr(a):#x}")
+    size = cnp.PyArray_SIZE(a)
+    if at_least and size < count:
+        raise ValueError(f"{name}: expected at least {shape} = {count} elements, got {size} "
                          f"(shape {arr.shape})")
-    if not at_least and arr.size != count:
-        raise ValueError(f"{name}: expected {shape} = {count} elements, got {arr.size} "
+    if not at_least and size != count:
+        raise ValueError(f"{name}: expected {shape} = {count} elements, got {size} "
                          f"(shape {arr.shape})")
-    if writeable and not arr.flags.writeable:
+    if writeable and not cnp.PyArray_ISWRITEABLE(a):
         raise ValueError(f"{name}: expected a writeable array, got a read-only one")
     return arr
+
+
+def _dtype_names(tuple dtypes):
+    return " or ".join(str(d) for d in dtypes)
 
 
 cdef object _optional(object arr, str name, tuple dtypes, Py_ssize_t count, str shape):
@@ -358,23 +379,37 @@ cdef inline Py_ssize_t _addr(object arr):
     return <Py_ssize_t>cnp.PyArray_DATA(<cnp.ndarray>arr)
 
 
+cdef enum:
+    MAX_BUFFERS = 32
+
+
 cdef object _no_overlap(tuple written, tuple read, tuple may_alias=()):
     """No written buffer may overlap another buffer, except `output` being exactly one of the
-    buffers named in may_alias (an in-place update, SPEC section 4)."""
-    cdef list spans = []
-    for name, arr in written + read:
-        if arr is not None:
-            spans.append((name, arr, name in [w[0] for w in written]))
-    for i in range(len(spans)):
-        name_a, a, a_written = spans[i]
-        for j in range(i + 1, len(spans)):
-            name_b, b, b_written = spans[j]
-            if not (a_written or b_written):
+    buffers named in may_alias (an in-place update, SPEC section 4).  (name, array) pairs; None
+    arrays are skipped.  The interval test runs in C; names are looked at only on a hit."""
+    cdef Py_ssize_t lo[MAX_BUFFERS]
+    cdef Py_ssize_t hi[MAX_BUFFERS]
+    cdef bint w[MAX_BUFFERS]
+    cdef Py_ssize_t idx[MAX_BUFFERS]       # position in written + read
+    cdef Py_ssize_t n = 0, i, j, k = 0
+    cdef tuple items = written + read
+    cdef Py_ssize_t n_written = len(written)
+    for k in range(len(items)):
+        arr = (<tuple>items[k])[1]
+        if arr is None:
+            continue
+        lo[n] = _addr(arr)
+        hi[n] = lo[n] + cnp.PyArray_NBYTES(<cnp.ndarray>arr)
+        w[n] = k < n_written
+        idx[n] = k
+        n += 1
+    for i in range(n):
+        for j in range(i + 1, n):
+            if not (w[i] or w[j]) or lo[i] >= hi[j] or lo[j] >= hi[i]:
                 continue
-            lo_a, lo_b = _addr(a), _addr(b)
-            if lo_a >= lo_b + b.nbytes or lo_b >= lo_a + a.nbytes:
-                continue
-            if lo_a == lo_b and a.nbytes == b.nbytes and (
+            name_a = items[idx[i]][0]
+            name_b = items[idx[j]][0]
+            if lo[i] == lo[j] and hi[i] == hi[j] and (
                     (name_a == "output" and name_b in may_alias) or
                     (name_b == "output" and name_a in may_alias)):
                 continue
