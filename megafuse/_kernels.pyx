@@ -346,6 +346,11 @@ cdef object _array(object arr, str name, tuple dtypes, Py_ssize_t count, str sha
     return arr
 
 
+def _dtype_name(int value):
+    from megafuse._dtype import CKDataType
+    return CKDataType(value).name
+
+
 def _dtype_names(tuple dtypes):
     return " or ".join(str(d) for d in dtypes)
 
@@ -697,11 +702,10 @@ cdef int _weight(object arr, str name, object dt, Py_ssize_t rows, Py_ssize_t co
     Returns the format's value."""
     cdef int value = _weight_dtype_arg(dt, name + "_dt")
     cdef Py_ssize_t block = ck_dtype_block_size_c(value)
-    from megafuse._dtype import CKDataType as _E
-    fmt = _E(value).name
+    cdef Py_ssize_t row_bytes
     if cols % block:
-        raise ValueError(f"{name}: {fmt} stores rows in whole blocks of {block} weights, but "
-                         f"{shape} has {cols} columns")
+        raise ValueError(f"{name}: {_dtype_name(value)} stores rows in whole blocks of {block} "
+                         f"weights, but {shape} has {cols} columns")
     if value == 0:
         _array(arr, name, _F32, rows * cols, shape)
     elif value == 2:
@@ -709,9 +713,15 @@ cdef int _weight(object arr, str name, object dt, Py_ssize_t rows, Py_ssize_t co
     elif value == 1:
         _array(arr, name, _BF16_ARRAYS, rows * cols, shape)
     else:
-        _array(arr, name, _BLOCK_ARRAYS, rows * ck_dtype_row_bytes_c(value, cols),
-               f"{shape} in {fmt} = {rows} rows of {ck_dtype_row_bytes_c(value, cols)} bytes, "
-               f"i.e. a byte count of")
+        row_bytes = ck_dtype_row_bytes_c(value, cols)
+        try:
+            _array(arr, name, _BLOCK_ARRAYS, rows * row_bytes, "")
+        except ValueError as e:
+            if "elements" not in str(e):
+                raise
+            raise ValueError(f"{name}: expected {shape} in {_dtype_name(value)} = {rows} rows of "
+                             f"{row_bytes} bytes = {rows * row_bytes} bytes, got "
+                             f"{arr.nbytes} bytes (shape {arr.shape})") from None
     return value
 
 
