@@ -101,15 +101,25 @@ cdef void block_dot_tokens_q8(
         const RowBlock *b, int dt, Py_ssize_t K,
         const char *xq,        # [T, xq_row_bytes]: token rows quantized to dt's activation format
         Py_ssize_t xq_row_bytes, Py_ssize_t T, Py_ssize_t ld) noexcept nogil:
-    """b.out[r][t * ld] = int8 dot(w_r, xq[t]) + b.bias[r] (+ b.add[r][t * ld])."""
-    cdef Py_ssize_t r, t
+    """b.out[r][t * ld] = int8 dot(w_r, xq[t]) + b.bias[r] (+ b.add[r][t * ld]).
+
+    MF_Q8_TILE_TOKENS tokens at a time, the block's rows decoded once for all of them
+    (rows_tokens_dot_q8: the bits of one weight_row_dot_q8 per pair)."""
+    cdef float res[MF_Q8_TILE_TOKENS * GEMM_ROWS]     # [tokens, 4] dot products
+    cdef Py_ssize_t r, j, t0, nt
     cdef float value
-    for t in range(T):
-        for r in range(b.n):
-            value = weight_row_dot_q8(b.w[r], dt, xq + t * xq_row_bytes, K) + b.bias[r]
-            if b.add[r] != NULL:
-                value = value + b.add[r][t * ld]
-            b.out[r][t * ld] = value
+    t0 = 0
+    while t0 < T:
+        nt = min(<Py_ssize_t>MF_Q8_TILE_TOKENS, T - t0)
+        rows_tokens_dot_q8(<const void **>b.w, b.n, dt, xq + t0 * xq_row_bytes, xq_row_bytes,
+                           <int>nt, K, res)
+        for j in range(nt):
+            for r in range(b.n):
+                value = res[j * GEMM_ROWS + r] + b.bias[r]
+                if b.add[r] != NULL:
+                    value = value + b.add[r][(t0 + j) * ld]
+                b.out[r][(t0 + j) * ld] = value
+        t0 += nt
 
 
 cdef inline void block_dot_tokens(

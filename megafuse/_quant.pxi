@@ -18,6 +18,11 @@ cdef extern from "megafuse/mf_quant.h" nogil:
     void mf_quantize_activation_row(const float *x, void *a, Py_ssize_t n, int dt)
     size_t mf_activation_row_bytes(int dt, size_t n)
     int mf_activation_dtype(int dt)     # Q8_0 / Q8_K / FP32: the int8 path's activations
+    # out[4 * t + r] = the int8 dot of weight row w[r] (r < nr <= 4) with activation row
+    # a + t * a_stride (t < nt), bit for bit weight_row_dot_q8's; rows decoded once for all tokens
+    void mf_q8_rows_tokens(int dt, const void **w, int nr, const void *a, Py_ssize_t a_stride,
+                           int nt, Py_ssize_t n, float *out)
+    enum: MF_Q8_TILE_TOKENS             # tokens worth a call of mf_q8_rows_tokens (64)
 
 cdef enum:
     QUANT_CHUNK = 8192        # values a work item of quantize_rows / dequantize_rows (a multiple
@@ -55,6 +60,15 @@ cdef inline void quantize_activation_row(const float *x, void *dst, Py_ssize_t n
     weight of format dt_of_weight reads.  dt_of_weight may also name the activation format itself
     (Q8_0 or Q8_K)."""
     mf_quantize_activation_row(x, dst, n, dt_of_weight)
+
+
+cdef inline void rows_tokens_dot_q8(const void **w_rows, int nr, int dt, const void *a_rows,
+                                    Py_ssize_t a_row_bytes, int nt, Py_ssize_t n,
+                                    float *out) noexcept nogil:
+    """out[4 * t + r] = weight_row_dot_q8(w_rows[r], dt, a_rows + t * a_row_bytes, n) for
+    r < nr <= 4, t < nt -- the same bits, but each weight row is decoded once for all the tokens
+    (and four rows share the reductions).  out holds 4 * nt floats; entries r >= nr are junk."""
+    mf_q8_rows_tokens(dt, w_rows, nr, a_rows, a_row_bytes, nt, n, out)
 
 
 cdef inline size_t activation_row_bytes(int dt_of_weight, Py_ssize_t n) noexcept nogil:
@@ -109,20 +123,36 @@ cdef void dequantize_rows(const void *src, float *dst, Py_ssize_t rows, Py_ssize
 
 # ---- test hooks (KernelTable.row_dot, KernelTable.quantize_activations) -------------------
 
+cdef inline void dot_row_group(const char *w, Py_ssize_t RB, Py_ssize_t nr, int dt,
+                               const void *a, Py_ssize_t cols, float *out) noexcept nogil:
+    """out[r] = int8 dot of weight row w + r * RB with a, r < nr <= 4."""
+    cdef const void *rows[4]
+    cdef float res[4]
+    cdef Py_ssize_t r
+    for r in range(nr):
+        rows[r] = w + r * RB
+    rows_tokens_dot_q8(rows, <int>nr, dt, a, 0, 1, cols, res)
+    for r in range(nr):
+        out[r] = res[r]
+
+
 cdef void row_dot_kernel(const void *w, int dt, const float *x, Py_ssize_t rows,
                          Py_ssize_t cols, int quantized, void *act_scratch, float *out,
                          int num_threads) noexcept nogil:
     """out[r] = w[r] . x for r < R: weight rows w [R, RB] (format dt) against x [C], by the float
-    path (quantized = 0) or the int8 path (x quantized once into act_scratch [AB]).  One dot per
-    row, rows spread over threads."""
+    path (quantized = 0: one dot per row) or the int8 path (x quantized once into act_scratch
+    [AB]; rows in groups of 4, as the projections take them).  Rows spread over threads."""
     cdef Py_ssize_t RB = <Py_ssize_t>ck_dtype_row_bytes_q(dt, <size_t>cols)
-    cdef Py_ssize_t r
-    cdef int nt = team_size(rows, num_threads)
-    if quantized:
+    cdef Py_ssize_t r, g, n_groups = (rows + 3) // 4
+    cdef int nt
+    if quantized:                     # as the projections do it: 4 rows a call
+        nt = team_size(n_groups, num_threads)
         quantize_activation_row(x, act_scratch, cols, dt)
-        for r in prange(rows, num_threads=nt, schedule='static', nogil=True):
-            out[r] = weight_row_dot_q8(<const char *>w + r * RB, dt, act_scratch, cols)
+        for g in prange(n_groups, num_threads=nt, schedule='static', nogil=True):
+            dot_row_group(<const char *>w + 4 * g * RB, RB, min(<Py_ssize_t>4, rows - 4 * g), dt,
+                          act_scratch, cols, out + 4 * g)
     else:
+        nt = team_size(rows, num_threads)
         for r in prange(rows, num_threads=nt, schedule='static', nogil=True):
             out[r] = weight_row_dot_f32(<const char *>w + r * RB, dt, x, cols)
 

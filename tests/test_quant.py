@@ -712,3 +712,93 @@ def test_blocks_match_ggml_quantize_chunk(simd_level, dt):
     assert same_bits(got, want)
     rmse = lambda b: float(np.sqrt(np.mean((mf.dequantize(b, dt, x.shape) - x) ** 2.0)))  # noqa
     assert rmse(got) <= TOL["ggml_rmse_ratio"] * rmse(want)
+
+
+# ---------------------------------------------------------------------------------------------
+# The int8 projections (4 weight rows x many tokens, rows decoded once): a token's results are
+# the one-row dot's bits, so they do not depend on how many tokens share the call
+# ---------------------------------------------------------------------------------------------
+
+def _proj_dims(dt):
+    """(E, I): row lengths with a partial chunk of MF_Q8_CHUNK (1024) weights, and for the
+    32-weight formats a block count that is not a multiple of 4."""
+    return (1280, 768) if dt in KQUANT_FORMATS else (1376, 1056)
+
+
+def _proj_weight(rng, dt, rows, cols):
+    w = (rng.standard_normal((rows, cols)) / math.sqrt(cols)).astype(np.float32)
+    return mf.quantize(w, dt)
+
+
+@pytest.mark.parametrize("padded", [False, True], ids=["aligned", "padded"])
+@pytest.mark.parametrize("dt", BLOCK_FORMATS)
+def test_mlp_token_results_do_not_depend_on_tokens(simd_level, dt, padded):
+    """mega_fused_mlp_prefill over T = 37 tokens (token tiles of 32 and 5: register blocks of
+    2 tokens and one odd token) == the same tokens one call each, bit for bit.  padded: embed_dim
+    6 below the aligned one, so the last register block of w2 has 2 rows (and of w1 the
+    activation columns E..Ea-1 are 0)."""
+    rng = np.random.default_rng(59 + int(dt))
+    E, I = _proj_dims(dt)
+    E_used = E - 6 if padded else E
+    T = 37
+    w1 = _proj_weight(rng, dt, 2 * I, E)
+    w2 = _proj_weight(rng, dt, E, I)
+    b1 = (0.1 * rng.standard_normal(2 * I)).astype(np.float32)
+    b2 = (0.1 * rng.standard_normal(E)).astype(np.float32)
+    gamma = (1 + 0.1 * rng.standard_normal(E)).astype(np.float32)
+    x = rng.standard_normal((T, E)).astype(np.float32)
+    res = rng.standard_normal((T, E)).astype(np.float32)
+
+    def run(rows):
+        n = len(rows)
+        out = np.zeros((n, E), np.float32)
+        scratch = np.zeros(mf.mega_fused_mlp_prefill_scratch_size(n, E, I), np.uint8)
+        mf.mega_fused_mlp_prefill(out, np.ascontiguousarray(x[rows]),
+                                  np.ascontiguousarray(res[rows]), gamma[:E_used], w1, b1, dt, w2,
+                                  b2, dt, n, E_used, E, I, I, 1e-5, scratch)
+        return out
+
+    full = run(list(range(T)))
+    assert np.isfinite(full).all()
+    for t in (0, 1, 30, 31, 32, 35, 36):
+        assert same_bits(run([t])[0], full[t]), t
+    assert same_bits(run([4, 5, 6])[1], full[5])
+
+
+@pytest.mark.parametrize("dt", BLOCK_FORMATS)
+def test_prefill_q8_projections_do_not_depend_on_tokens(simd_level, dt):
+    """The int8 prefill's v projection (written straight to the cache) over T = 67 tokens
+    (token tiles of 64 and 3) == each token's own prefill call, bit for bit."""
+    rng = np.random.default_rng(61 + int(dt))
+    E = _proj_dims(dt)[0]
+    H, G, D = 4, 2, 64
+    T, C = 67, 80
+    wq = _proj_weight(rng, dt, H * D, E)
+    wk = _proj_weight(rng, dt, G * D, E)
+    wv = _proj_weight(rng, dt, G * D, E)
+    wo = (_proj_weight(rng, dt, E, H * D) if (H * D) % block_size(dt) == 0
+          else None)
+    wo_dt = dt if wo is not None else DT.FP32
+    if wo is None:
+        wo = (rng.standard_normal((E, H * D)) / 16).astype(np.float32)
+    bv = (0.1 * rng.standard_normal(G * D)).astype(np.float32)
+    gamma = (1 + 0.1 * rng.standard_normal(E)).astype(np.float32)
+    x = rng.standard_normal((T, E)).astype(np.float32)
+
+    def run(start, n):
+        out = np.zeros((n, E), np.float32)
+        ck = np.zeros((G, C, D), np.float32)
+        cv = np.zeros((G, C, D), np.float32)
+        scratch = np.zeros(mf.mega_fused_attention_prefill_q8_0_scratch_size(n, E, H, D),
+                           np.uint8)
+        mf.mega_fused_attention_prefill_q8_0(
+            out, np.ascontiguousarray(x[start:start + n]), None, gamma, wq, None, dt, wk, None,
+            dt, wv, bv, dt, wo, None, wo_dt, ck, cv, None, None, start, n, C, E, E, H, G, D, D,
+            1e-5, scratch)
+        return ck, cv
+
+    ck, cv = run(0, T)
+    assert np.isfinite(cv[:, :T]).all()
+    for t in (0, 1, 62, 63, 64, 65, 66):
+        k1, v1 = run(t, 1)
+        assert same_bits(v1[:, t], cv[:, t]) and same_bits(k1[:, t], ck[:, t]), t
