@@ -10,7 +10,7 @@
 Environment switches:
   MEGAFUSE_DEBUG=1     bounds/wraparound/initialized checks on, -O0 -g (for chasing a crash)
   MEGAFUSE_NO_OPENMP=1 build without OpenMP even where the compiler has it (kernels run serially)
-No -march=native, no -ffast-math (online softmax relies on real infinities): a wheel runs on any
+Neither native-CPU tuning (march=native) nor fast-math (online softmax relies on real infinities): a wheel runs on any
 CPU of its architecture.
 """
 import os
