@@ -10,10 +10,16 @@
 2. The row-dot kernels (decode's inner loop): every row of a weight matrix of >= 96 MiB -- more
    than the caches, so each pass streams it from DRAM -- dotted with one activation vector, by the
    float path (weights decoded in registers) and by the int8 path (activations quantized to
-   Q8_0 / Q8_K once, integer dots).  Reported in GB/s of weight bytes, on one thread and on
-   megafuse's default thread count.
+   Q8_0 / Q8_K once, integer dots; rows in register blocks of 4, as the projections run them:
+   the multi-row kernels of mf_q8_rows_tokens, with their software prefetch).  Reported in GB/s
+   of weight bytes, on one thread and on megafuse's default thread count.  The weight sits on
+   2 MiB pages where the OS grants them (MEGAFUSE_BENCH_PAGES=4k: plain numpy memory), as a
+   model loader would place it; DRAM bandwidth on 4 KiB pages is much lower on this kind of VM.
 A summary table is printed at the end of the run.
 """
+import mmap
+import os
+
 import numpy as np
 import pytest
 
@@ -109,6 +115,23 @@ def test_dequantize_gguf(benchmark, dt, size):
 
 
 _DOT = {}
+PAGES = os.environ.get("MEGAFUSE_BENCH_PAGES", "2m")
+
+
+def placed(arr):
+    """A copy of arr on 2 MiB pages (anonymous mmap, MADV_HUGEPAGE, 2 MiB-aligned start), or arr
+    itself with MEGAFUSE_BENCH_PAGES=4k."""
+    if PAGES == "4k":
+        return arr
+    huge = 2 << 20
+    mm = mmap.mmap(-1, arr.nbytes + huge)
+    if hasattr(mmap, "MADV_HUGEPAGE"):
+        mm.madvise(mmap.MADV_HUGEPAGE)
+    buf = np.frombuffer(mm, np.uint8)
+    off = (-buf.ctypes.data) % huge
+    out = buf[off:off + arr.nbytes].view(arr.dtype).reshape(arr.shape)
+    out[...] = arr
+    return out
 
 
 def dot_weight(dt):
@@ -118,7 +141,7 @@ def dot_weight(dt):
         rb = mf.ck_dtype_row_bytes(dt, DOT_COLS)
         rows = -(-DOT_MIN_BYTES // rb)
         x = np.random.default_rng(1).standard_normal(DOT_COLS, dtype=np.float32)
-        _DOT[dt] = (random_weights(dt, rows, DOT_COLS, seed=2), x)
+        _DOT[dt] = (placed(random_weights(dt, rows, DOT_COLS, seed=2)), x)
     return _DOT[dt]
 
 
@@ -155,7 +178,8 @@ def summary_table(request):
 def _print_table(write):
     write("")
     write(f"megafuse {mf.__version__}, SIMD level {mf.simd_level()}, "
-          f"{mf.get_num_threads()} threads by default")
+          f"{mf.get_num_threads()} threads by default, row-dot weights on "
+          f"{'4 KiB' if PAGES == '4k' else '2 MiB'} pages")
     sizes = list(DEQ_SHAPES)
     head = " | ".join(f"{'dequantize ' + 'x'.join(map(str, DEQ_SHAPES[z])):>31}" for z in sizes)
     write(f"{'format':<6} | {head} | {'row dot GB/s of weights (1 thread / all)':>33}")

@@ -12,7 +12,8 @@
 # tokens a block-format row is instead dotted directly, decoded in registers (decode's path).
 # Int8 activations (the _q8_0 prefill, the MLP): the token rows were quantized to the activation
 # format of the weight (Q8_0 for 32-weight blocks, Q8_K for K-quants); each (row, token) is one
-# integer dot product from the format layer.
+# integer dot product from the format layer, computed 4 weight rows x up to 64 tokens at a time
+# by mf_q8_rows_tokens (rows decoded once into L1; bit-identical to one-row dots per pair).
 
 cdef extern from "megafuse/ckernel_dtype.h" nogil:
     size_t ck_dtype_row_bytes(int dt, size_t n)

@@ -21,7 +21,10 @@
  *
  * and, for the integer path, the activation quantizers mf_quantize_row_q8_0_act and
  * mf_quantize_row_q8_K (GGML's quantize_row_q8_0_ref / quantize_row_q8_K_ref) and the dots
- * mf_dot_{q4_0,q4_1,q5_0,q5_1,q8_0}_q8_0 and mf_dot_{q4_K,q5_K,q6_K}_q8_K.
+ * mf_dot_{q4_0,q4_1,q5_0,q5_1,q8_0}_q8_0 and mf_dot_{q4_K,q5_K,q6_K}_q8_K; and what the
+ * projections call, mf_q8_rows_tokens: up to 4 weight rows against any number of activation rows
+ * (decode: the 4 rows stream side by side with software prefetch; prefill: the rows decoded once
+ * into L1 and 4 x 2 register blocks of (row, token)), the same bits as one-row dots per pair.
  *
  * Integer dots (GGML's vec_dot_*_q8_0 / *_q8_K scheme).  Per block (32) or sub-block (K-quants),
  * the products of the 8-bit codes are summed exactly in int32; each block's contribution
@@ -2389,6 +2392,18 @@ static inline __m256i mf_q_p2(__m256i lo, __m256i hi, __m256i alo, __m256i ahi, 
 #ifndef MF_Q_PF_ROWS
 #  define MF_Q_PF_ROWS 4
 #endif
+#ifndef MF_Q_PF_MIN_BYTES
+#  define MF_Q_PF_MIN_BYTES 16384
+#endif
+/* How far ahead a row of row_bytes prefetches: MF_Q_PF_ROWS rows, a whole number of 4-row blocks
+ * at least MF_Q_PF_MIN_BYTES ahead (short rows need more rows of lead). */
+static inline ptrdiff_t mf_q_pf_dist(ptrdiff_t row_bytes)
+{
+    ptrdiff_t rows = MF_Q_PF_ROWS;
+    while (rows * row_bytes < MF_Q_PF_MIN_BYTES)
+        rows += 4;
+    return rows * row_bytes;
+}
 #ifndef MF_Q_PF_HINT
 #  define MF_Q_PF_HINT _MM_HINT_T1          /* into L2: long rows (w2) would thrash L1 */
 #endif
@@ -2451,7 +2466,7 @@ static inline void NAME(const void *const *vw, const void *va, ptrdiff_t n, floa
     const ptrdiff_t nb = n / 32;                                                               \
     __m256d acc0 = _mm256_setzero_pd(), acc1 = _mm256_setzero_pd();                            \
     __m256d acc2 = _mm256_setzero_pd(), acc3 = _mm256_setzero_pd();                            \
-    const ptrdiff_t pf = MF_Q_PF_ROWS * nb * (ptrdiff_t)sizeof(BLOCK);                          \
+    const ptrdiff_t pf = mf_q_pf_dist(nb * (ptrdiff_t)sizeof(BLOCK));                          \
     ptrdiff_t ib = 0;                                                                          \
     for (; ib + 4 <= nb; ib += 4) {                                                            \
         mf_q_prefetch(w0 + ib, 4 * (ptrdiff_t)sizeof(BLOCK), pf);                              \
@@ -2576,7 +2591,7 @@ static inline void NAME(const void *const *vw, const void *va, ptrdiff_t n, floa
     const BLOCK *w2 = (const BLOCK *)vw[2], *w3 = (const BLOCK *)vw[3];                        \
     const block_q8_K *a = (const block_q8_K *)va;   /* [n / 256] */                            \
     const ptrdiff_t nb = n / QK_K;                                                             \
-    const ptrdiff_t pf = MF_Q_PF_ROWS * nb * (ptrdiff_t)sizeof(BLOCK);                          \
+    const ptrdiff_t pf = mf_q_pf_dist(nb * (ptrdiff_t)sizeof(BLOCK));                          \
     __m256d acc = _mm256_setzero_pd();                                                         \
     for (ptrdiff_t ib = 0; ib < nb; ib++) {                                                    \
         const block_q8_K *ab = &a[ib];                                                         \
@@ -2653,7 +2668,7 @@ static inline void mf_dot4_q6_K_q8_K(const void *const *vw, const void *va, ptrd
                               (const block_q6_K *)vw[2], (const block_q6_K *)vw[3]};
     const block_q8_K *a = (const block_q8_K *)va;   /* [n / 256] */
     const ptrdiff_t nb = n / QK_K;
-    const ptrdiff_t pf = MF_Q_PF_ROWS * nb * (ptrdiff_t)sizeof(block_q6_K);
+    const ptrdiff_t pf = mf_q_pf_dist(nb * (ptrdiff_t)sizeof(block_q6_K));
     __m256d acc = _mm256_setzero_pd();
     for (ptrdiff_t ib = 0; ib < nb; ib++) {
         const block_q8_K *ab = &a[ib];
