@@ -45,6 +45,7 @@ from megafuse._kernels import (  # noqa: F401
 )
 
 from megafuse.layer import DecoderLayer, rope_tables  # noqa: E402,F401  (pure Python)
+from megafuse.memory import empty, zeros, empty_like  # noqa: E402,F401  (2 MiB pages)
 
 __version__ = "0.1.0"
 
@@ -69,6 +70,8 @@ __all__ = [
     "set_num_threads", "get_num_threads", "simd_level", "get_include", "show_config",
     # a whole decoder layer (megafuse.layer); GGUF weights: the megafuse.gguf module (lazy)
     "DecoderLayer", "rope_tables",
+    # arrays on 2 MiB pages for weights and caches (megafuse.memory)
+    "empty", "zeros", "empty_like",
 ]
 
 

@@ -13,6 +13,10 @@ from megafuse import layer as layer
 from megafuse._dtype import CKDataType as CKDataType
 from megafuse.layer import DecoderLayer as DecoderLayer
 from megafuse.layer import rope_tables as rope_tables
+from megafuse import memory as memory
+from megafuse.memory import empty as empty
+from megafuse.memory import empty_like as empty_like
+from megafuse.memory import zeros as zeros
 
 _F32 = npt.NDArray[np.float32]
 _Array = npt.NDArray[Any]                      # a weight in its format, or any-dtype scratch

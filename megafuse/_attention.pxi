@@ -1,10 +1,24 @@
 # Tiled flash attention with an online softmax.
 #
+# Prefill runs blocks of 16 query rows through include/megafuse/mf_attention.h (GEMM register
+# blocks for Q.K^T and P.V, the softmax vectorised across the 16 queries); decode (the query
+# heads of one kv group, all at one position) and head dims above 256 run attend_query_tile
+# below.
+#
 # No score array longer than one KV tile exists anywhere: the scores of a tile live on the stack
 # (at most MF_MAX_KV_TILE floats a query row), and a running max m and sum l per query row rescale
 # that row's accumulator between tiles (the online softmax of Milakov & Gimelshein, as
 # FlashAttention uses it).  Each row is normalised once, at the end.  Scores come from register
 # blocks (3 query rows x 4 keys); exp runs vectorised over a row of the tile.
+
+cdef extern from "megafuse/mf_attention.h" nogil:
+    enum: MF_ATT_QUERIES                 # 16 query rows a block
+    enum: MF_ATT_MAX_HEAD_DIM            # 256
+    void mf_attend_block_f32(const float *q, Py_ssize_t ldq, const float *k, const float *v,
+                             Py_ssize_t Da, Py_ssize_t first_pos, Py_ssize_t pos_step, int nq,
+                             Py_ssize_t D, float scale, Py_ssize_t kv_tile, float *out,
+                             Py_ssize_t ldo)
+
 
 cdef inline void softmax_update(
         float *scores,         # [n]: this row's scores of the tile (overwritten by exp)
@@ -85,3 +99,25 @@ cdef void attend_query_tile(
         t0 += n
     for i in range(nq):
         mf_scale_f32(out + i * ldo, 1.0 / l[i], D)
+
+
+cdef void attend_query_rows(
+        const float *q,        # [nq, ldq]: query rows of one head at consecutive positions
+        Py_ssize_t ldq,
+        const float *k_g,      # [>last position, Da]: kv head g of the K cache
+        const float *v_g,      # [>last position, Da]: the same rows of the V cache
+        Py_ssize_t first_pos,  # absolute position of query row 0 (row i: first_pos + i)
+        Py_ssize_t nq, Py_ssize_t D, Py_ssize_t Da, float scale, Py_ssize_t kv_tile,
+        float *out,            # [nq, ldo] out: row i = causal attention of query row i
+        Py_ssize_t ldo) noexcept nogil:
+    """Prefill's attention for one (head, query tile): blocks of 16 rows by mf_attend_block_f32
+    (attend_query_tile for head dims above MF_ATT_MAX_HEAD_DIM)."""
+    cdef Py_ssize_t b0 = 0
+    if D > MF_ATT_MAX_HEAD_DIM:
+        attend_query_tile(q, ldq, k_g, v_g, first_pos, 1, nq, D, Da, scale, kv_tile, out, ldo)
+        return
+    while b0 < nq:
+        mf_attend_block_f32(q + b0 * ldq, ldq, k_g, v_g, Da, first_pos + b0, 1,
+                            <int>min(<Py_ssize_t>MF_ATT_QUERIES, nq - b0), D, scale, kv_tile,
+                            out + b0 * ldo, ldo)
+        b0 += MF_ATT_QUERIES

@@ -1,15 +1,17 @@
-# Projections: a block of up to 4 weight rows, in any weight format, against a tile of tokens.
+# Projections: a block of up to 64 weight rows, in any weight format, against a tile of tokens.
 #
 # These are the inner loops of every prefill and MLP projection (out[t, r] = x[t] . w[r] + b[r]):
 # the kernels parallelise over blocks of GEMM_ROWS weight rows and hand each block every token of
-# the call, PROJ_TOKEN_TILE tokens at a time, so a weight row is read (and dequantized) once per
-# tile while the tile's activations stay in L1/L2.  Every output element is one fixed-order
-# reduction: results do not depend on the thread count, nor on how rows fall into blocks.
+# the call, so a weight row is read (and dequantized) once per call while the activations stay in
+# L1/L2.  Every output element is one fixed-order reduction: results do not depend on the thread
+# count, nor on how rows fall into blocks.
 #
-# Float activations: the register block is mf_dot_3x4_f32 (3 tokens x 4 rows, include/megafuse/
-# mf_simd.h).  FP32 rows are used in place; other formats are dequantized PROJ_CHUNK columns at a
-# time into a stack buffer (L1) and each chunk serves every token of the tile.  With fewer than 3
-# tokens a block-format row is instead dotted directly, decoded in registers (decode's path).
+# Float activations, PACK_MIN_TOKENS tokens or more: the block's rows are packed 256 columns at a
+# time into a panel (include/megafuse/mf_gemm.h; other formats than FP32 are dequantized first)
+# and the 6-token x 16-row register block runs over it for every token of the tile.  Fewer tokens
+# (too little work to pay for packing): the 3-token x 4-row dot-product block (mf_dot_3x4_f32)
+# over the rows in place, or -- a block-format row and one or two tokens -- the row dotted
+# directly, decoded in registers (decode's path).
 # Int8 activations (the _q8_0 prefill, the MLP): the token rows were quantized to the activation
 # format of the weight (Q8_0 for 32-weight blocks, Q8_K for K-quants); each (row, token) is one
 # integer dot product from the format layer, computed 4 weight rows x up to 64 tokens at a time
@@ -19,11 +21,23 @@ cdef extern from "megafuse/ckernel_dtype.h" nogil:
     size_t ck_dtype_row_bytes(int dt, size_t n)
     size_t ck_dtype_block_size(int dt)
 
+cdef extern from "megafuse/mf_gemm.h" nogil:
+    enum: MF_PANEL_ROWS                  # 16 weight rows a packed panel
+    enum: MF_PANEL_K                     # 256 columns a packed panel
+    enum: MF_GEMM_MR                     # 6 tokens a register block
+    void mf_pack_panel_f32(const float **rows, Py_ssize_t kc, float *panel)
+    void mf_prefetch_l2(const void *p, Py_ssize_t nbytes)
+    void mf_gemm_panel_f32(int mr, const float *x, Py_ssize_t ldx, const float *panel,
+                           Py_ssize_t kc, float *c, int first)
+
 cdef enum:
-    GEMM_ROWS = 4             # weight rows a register block
-    GEMM_TOKENS = 3           # token rows a register block
-    PROJ_CHUNK = 512          # columns dequantized at once: a multiple of every block size
-    PROJ_TOKEN_TILE = 48      # tokens sharing one pass over a block of weight rows (16 x 3)
+    GEMM_ROWS = 64            # weight rows a block (one task of a parallel loop): 4 panels
+    DOT_ROWS = 4              # weight rows of the dot-product and int8 register blocks
+    GEMM_TOKENS = 3           # token rows of the dot-product register block
+    PROJ_CHUNK = 512          # columns dequantized at once (dot path): a multiple of every block
+    PROJ_TOKEN_TILE = 48      # tokens sharing one pass of the dot path over a block's rows
+    PACK_MIN_TOKENS = 4       # from this many tokens on, the packed-panel GEMM
+    PACK_TOKEN_TILE = 128     # tokens sharing one packed panel
     DT_FP32 = 0
 
 
@@ -35,11 +49,139 @@ cdef inline bint uses_q8_activations(int dt) noexcept nogil:
 
 cdef struct RowBlock:
     # up to GEMM_ROWS weight rows and where their results go
-    int n                                 # rows in the block (1..4)
+    int n                                 # rows in the block (1..64)
     const char *w[GEMM_ROWS]              # each row: K values in the block's format
     float bias[GEMM_ROWS]
     const float *add[GEMM_ROWS]           # [T, ld] columns added to the results, or NULL
     float *out[GEMM_ROWS]                 # [T, ld] result columns
+
+
+cdef inline void store_results(const RowBlock *b, Py_ssize_t r, const float *res, Py_ssize_t stride,
+                               Py_ssize_t t0, Py_ssize_t nt, Py_ssize_t ld) noexcept nogil:
+    """b.out[r][(t0 + j) * ld] = res[j * stride] + b.bias[r] (+ b.add[r][(t0 + j) * ld])."""
+    cdef Py_ssize_t j
+    cdef float value
+    for j in range(nt):
+        value = res[j * stride] + b.bias[r]
+        if b.add[r] != NULL:
+            value = value + b.add[r][(t0 + j) * ld]
+        b.out[r][(t0 + j) * ld] = value
+
+
+cdef void rows_dot_tokens_f32(
+        const RowBlock *b, Py_ssize_t r0, int dt, Py_ssize_t K,
+        const float *x,        # [T, ldx] token rows, K values each
+        Py_ssize_t ldx, Py_ssize_t T, Py_ssize_t ld) noexcept nogil:
+    """Rows r0 .. r0+3 of the block (those < b.n) by the dot-product register block (few tokens)."""
+    cdef float chunk[DOT_ROWS * PROJ_CHUNK]      # the rows, dequantized, chunk by chunk
+    cdef float acc[PROJ_TOKEN_TILE * DOT_ROWS]   # [tile, 4] sums over the chunks so far
+    cdef float res[GEMM_TOKENS][DOT_ROWS]
+    cdef const float *wp[DOT_ROWS]
+    cdef const float *xp[GEMM_TOKENS]
+    cdef Py_ssize_t t0, nt, tg, j, r, k0, n
+    cdef Py_ssize_t nr = min(<Py_ssize_t>DOT_ROWS, b.n - r0)
+    cdef bint direct = dt == DT_FP32
+    if not direct and T < GEMM_TOKENS:           # one or two tokens: decode in registers
+        for r in range(nr):
+            for j in range(T):
+                acc[j] = weight_row_dot_f32(b.w[r0 + r], dt, x + j * ldx, K)
+            store_results(b, r0 + r, acc, 1, 0, T, ld)
+        return
+    t0 = 0
+    while t0 < T:
+        nt = min(<Py_ssize_t>PROJ_TOKEN_TILE, T - t0)
+        for j in range(nt * DOT_ROWS):
+            acc[j] = 0.0
+        k0 = 0
+        while k0 < K:
+            n = K if direct else min(<Py_ssize_t>PROJ_CHUNK, K - k0)
+            for r in range(DOT_ROWS):
+                if direct:
+                    wp[r] = <const float *>b.w[r0 + min(r, nr - 1)]
+                else:
+                    wp[r] = chunk + min(r, nr - 1) * PROJ_CHUNK
+                    if r < nr:
+                        dequantize_row(b.w[r0 + r] + ck_dtype_row_bytes(dt, k0),
+                                       chunk + r * PROJ_CHUNK, n, dt)
+            tg = 0
+            while tg < nt:
+                for j in range(GEMM_TOKENS):
+                    xp[j] = x + (t0 + min(tg + j, nt - 1)) * ldx + k0
+                mf_dot_3x4_f32(xp, wp, n, res)
+                for j in range(min(<Py_ssize_t>GEMM_TOKENS, nt - tg)):
+                    for r in range(DOT_ROWS):
+                        acc[(tg + j) * DOT_ROWS + r] += res[j][r]
+                tg += GEMM_TOKENS
+            k0 += n
+        for r in range(nr):
+            store_results(b, r0 + r, acc + r, DOT_ROWS, t0, nt, ld)
+        t0 += nt
+
+
+cdef void block_gemm_packed_f32(
+        const RowBlock *b, int dt, Py_ssize_t K,
+        const float *x,        # [T, ldx] token rows, K values each
+        Py_ssize_t ldx, Py_ssize_t T, Py_ssize_t ld) noexcept nogil:
+    """All rows of the block by packed panels of 16 rows (include/megafuse/mf_gemm.h).
+
+    Loop order: token tiles, then 256-column slices, then the block's panels: a slice of the
+    tile's activations (PACK_TOKEN_TILE x 256 floats, 128 KiB) stays in L2 while all the block's
+    panels (each packed into L1) go through it."""
+    cdef float panel_mem[MF_PANEL_K * MF_PANEL_ROWS + 16]   # [256, 16] packed, 64-byte aligned
+    cdef float stage[MF_PANEL_ROWS * MF_PANEL_K]   # [16, 256] dequantized rows (not FP32)
+    cdef float acc[GEMM_ROWS * PACK_TOKEN_TILE]    # [panel][tile][16] sums of the slices so far
+    cdef const float *rows[MF_PANEL_ROWS]
+    cdef float *panel = <float *>((<size_t>panel_mem + 63) & ~(<size_t>63))
+    cdef float *acc_p
+    cdef Py_ssize_t t0, nt, i, mr, j, k0, kc, p0, np_rows, last
+    cdef Py_ssize_t pn, kn, n_next, next_off, next_bytes, per_call, g
+    cdef bint direct = dt == DT_FP32
+    t0 = 0
+    while t0 < T:
+        nt = min(<Py_ssize_t>PACK_TOKEN_TILE, T - t0)
+        k0 = 0
+        while k0 < K:
+            kc = min(<Py_ssize_t>MF_PANEL_K, K - k0)
+            p0 = 0
+            while p0 < b.n:                      # the block's panels: rows p0 .. p0+15
+                np_rows = min(<Py_ssize_t>MF_PANEL_ROWS, b.n - p0)
+                last = p0 + np_rows - 1          # rows past the block repeat it (results unused)
+                for j in range(MF_PANEL_ROWS):
+                    if direct:
+                        rows[j] = <const float *>b.w[min(p0 + j, last)] + k0
+                    else:
+                        if j < np_rows:
+                            dequantize_row(b.w[p0 + j] + ck_dtype_row_bytes(dt, k0),
+                                           stage + j * MF_PANEL_K, kc, dt)
+                        rows[j] = stage + min(j, np_rows - 1) * MF_PANEL_K
+                mf_pack_panel_f32(rows, kc, panel)
+                # the next panel's rows (this slice's next panel, or the next slice's first),
+                # prefetched a few rows per register block while this panel computes
+                pn, kn = p0 + MF_PANEL_ROWS, k0
+                if pn >= b.n:
+                    pn, kn = 0, k0 + kc
+                n_next = min(<Py_ssize_t>MF_PANEL_ROWS, b.n - pn) if kn < K else 0
+                if n_next > 0:
+                    next_off = ck_dtype_row_bytes(dt, kn)
+                    next_bytes = ck_dtype_row_bytes(dt, min(<Py_ssize_t>MF_PANEL_K, K - kn))
+                per_call = (n_next * MF_GEMM_MR + nt - 1) // nt   # rows a block, >= 1 if any
+                acc_p = acc + p0 * PACK_TOKEN_TILE
+                i = 0
+                g = 0
+                while i < nt:
+                    mr = min(<Py_ssize_t>MF_GEMM_MR, nt - i)
+                    for j in range(g, min(g + per_call, n_next)):
+                        mf_prefetch_l2(b.w[pn + j] + next_off, next_bytes)
+                    g += per_call
+                    mf_gemm_panel_f32(<int>mr, x + (t0 + i) * ldx + k0, ldx, panel, kc,
+                                      acc_p + i * MF_PANEL_ROWS, k0 == 0)
+                    i += mr
+                p0 += MF_PANEL_ROWS
+            k0 += kc
+        for j in range(b.n):
+            store_results(b, j, acc + (j // MF_PANEL_ROWS) * MF_PANEL_ROWS * PACK_TOKEN_TILE
+                          + j % MF_PANEL_ROWS, MF_PANEL_ROWS, t0, nt, ld)
+        t0 += nt
 
 
 cdef void block_dot_tokens_f32(
@@ -47,55 +189,14 @@ cdef void block_dot_tokens_f32(
         const float *x,        # [T, ldx] token rows, K values each
         Py_ssize_t ldx, Py_ssize_t T, Py_ssize_t ld) noexcept nogil:
     """b.out[r][t * ld] = x[t] . w_r + b.bias[r] (+ b.add[r][t * ld]) for r < b.n, t < T."""
-    cdef float chunk[GEMM_ROWS * PROJ_CHUNK]     # the block's rows, dequantized, chunk by chunk
-    cdef float acc[PROJ_TOKEN_TILE * GEMM_ROWS]  # [tile, 4] sums over the chunks so far
-    cdef float res[GEMM_TOKENS][GEMM_ROWS]
-    cdef const float *wp[GEMM_ROWS]
-    cdef const float *xp[GEMM_TOKENS]
-    cdef Py_ssize_t t0, nt, tg, j, r, k0, n
-    cdef float value
-    cdef bint direct = dt == DT_FP32
-    if not direct and T < GEMM_TOKENS:           # one or two tokens: decode in registers
-        for r in range(b.n):
-            for j in range(T):
-                value = weight_row_dot_f32(b.w[r], dt, x + j * ldx, K) + b.bias[r]
-                if b.add[r] != NULL:
-                    value = value + b.add[r][j * ld]
-                b.out[r][j * ld] = value
+    cdef Py_ssize_t r0
+    if T >= PACK_MIN_TOKENS:
+        block_gemm_packed_f32(b, dt, K, x, ldx, T, ld)
         return
-    t0 = 0
-    while t0 < T:
-        nt = min(<Py_ssize_t>PROJ_TOKEN_TILE, T - t0)
-        for j in range(nt * GEMM_ROWS):
-            acc[j] = 0.0
-        k0 = 0
-        while k0 < K:
-            n = K if direct else min(<Py_ssize_t>PROJ_CHUNK, K - k0)
-            for r in range(GEMM_ROWS):
-                if direct:
-                    wp[r] = <const float *>b.w[min(r, b.n - 1)]
-                else:
-                    wp[r] = chunk + min(r, b.n - 1) * PROJ_CHUNK
-                    if r < b.n:
-                        dequantize_row(b.w[r] + ck_dtype_row_bytes(dt, k0), chunk + r * PROJ_CHUNK,
-                                       n, dt)
-            tg = 0
-            while tg < nt:
-                for j in range(GEMM_TOKENS):
-                    xp[j] = x + (t0 + min(tg + j, nt - 1)) * ldx + k0
-                mf_dot_3x4_f32(xp, wp, n, res)
-                for j in range(min(<Py_ssize_t>GEMM_TOKENS, nt - tg)):
-                    for r in range(GEMM_ROWS):
-                        acc[(tg + j) * GEMM_ROWS + r] += res[j][r]
-                tg += GEMM_TOKENS
-            k0 += n
-        for r in range(b.n):
-            for j in range(nt):
-                value = acc[j * GEMM_ROWS + r] + b.bias[r]
-                if b.add[r] != NULL:
-                    value = value + b.add[r][(t0 + j) * ld]
-                b.out[r][(t0 + j) * ld] = value
-        t0 += nt
+    r0 = 0
+    while r0 < b.n:
+        rows_dot_tokens_f32(b, r0, dt, K, x, ldx, T, ld)
+        r0 += DOT_ROWS
 
 
 cdef void block_dot_tokens_q8(
@@ -104,22 +205,21 @@ cdef void block_dot_tokens_q8(
         Py_ssize_t xq_row_bytes, Py_ssize_t T, Py_ssize_t ld) noexcept nogil:
     """b.out[r][t * ld] = int8 dot(w_r, xq[t]) + b.bias[r] (+ b.add[r][t * ld]).
 
-    MF_Q8_TILE_TOKENS tokens at a time, the block's rows decoded once for all of them
+    4 rows x MF_Q8_TILE_TOKENS tokens at a time, the rows decoded once for all of them
     (rows_tokens_dot_q8: the bits of one weight_row_dot_q8 per pair)."""
-    cdef float res[MF_Q8_TILE_TOKENS * GEMM_ROWS]     # [tokens, 4] dot products
-    cdef Py_ssize_t r, j, t0, nt
-    cdef float value
+    cdef float res[MF_Q8_TILE_TOKENS * DOT_ROWS]     # [tokens, 4] dot products
+    cdef Py_ssize_t r0, r, nr, t0, nt
     t0 = 0
     while t0 < T:
         nt = min(<Py_ssize_t>MF_Q8_TILE_TOKENS, T - t0)
-        rows_tokens_dot_q8(<const void **>b.w, b.n, dt, xq + t0 * xq_row_bytes, xq_row_bytes,
-                           <int>nt, K, res)
-        for j in range(nt):
-            for r in range(b.n):
-                value = res[j * GEMM_ROWS + r] + b.bias[r]
-                if b.add[r] != NULL:
-                    value = value + b.add[r][(t0 + j) * ld]
-                b.out[r][(t0 + j) * ld] = value
+        r0 = 0
+        while r0 < b.n:
+            nr = min(<Py_ssize_t>DOT_ROWS, b.n - r0)
+            rows_tokens_dot_q8(<const void **>(b.w + r0), <int>nr, dt,
+                               xq + t0 * xq_row_bytes, xq_row_bytes, <int>nt, K, res)
+            for r in range(nr):
+                store_results(b, r0 + r, res + r, DOT_ROWS, t0, nt, ld)
+            r0 += DOT_ROWS
         t0 += nt
 
 
@@ -154,7 +254,7 @@ cdef void linear_block(
         float *out,            # [T, ld]: column e receives row e's results
         const float *add,      # [T, ld] or NULL: added column by column (a residual)
         Py_ssize_t ld) noexcept nogil:
-    """Columns e0 .. e0+3 of out = x @ w.T + bias (+ add), the register block of one thread."""
+    """Columns e0 .. e0+63 of out = x @ w.T + bias (+ add): one block of rows, one thread's task."""
     cdef RowBlock rb
     cdef Py_ssize_t r, e
     rb.n = 0

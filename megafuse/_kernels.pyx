@@ -922,7 +922,7 @@ def mega_fused_outproj_mlp_prefill_scratch_size(tokens, aligned_embed_dim, num_h
                                                 aligned_head_dim, aligned_intermediate_dim):
     """Bytes of scratch mega_fused_outproj_mlp_prefill uses (exactly).
 
-    Per tile of up to 32 tokens (include/megafuse/mf_scratch.h): the tile's attention rows,
+    Per tile of up to 128 tokens (include/megafuse/mf_scratch.h): the tile's attention rows,
     then its normalised rows [tile, max(H*Da, Ea)] float32 and their quantized copy; the SwiGLU
     activation [tile, Ia] float32 and its quantized copy.  Nothing grows with the prompt beyond
     one tile: no [T, I] buffer.

@@ -13,7 +13,7 @@ cdef extern from "megafuse/mf_scratch.h" nogil:
     mf_mlp_scratch mf_mlp_scratch_layout(size_t T, size_t Ea, size_t hda, size_t Ia)
 
 cdef enum:
-    MLP_MAX_TILE = 32        # MF_MLP_TOKEN_TILE
+    MLP_MAX_TILE = 128        # MF_MLP_TOKEN_TILE
 
 
 cdef inline float silu(float x) noexcept nogil:
@@ -27,9 +27,9 @@ cdef void swiglu_block(
         const float *z, const char *z_q, Py_ssize_t z_q_row, Py_ssize_t nt,
         Py_ssize_t I, Py_ssize_t Ia,
         float *act) noexcept nogil:   # [nt, Ia]: columns i0 .. i0+3 = silu(gate) * up
-    """Gate rows i and up rows Ia + i of w1, for 4 intermediate indices, against the tile."""
-    cdef float gate[MLP_MAX_TILE * GEMM_ROWS]   # [nt, 4]
-    cdef float up[MLP_MAX_TILE * GEMM_ROWS]     # [nt, 4]
+    """Gate rows i and up rows Ia + i of w1, for 64 intermediate indices, against the tile."""
+    cdef float gate[MLP_MAX_TILE * GEMM_ROWS]   # [nt, 64]
+    cdef float up[MLP_MAX_TILE * GEMM_ROWS]     # [nt, 64]
     cdef RowBlock g, u
     cdef Py_ssize_t r, j, i
     g.n = u.n = 0
@@ -94,7 +94,7 @@ cdef void mlp_prefill_kernel(
     cdef Py_ssize_t wo_row = ck_dtype_row_bytes(wo_dt, HDa) if HDa else 0
     cdef Py_ssize_t w1_row = ck_dtype_row_bytes(w1_dt, Ea), w2_row = ck_dtype_row_bytes(w2_dt, Ia)
     cdef Py_ssize_t t0, nt, t, j, h, e, i, blk
-    cdef Py_ssize_t n_be = (Ea + GEMM_ROWS - 1) // GEMM_ROWS    # register blocks of output rows
+    cdef Py_ssize_t n_be = (Ea + GEMM_ROWS - 1) // GEMM_ROWS    # blocks of output rows
     cdef const float *h_rows        # [T, Ea]: the hidden state the MLP normalises
     cdef const float *base_rows     # [T, Ea] or NULL: what the MLP output is added to
 

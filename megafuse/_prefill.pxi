@@ -12,7 +12,7 @@ cdef extern from "megafuse/mf_scratch.h" nogil:
                                                  int int8_path)
 
 cdef enum:
-    PREFILL_TOKEN_TILE = 64   # tokens whose activations stay in L2 while the weight rows stream
+    PREFILL_TOKEN_TILE = 128  # tokens a pass of the weight rows (PACK_TOKEN_TILE)
     DT_Q8_0 = 9
     DT_Q8_K = 10
 
@@ -46,7 +46,7 @@ cdef void qkv_block(
         const char *xqk, Py_ssize_t q8_k_row,    # [T, q8_k_row] or NULL
         Py_ssize_t T, Py_ssize_t S, Py_ssize_t C, Py_ssize_t Ea, Py_ssize_t H, Py_ssize_t G,
         Py_ssize_t D, Py_ssize_t Da) noexcept nogil:
-    """Register block `blk` of the Q/K/V projections: 4 rows of wq, wk or wv against every token.
+    """Block `blk` of the Q/K/V projections: 64 rows of wq, wk or wv against every token.
     q rows land in q[t, row]; k and v rows (kv head g = row / Da, dim d = row % Da) go straight
     to the caches at [g, S + t, d].  Padded dims (d >= D) are written as 0."""
     cdef RowBlock rb
@@ -176,8 +176,8 @@ cdef void attention_prefill_kernel(
         qt = task % n_qt
         i0 = qt * q_tile
         nq = min(<Py_ssize_t>q_tile, T - i0)
-        attend_query_tile(q + i0 * HDa + h * Da, HDa, kv_cache_k + (h // group) * C * Da,
-                          kv_cache_v + (h // group) * C * Da, S + i0, 1, nq, D, Da, scale, kv_tile,
+        attend_query_rows(q + i0 * HDa + h * Da, HDa, kv_cache_k + (h // group) * C * Da,
+                          kv_cache_v + (h // group) * C * Da, S + i0, nq, D, Da, scale, kv_tile,
                           attn + i0 * HDa + h * Da, HDa)
 
     # ---- phase 3: out-projection + bias + residual ------------------------------------------------

@@ -192,7 +192,10 @@ def test_scratch_guard_bytes(entry):
 def test_scratch_is_per_tile_not_per_prompt():
     size = megafuse.mega_fused_outproj_mlp_prefill_scratch_size
     assert size(32, 896, 14, 64, 4864) < 3_166_208          # upstream at T=32
-    assert size(512, 896, 14, 64, 4864) == size(32, 896, 14, 64, 4864)   # no [T, I] buffer
+    tile = 128                                                 # MF_MLP_TOKEN_TILE
+    assert size(4096, 896, 14, 64, 4864) == size(tile, 896, 14, 64, 4864)  # no [T, I] buffer
+    assert size(512, 896, 14, 64, 4864) == size(tile, 896, 14, 64, 4864)
+    assert size(tile - 1, 896, 14, 64, 4864) < size(tile, 896, 14, 64, 4864)
     assert size(1, 896, 14, 64, 4864) < size(32, 896, 14, 64, 4864)
 
 

@@ -236,3 +236,27 @@ def test_tokens_one_matches_decode():
     megafuse.mega_fused_attention_prefill(**pre)
     megafuse.mega_fused_attention_decode(**a)
     assert rel_err(pre["output"][0], a["output"]) < TOL["float"]
+
+
+# Shapes at the edges of the float GEMM and attention blocks: weight rows not a multiple of the
+# 16-row panel, columns not a multiple of 8 (the packing's vector width), head dims with a tail
+# past the last 16 (attention's P.V block) and above 256 (the fallback attention).
+ODD_DIMS = ("odd-dims", 100, 108, 3, 1, 20, 28)       # H*Da = 84 rows / columns, Ea = 108
+WIDE_HEAD = ("wide-head", 60, 64, 2, 1, 260, 264)     # head_dim above MF_ATT_MAX_HEAD_DIM
+
+
+@pytest.mark.parametrize("shape", [ODD_DIMS, WIDE_HEAD, PADDED], ids=lambda s: s[0])
+@pytest.mark.parametrize("T", [4, 5, 6, 13, 131])
+def test_gemm_and_attention_block_edges(simd_level, shape, T):
+    """Token counts around the 6-token register block and the packed path's threshold (4), past
+    the 128-token tile, on dims that leave partial panels and vector tails everywhere."""
+    args = prefill_case(shape, T, start_pos=3)
+    check(*run(args), TOL["float"])
+
+
+@pytest.mark.parametrize("fmt", ["Q8_0", "Q4_K", "FP16"])
+def test_packed_path_dequantizes_block_formats(simd_level, fmt):
+    """Float activations, block-format weights, 17 tokens: rows dequantized 256 columns at a time
+    into the packed panels (K = 512: two panels of columns)."""
+    args = prefill_case(SMALL_256, 17, formats={w: fmt for w in ("wq", "wk", "wv", "wo")})
+    check(*run(args), TOL["float"])

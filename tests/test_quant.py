@@ -733,14 +733,14 @@ def _proj_weight(rng, dt, rows, cols):
 @pytest.mark.parametrize("padded", [False, True], ids=["aligned", "padded"])
 @pytest.mark.parametrize("dt", BLOCK_FORMATS)
 def test_mlp_token_results_do_not_depend_on_tokens(simd_level, dt, padded):
-    """mega_fused_mlp_prefill over T = 37 tokens (token tiles of 32 and 5: register blocks of
-    2 tokens and one odd token) == the same tokens one call each, bit for bit.  padded: embed_dim
+    """mega_fused_mlp_prefill over T = 133 tokens (token tiles of 128 and 5; int8 tiles of 64,
+    64 and 5: register blocks of 2 tokens and one odd token) == the same tokens one call each, bit for bit.  padded: embed_dim
     6 below the aligned one, so the last register block of w2 has 2 rows (and of w1 the
     activation columns E..Ea-1 are 0)."""
     rng = np.random.default_rng(59 + int(dt))
     E, I = _proj_dims(dt)
     E_used = E - 6 if padded else E
-    T = 37
+    T = 133
     w1 = _proj_weight(rng, dt, 2 * I, E)
     w2 = _proj_weight(rng, dt, E, I)
     b1 = (0.1 * rng.standard_normal(2 * I)).astype(np.float32)

@@ -60,7 +60,7 @@ static inline mf_prefill_scratch mf_prefill_scratch_layout(size_t T, size_t Ea, 
  * h1 = attn @ wo.T + bo + residual is kept in `output` itself until the MLP adds to it.
  * hda = 0 for mega_fused_mlp_prefill (no out-projection).
  */
-#define MF_MLP_TOKEN_TILE 32
+#define MF_MLP_TOKEN_TILE 128
 
 typedef struct {
     size_t tile;       /* tokens a tile */

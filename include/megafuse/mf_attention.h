@@ -1,0 +1,128 @@
+/*
+ * mf_attention.h -- causal flash attention for a block of up to 16 query rows of one head, built
+ * on the GEMM register blocks of mf_gemm.h (prefill's attention).
+ *
+ * The block's queries are packed once into a panel Qp [D][16]; then, KV tile by KV tile:
+ *   S^T [n][16] = K_tile . Qp            (mf_gemm_panel_f32: keys as the rows of x, 6 at a time)
+ *   scale, causal mask, online softmax   (16 queries side by side: vector max / exp / sums)
+ *   out[i] = out[i] * alpha_i + P^T[:, i] . V_tile    (mf_gemm_xt_f32: V rows used in place)
+ * No hsum anywhere, no score array longer than one KV tile, one normalisation at the end.
+ *
+ * Each query's result is one fixed sequence of operations over the KV tiles (its column of every
+ * product is computed independently of the other 15): results do not depend on threads, nor on
+ * which other queries share its block.
+ */
+#ifndef MEGAFUSE_MF_ATTENTION_H
+#define MEGAFUSE_MF_ATTENTION_H
+
+#include <math.h>
+#include <string.h>
+#include <stddef.h>
+#include "megafuse/mf_gemm.h"
+
+#define MF_ATT_QUERIES 16        /* query rows of a block (one panel of queries) */
+#define MF_ATT_MAX_HEAD_DIM 256  /* head_dim this kernel takes (the panel lives on the stack) */
+#define MF_ATT_MAX_KV_TILE 256   /* KV tile this kernel takes (MF_MAX_KV_TILE) */
+
+/* s[i] = exp(s[i] - m[i]); sum[i] += s[i] for i < 16. */
+static inline void mf__exp_sub_acc16(float *s, const float *m, float *sum)
+{
+#if defined(__AVX2__) && defined(__FMA__)
+    for (int h = 0; h < 16; h += 8) {
+        __m256 p = mf_exp256(_mm256_sub_ps(_mm256_loadu_ps(s + h), _mm256_loadu_ps(m + h)));
+        _mm256_storeu_ps(s + h, p);
+        _mm256_storeu_ps(sum + h, _mm256_add_ps(_mm256_loadu_ps(sum + h), p));
+    }
+#else
+    for (int i = 0; i < 16; i++) {
+        s[i] = expf(s[i] - m[i]);
+        sum[i] += s[i];
+    }
+#endif
+}
+
+/*
+ * out[i][:D] = sum_{j <= pos_i} softmax_j(scale * q_i . k_j) v_j for i < nq (1..16), where
+ * pos_i = first_pos + i * pos_step.  q rows at stride ldq, K/V rows of one kv head at stride Da
+ * (keys 0 .. pos of the last row are read), out rows at stride ldo; out[i][D:Da] = 0.
+ * D <= MF_ATT_MAX_HEAD_DIM, kv_tile <= MF_ATT_MAX_KV_TILE.
+ */
+static void mf_attend_block_f32(const float *q, ptrdiff_t ldq, const float *k, const float *v,
+                                ptrdiff_t Da, ptrdiff_t first_pos, ptrdiff_t pos_step, int nq,
+                                ptrdiff_t D, float scale, ptrdiff_t kv_tile, float *out,
+                                ptrdiff_t ldo)
+{
+    float qp[MF_ATT_MAX_HEAD_DIM * MF_ATT_QUERIES] __attribute__((aligned(64)));  /* [D][16] */
+    float st[MF_ATT_MAX_KV_TILE * MF_ATT_QUERIES] __attribute__((aligned(64)));   /* [n][16] */
+    float m[MF_ATT_QUERIES], l[MF_ATT_QUERIES], alpha[MF_ATT_QUERIES], tsum[MF_ATT_QUERIES];
+    float tmax[MF_ATT_QUERIES];
+    ptrdiff_t pos[MF_ATT_QUERIES];
+    const float *rows[MF_ATT_QUERIES];
+    ptrdiff_t n_keys = first_pos + (nq - 1) * pos_step + 1;   /* keys the last row sees */
+    ptrdiff_t d16 = D / 16 * 16;
+
+    for (int i = 0; i < MF_ATT_QUERIES; i++) {   /* rows past nq repeat the last (unused) */
+        int r = i < nq ? i : nq - 1;
+        rows[i] = q + r * ldq;
+        pos[i] = first_pos + r * pos_step;
+        m[i] = -INFINITY;
+        l[i] = 0.0f;
+    }
+    mf_pack_panel_f32(rows, D, qp);
+    for (int i = 0; i < nq; i++)
+        memset(out + i * ldo, 0, (size_t)Da * sizeof(float));
+
+    for (ptrdiff_t t0 = 0; t0 < n_keys; t0 += kv_tile) {
+        ptrdiff_t n = kv_tile < n_keys - t0 ? kv_tile : n_keys - t0;
+        /* S^T = K_tile . Qp, 6 keys a register block */
+        for (ptrdiff_t j0 = 0; j0 < n; j0 += MF_GEMM_MR) {
+            int mr = (int)(n - j0 < MF_GEMM_MR ? n - j0 : MF_GEMM_MR);
+            mf_gemm_panel_f32(mr, k + (t0 + j0) * Da, Da, qp, D, st + j0 * MF_ATT_QUERIES, 1);
+        }
+        /* scale, causal mask (keys past a row's position weigh nothing), tile max (NaN skipped) */
+        for (int i = 0; i < MF_ATT_QUERIES; i++)
+            tmax[i] = -INFINITY;
+        int diagonal = t0 + n - 1 > pos[0];
+        for (ptrdiff_t j = 0; j < n; j++) {
+            float *s = st + j * MF_ATT_QUERIES;
+            for (int i = 0; i < MF_ATT_QUERIES; i++) {
+                float x = s[i] * scale;
+                if (diagonal && t0 + j > pos[i])
+                    x = -INFINITY;
+                s[i] = x;
+                tmax[i] = x > tmax[i] ? x : tmax[i];
+            }
+        }
+        /* online softmax: new max, the factor the earlier tiles are rescaled by */
+        for (int i = 0; i < MF_ATT_QUERIES; i++) {
+            float m_new = m[i] >= tmax[i] ? m[i] : tmax[i];
+            alpha[i] = (m_new > m[i] && l[i] != 0.0f) ? expf(m[i] - m_new) : 1.0f;
+            m[i] = m_new;
+            tsum[i] = 0.0f;
+        }
+        for (ptrdiff_t j = 0; j < n; j++)
+            mf__exp_sub_acc16(st + j * MF_ATT_QUERIES, m, tsum);
+        for (int i = 0; i < nq; i++) {
+            l[i] = l[i] * alpha[i] + tsum[i];
+            if (alpha[i] != 1.0f)
+                mf_scale_f32(out + i * ldo, alpha[i], D);
+        }
+        /* out += P^T . V_tile: 6 queries x 16 dims a register block, V rows in place */
+        for (ptrdiff_t d0 = 0; d0 < d16; d0 += 16)
+            for (int i0 = 0; i0 < nq; i0 += MF_GEMM_MR) {
+                int mr = nq - i0 < MF_GEMM_MR ? nq - i0 : MF_GEMM_MR;
+                mf_gemm_xt_f32(mr, st + i0, v + t0 * Da + d0, Da, n, out + i0 * ldo + d0, ldo);
+            }
+        for (int i = 0; i < nq; i++)          /* dims past the last whole 16 */
+            for (ptrdiff_t d = d16; d < D; d++) {
+                float acc = 0.0f;
+                for (ptrdiff_t j = 0; j < n; j++)
+                    acc += st[j * MF_ATT_QUERIES + i] * v[(t0 + j) * Da + d];
+                out[i * ldo + d] += acc;
+            }
+    }
+    for (int i = 0; i < nq; i++)
+        mf_scale_f32(out + i * ldo, 1.0f / l[i], D);
+}
+
+#endif /* MEGAFUSE_MF_ATTENTION_H */

@@ -1,0 +1,190 @@
+/*
+ * mf_gemm.h -- the float GEMM of prefill projections: packed weight panels and the register block.
+ *
+ * out[t][r] = sum_k x[t][k] * w[r][k]: activations x [T, K] (K contiguous) against weight rows
+ * w [R, K] (a torch Linear weight).  Weight rows are taken MF_PANEL_ROWS at a time and
+ * MF_PANEL_K columns at a time and packed into a panel, column-interleaved:
+ *
+ *     panel[k * 16 + j] = w[j][k0 + k]        (j < 16 rows, k < kc <= 256 columns)
+ *
+ * so that one k step of the register block is two 8-float loads of weights and one
+ * broadcast of x per token: mf_gemm_panel_f32 keeps a block of up to 6 tokens x 16 rows (12
+ * AVX2 accumulators) in registers for the whole panel -- 12 FMAs for 2 loads + 6 broadcasts.
+ * A panel (16 KiB) stays in L1 while every token of the tile goes through it; the tile's
+ * activations (tokens x 256 columns) stay in L2.
+ *
+ * Order of every sum, fixed whatever the threads, the tile or the other rows: for each panel of
+ * columns in turn, a chain over k (fused multiply-adds on AVX2, multiply then add elsewhere) from
+ * 0, then added to the total of the earlier panels.  (Chains of at most 256 terms plus K/256 of
+ * those: float32 error ~ (256 + K/256) ulp at worst, less than a single long chain.)
+ *
+ * The avx512 level uses these AVX2 bodies (a 512-bit register block was not tuned: the machine
+ * this was written on has no AVX-512).
+ */
+#ifndef MEGAFUSE_MF_GEMM_H
+#define MEGAFUSE_MF_GEMM_H
+
+#include <stddef.h>
+#include "megafuse/mf_simd.h"
+
+#define MF_PANEL_ROWS 16     /* weight rows of a packed panel (NR) */
+#define MF_PANEL_K 256       /* columns of a packed panel (KC): a multiple of every block size */
+#define MF_GEMM_MR 6         /* tokens of a register block (MR) */
+
+#if defined(__AVX2__) && defined(__FMA__)
+#  define MF_GEMM_AVX2 1
+#endif
+
+/* The loops over the tokens of a register block must be unrolled whole, or the accumulators
+ * live in memory instead of registers (GCC does not always do it by itself: it did not inside
+ * the Cython modules). */
+#if defined(__GNUC__) && !defined(__clang__)
+#  define MF__UNROLL _Pragma("GCC unroll 8")
+#elif defined(__clang__)
+#  define MF__UNROLL _Pragma("unroll")
+#else
+#  define MF__UNROLL
+#endif
+
+/* Software prefetch of [p, p + bytes) into L2: the next panel's weight rows, while this panel
+ * computes (short runs from 16 rows at once, which the hardware prefetchers do not follow far
+ * enough).  A prefetch never faults. */
+static inline void mf_prefetch_l2(const void *p, ptrdiff_t bytes)
+{
+#if defined(__GNUC__)
+    const char *c = (const char *)p;
+    for (ptrdiff_t o = 0; o < bytes; o += 64)
+        __builtin_prefetch(c + o, 0, 2);
+#else
+    (void)p; (void)bytes;
+#endif
+}
+
+/* panel[k * 16 + j] = rows[j][k] for k < kc, j < 16.  rows may repeat (a short panel). */
+static inline void mf_pack_panel_f32(const float *const rows[MF_PANEL_ROWS], ptrdiff_t kc,
+                                     float *panel)
+{
+    ptrdiff_t k = 0;
+#if defined(MF_GEMM_AVX2)
+    for (; k + 8 <= kc; k += 8) {
+        for (int h = 0; h < 2; h++) {          /* rows 0-7, then 8-15: an 8x8 transpose each */
+            const float *const *r = rows + 8 * h;
+            __m256 a0 = _mm256_loadu_ps(r[0] + k), a1 = _mm256_loadu_ps(r[1] + k);
+            __m256 a2 = _mm256_loadu_ps(r[2] + k), a3 = _mm256_loadu_ps(r[3] + k);
+            __m256 a4 = _mm256_loadu_ps(r[4] + k), a5 = _mm256_loadu_ps(r[5] + k);
+            __m256 a6 = _mm256_loadu_ps(r[6] + k), a7 = _mm256_loadu_ps(r[7] + k);
+            __m256 t0 = _mm256_unpacklo_ps(a0, a1), t1 = _mm256_unpackhi_ps(a0, a1);
+            __m256 t2 = _mm256_unpacklo_ps(a2, a3), t3 = _mm256_unpackhi_ps(a2, a3);
+            __m256 t4 = _mm256_unpacklo_ps(a4, a5), t5 = _mm256_unpackhi_ps(a4, a5);
+            __m256 t6 = _mm256_unpacklo_ps(a6, a7), t7 = _mm256_unpackhi_ps(a6, a7);
+            /* u0: column 0 of rows 0-3 | column 4; u1: 1 | 5; u2: 2 | 6; u3: 3 | 7 (u4-u7: rows 4-7) */
+            __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE);
+            __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE);
+            __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xEE);
+            __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+            float *d = panel + k * MF_PANEL_ROWS + 8 * h;
+            _mm256_storeu_ps(d + 0 * MF_PANEL_ROWS, _mm256_permute2f128_ps(u0, u4, 0x20));
+            _mm256_storeu_ps(d + 1 * MF_PANEL_ROWS, _mm256_permute2f128_ps(u1, u5, 0x20));
+            _mm256_storeu_ps(d + 2 * MF_PANEL_ROWS, _mm256_permute2f128_ps(u2, u6, 0x20));
+            _mm256_storeu_ps(d + 3 * MF_PANEL_ROWS, _mm256_permute2f128_ps(u3, u7, 0x20));
+            _mm256_storeu_ps(d + 4 * MF_PANEL_ROWS, _mm256_permute2f128_ps(u0, u4, 0x31));
+            _mm256_storeu_ps(d + 5 * MF_PANEL_ROWS, _mm256_permute2f128_ps(u1, u5, 0x31));
+            _mm256_storeu_ps(d + 6 * MF_PANEL_ROWS, _mm256_permute2f128_ps(u2, u6, 0x31));
+            _mm256_storeu_ps(d + 7 * MF_PANEL_ROWS, _mm256_permute2f128_ps(u3, u7, 0x31));
+        }
+    }
+#endif
+    for (; k < kc; k++)
+        for (int j = 0; j < MF_PANEL_ROWS; j++)
+            panel[k * MF_PANEL_ROWS + j] = rows[j][k];
+}
+
+/*
+ * The register block, general form: for i < MR, j < 16
+ *     c[i * ldc + j] = (first ? 0 : c[i * ldc + j]) + sum_{k < kc} x[i * xi + k * xk] * p[k * ldp + j]
+ * where the sum is one chain in k order, added to c at the end.  The callers below fix the
+ * strides (constants after inlining): projections read x rows (xi = ldx, xk = 1) against a packed
+ * panel (ldp = 16); attention also reads a transposed x (xi = 1, xk = 16) against rows of V in
+ * place (ldp = Da).
+ */
+#if defined(MF_GEMM_AVX2)
+static inline __attribute__((always_inline)) void mf__gemm_block(
+    const int MR, const float *x, ptrdiff_t xi, ptrdiff_t xk, const float *p, ptrdiff_t ldp,
+    ptrdiff_t kc, float *c, ptrdiff_t ldc, int first)
+{
+    __m256 acc[MF_GEMM_MR][2];
+    MF__UNROLL
+    for (int i = 0; i < MR; i++)
+        acc[i][0] = acc[i][1] = _mm256_setzero_ps();
+    for (ptrdiff_t k = 0; k < kc; k++) {
+        __m256 w0 = _mm256_loadu_ps(p + k * ldp);
+        __m256 w1 = _mm256_loadu_ps(p + k * ldp + 8);
+        MF__UNROLL
+        for (int i = 0; i < MR; i++) {
+            __m256 xb = _mm256_broadcast_ss(x + i * xi + k * xk);
+            acc[i][0] = _mm256_fmadd_ps(xb, w0, acc[i][0]);
+            acc[i][1] = _mm256_fmadd_ps(xb, w1, acc[i][1]);
+        }
+    }
+    MF__UNROLL
+    for (int i = 0; i < MR; i++) {
+        float *ci = c + i * ldc;
+        if (first) {
+            _mm256_storeu_ps(ci, acc[i][0]);
+            _mm256_storeu_ps(ci + 8, acc[i][1]);
+        } else {
+            _mm256_storeu_ps(ci, _mm256_add_ps(_mm256_loadu_ps(ci), acc[i][0]));
+            _mm256_storeu_ps(ci + 8, _mm256_add_ps(_mm256_loadu_ps(ci + 8), acc[i][1]));
+        }
+    }
+}
+#else
+static inline void mf__gemm_block(
+    const int MR, const float *x, ptrdiff_t xi, ptrdiff_t xk, const float *p, ptrdiff_t ldp,
+    ptrdiff_t kc, float *c, ptrdiff_t ldc, int first)
+{
+    float acc[MF_GEMM_MR][MF_PANEL_ROWS];
+    for (int i = 0; i < MR; i++)
+        for (int j = 0; j < MF_PANEL_ROWS; j++)
+            acc[i][j] = 0.0f;
+    for (ptrdiff_t k = 0; k < kc; k++) {
+        const float *pk = p + k * ldp;
+        for (int i = 0; i < MR; i++) {
+            float xv = x[i * xi + k * xk];
+            for (int j = 0; j < MF_PANEL_ROWS; j++)
+                acc[i][j] += xv * pk[j];
+        }
+    }
+    for (int i = 0; i < MR; i++)
+        for (int j = 0; j < MF_PANEL_ROWS; j++)
+            c[i * ldc + j] = first ? acc[i][j] : c[i * ldc + j] + acc[i][j];
+}
+#endif
+
+/* A body specialised for each token count mr (1..MF_GEMM_MR). */
+#define MF__GEMM_SWITCH(mr, ...)                                                                 \
+    switch (mr) {                                                                                \
+    case 6: mf__gemm_block(6, __VA_ARGS__); break;                                               \
+    case 5: mf__gemm_block(5, __VA_ARGS__); break;                                               \
+    case 4: mf__gemm_block(4, __VA_ARGS__); break;                                               \
+    case 3: mf__gemm_block(3, __VA_ARGS__); break;                                               \
+    case 2: mf__gemm_block(2, __VA_ARGS__); break;                                               \
+    default: mf__gemm_block(1, __VA_ARGS__); break;                                              \
+    }
+
+/* Projections: c[i * 16 + j] (+)= sum_k x[i * ldx + k] * panel[k * 16 + j], i < mr. */
+static inline void mf_gemm_panel_f32(int mr, const float *x, ptrdiff_t ldx, const float *panel,
+                                     ptrdiff_t kc, float *c, int first)
+{
+    MF__GEMM_SWITCH(mr, x, ldx, 1, panel, MF_PANEL_ROWS, kc, c, MF_PANEL_ROWS, first)
+}
+
+/* Attention's P.V: c[i * ldc + j] += sum_k xt[k * 16 + i] * p[k * ldp + j], i < mr, j < 16
+ * (xt: 16 rows stored transposed, e.g. the probabilities of 16 queries for kc keys). */
+static inline void mf_gemm_xt_f32(int mr, const float *xt, const float *p, ptrdiff_t ldp,
+                                  ptrdiff_t kc, float *c, ptrdiff_t ldc)
+{
+    MF__GEMM_SWITCH(mr, xt, 1, MF_PANEL_ROWS, p, ldp, kc, c, ldc, 0)
+}
+
+#endif /* MEGAFUSE_MF_GEMM_H */
