@@ -13,6 +13,7 @@ Environment switches:
 Neither native-CPU tuning (march=native) nor fast-math (online softmax relies on real infinities): a wheel runs on any
 CPU of its architecture.
 """
+import glob
 import os
 import platform
 import shutil
@@ -95,10 +96,18 @@ BUILD_CONFIG = {
 INCLUDE_DIRS = [os.path.join("include"), numpy.get_include()]
 MACROS = [("NPY_NO_DEPRECATED_API", "NPY_2_0_API_VERSION")]
 
+# headers and Cython includes: a change to any of them rebuilds the modules (build_ext compares
+# times of the generated C file's sources, so these are listed by hand)
+DEPENDS = sorted(os.path.relpath(p, HERE) for p in
+                 glob.glob(os.path.join(HERE, "include", "megafuse", "*.h"))
+                 + glob.glob(os.path.join(HERE, "megafuse", "*.pxi"))
+                 + glob.glob(os.path.join(HERE, "megafuse", "*.pxd")))
+
 extensions = [
     Extension(
         "megafuse._kernels",
         ["megafuse/_kernels.pyx"],
+        depends=DEPENDS,
         include_dirs=INCLUDE_DIRS,
         define_macros=MACROS,
         extra_compile_args=BASE_FLAGS,
@@ -108,6 +117,7 @@ for level, flags in SIMD_LEVELS.items():
     extensions.append(Extension(
         f"megafuse._simd_{level}",
         [f"megafuse/_simd_{level}.pyx"],
+        depends=DEPENDS,
         include_dirs=INCLUDE_DIRS,
         define_macros=MACROS + [("MF_SIMD_MODULE", level)],
         extra_compile_args=BASE_FLAGS + flags + OMP_COMPILE,
