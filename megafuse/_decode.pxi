@@ -14,7 +14,7 @@ cdef void outproj_rows_block(
     for r in range(4):
         rows[r] = wo + min(e0 + r, E - 1) * HDa
     if e0 < E:
-        mf_dot_1x4_f32(attn, rows, HDa, out4)
+        mf_dot_1x4_f32(attn, rows, HDa, out4, wo + (e0 + 4) * HDa)   # next: the following 4 rows
     for r in range(4):
         e = e0 + r
         if e >= Ea:
@@ -66,15 +66,25 @@ cdef void attention_decode_kernel(
         memcpy(kv_cache_k + (g * C + P) * Da, k + g * Da, Da * sizeof(float))
         memcpy(kv_cache_v + (g * C + P) * Da, v + g * Da, Da * sizeof(float))
 
-    # Query head h reads kv head g = h // (H // G) over positions 0..pos.  A task is up to 3
-    # query heads of one kv group: they share every K/V tile load (one 3 x 4 score block).
-    n_chunks = (group + 2) // 3
-    for task in prange(G * n_chunks, num_threads=num_threads, schedule='dynamic', nogil=True):
-        g = task // n_chunks
-        h = g * group + (task % n_chunks) * 3
-        attend_query_tile(q + h * Da, Da, kv_cache_k + g * C * Da, kv_cache_v + g * C * Da, P,
-                          0, min(<Py_ssize_t>3, (g + 1) * group - h), D, Da, scale, kv_tile,
-                          attn + h * Da, Da)
+    # Query head h reads kv head g = h // (H // G) over positions 0..pos.  A task is the query
+    # heads of one kv group (up to 16: one block of mf_attend_block_f32, every K/V row loaded once
+    # for all of them); head dims above 256 take attend_query_tile, 3 heads a task.
+    if D <= MF_ATT_MAX_HEAD_DIM:
+        n_chunks = (group + MF_ATT_QUERIES - 1) // MF_ATT_QUERIES
+        for task in prange(G * n_chunks, num_threads=num_threads, schedule='dynamic', nogil=True):
+            g = task // n_chunks
+            h = g * group + (task % n_chunks) * MF_ATT_QUERIES
+            mf_attend_block_f32(q + h * Da, Da, kv_cache_k + g * C * Da, kv_cache_v + g * C * Da,
+                                Da, P, 0, <int>min(<Py_ssize_t>MF_ATT_QUERIES, (g + 1) * group - h),
+                                D, scale, kv_tile, attn + h * Da, Da)
+    else:
+        n_chunks = (group + 2) // 3
+        for task in prange(G * n_chunks, num_threads=num_threads, schedule='dynamic', nogil=True):
+            g = task // n_chunks
+            h = g * group + (task % n_chunks) * 3
+            attend_query_tile(q + h * Da, Da, kv_cache_k + g * C * Da, kv_cache_v + g * C * Da, P,
+                              0, min(<Py_ssize_t>3, (g + 1) * group - h), D, Da, scale, kv_tile,
+                              attn + h * Da, Da)
 
     # output = attn @ wo.T + bo + residual.  Row e of output reads only residual[e]: output may be
     # the residual (or the input, no longer needed) itself.

@@ -19,9 +19,10 @@ cdef extern from "megafuse/mf_simd.h" nogil:
     void mf_scale_f32(float *y, float a, Py_ssize_t n)
     void mf_dot_3x4_f32(const float *const *x, const float *const *w, Py_ssize_t n,
                         float (*out)[4])
-    void mf_dot_1x4_f32(const float *x, const float *const *w, Py_ssize_t n, float *out)
+    void mf_dot_1x4_f32(const float *x, const float *const *w, Py_ssize_t n, float *out,
+                        const void *ahead)
     void mf_dot3_1x4_f32(const float *x, const float *g, const float *const *w, Py_ssize_t n,
-                         float *out)
+                         float *out, const void *ahead)
     float mf_exp_shift_sum_f32(float *s, float m, Py_ssize_t n)
 
 include "_quant.pxi"

@@ -33,7 +33,7 @@ cdef void qkv_rows_block(
         w, b, dst, r0, n_rows = wv, bv, v, (blk - n_bq - n_bkv) * 4, GDa
     for r in range(4):
         rows[r] = w + min(r0 + r, n_rows - 1) * Ea
-    mf_dot3_1x4_f32(x, gamma, rows, E, out4)
+    mf_dot3_1x4_f32(x, gamma, rows, E, out4, w + (r0 + 4) * Ea)   # next: the following 4 rows
     for r in range(min(<Py_ssize_t>4, n_rows - r0)):
         row = r0 + r
         if row % Da >= D:

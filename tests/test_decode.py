@@ -262,3 +262,18 @@ def test_kernels_release_the_gil():
     assert not errors
     for c, s in zip(cases, serial):
         assert np.array_equal(c.args["output"], s.args["output"])
+
+
+# The attention blocks of decode: the query heads of a kv group go through one block of up to 16
+# (mf_attend_block_f32); more heads a group take several blocks, head dims above 256 the 3-head
+# path.  Odd head dims leave a tail past the last 16 dims.
+@pytest.mark.parametrize("shape", [
+    ("group-of-18", 128, 128, 36, 2, 16, 16),
+    ("wide-head", 60, 64, 2, 1, 260, 264),
+    ("odd-head", 96, 96, 5, 1, 20, 24),
+], ids=lambda s: s[0])
+@pytest.mark.parametrize("pos", [0, 70, 300])
+def test_attention_block_shapes(simd_level, shape, pos):
+    got, want = run_both(decode_case(shape, cache_capacity=320, pos=pos))
+    for name in ("output", "kv_cache_k", "kv_cache_v"):
+        assert rel_err(got[name], want[name]) < TOL["float"], name
