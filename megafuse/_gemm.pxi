@@ -10,8 +10,9 @@
 # time into a panel (include/megafuse/mf_gemm.h; other formats than FP32 are dequantized first)
 # and the 6-token x 16-row register block runs over it for every token of the tile.  Fewer tokens
 # (too little work to pay for packing): the 3-token x 4-row dot-product block (mf_dot_3x4_f32)
-# over the rows in place, or -- a block-format row and one or two tokens -- the row dotted
-# directly, decoded in registers (decode's path).
+# over the rows in place; with one or two tokens, 4 rows at a time stream past each token
+# (mf_dot_1x4_f32, with prefetch; a block-format row is dotted directly, decoded in registers:
+# decode's paths).
 # Int8 activations (the _q8_0 prefill, the MLP): the token rows were quantized to the activation
 # format of the weight (Q8_0 for 32-weight blocks, Q8_K for K-quants); each (row, token) is one
 # integer dot product from the format layer, computed 4 weight rows x up to 64 tokens at a time
@@ -81,6 +82,19 @@ cdef void rows_dot_tokens_f32(
     cdef Py_ssize_t t0, nt, tg, j, r, k0, n
     cdef Py_ssize_t nr = min(<Py_ssize_t>DOT_ROWS, b.n - r0)
     cdef bint direct = dt == DT_FP32
+    cdef const char *ahead
+    if direct and T < GEMM_TOKENS:               # one or two tokens: 4 rows stream past each
+        for r in range(DOT_ROWS):
+            wp[r] = <const float *>b.w[r0 + min(r, nr - 1)]
+        # the next rows to prefetch: the block's next 4, or past its last row
+        ahead = b.w[r0 + DOT_ROWS] if r0 + DOT_ROWS < b.n else b.w[b.n - 1] + K * sizeof(float)
+        for j in range(T):
+            mf_dot_1x4_f32(x + j * ldx, wp, K, &res[0][0], ahead)
+            for r in range(nr):
+                acc[j * DOT_ROWS + r] = res[0][r]
+        for r in range(nr):
+            store_results(b, r0 + r, acc + r, DOT_ROWS, 0, T, ld)
+        return
     if not direct and T < GEMM_TOKENS:           # one or two tokens: decode in registers
         for r in range(nr):
             for j in range(T):
