@@ -246,7 +246,7 @@ WIDE_HEAD = ("wide-head", 60, 64, 2, 1, 260, 264)     # head_dim above MF_ATT_MA
 
 
 @pytest.mark.parametrize("shape", [ODD_DIMS, WIDE_HEAD, PADDED], ids=lambda s: s[0])
-@pytest.mark.parametrize("T", [4, 5, 6, 13, 131])
+@pytest.mark.parametrize("T", [1, 2, 4, 5, 6, 13, 131])
 def test_gemm_and_attention_block_edges(simd_level, shape, T):
     """Token counts around the 6-token register block and the packed path's threshold (4), past
     the 128-token tile, on dims that leave partial panels and vector tails everywhere."""
