@@ -243,9 +243,10 @@ def test_tokens_one_matches_decode():
 # past the last 16 (attention's P.V block) and above 256 (the fallback attention).
 ODD_DIMS = ("odd-dims", 100, 108, 3, 1, 20, 28)       # H*Da = 84 rows / columns, Ea = 108
 WIDE_HEAD = ("wide-head", 60, 64, 2, 1, 260, 264)     # head_dim above MF_ATT_MAX_HEAD_DIM
+GROUP_OF_18 = ("group-of-18", 128, 128, 36, 2, 16, 16)  # one token: two blocks of a kv group
 
 
-@pytest.mark.parametrize("shape", [ODD_DIMS, WIDE_HEAD, PADDED], ids=lambda s: s[0])
+@pytest.mark.parametrize("shape", [ODD_DIMS, WIDE_HEAD, PADDED, GROUP_OF_18], ids=lambda s: s[0])
 @pytest.mark.parametrize("T", [1, 2, 4, 5, 6, 13, 131])
 def test_gemm_and_attention_block_edges(simd_level, shape, T):
     """Token counts around the 6-token register block and the packed path's threshold (4), past
