@@ -24,6 +24,7 @@ cdef extern from "megafuse/mf_simd.h" nogil:
     void mf_dot3_1x4_f32(const float *x, const float *g, const float *const *w, Py_ssize_t n,
                          float *out, const void *ahead)
     float mf_exp_shift_sum_f32(float *s, float m, Py_ssize_t n)
+    void mf_silu_mul_f32(const float *g, const float *u, float *out, Py_ssize_t n)
 
 include "_quant.pxi"
 include "_norm_qkv_rope.pxi"

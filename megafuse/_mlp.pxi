@@ -16,17 +16,13 @@ cdef enum:
     MLP_MAX_TILE = 128        # MF_MLP_TOKEN_TILE
 
 
-cdef inline float silu(float x) noexcept nogil:
-    return x / (1.0 + expf(-x))
-
-
 cdef void swiglu_block(
         Py_ssize_t i0,         # first intermediate index of the block
         const char *w1, Py_ssize_t w1_row, int dt, Py_ssize_t Ea,
         const float *b1,       # [2*Ia] or NULL
         const float *z, const char *z_q, Py_ssize_t z_q_row, Py_ssize_t nt,
         Py_ssize_t I, Py_ssize_t Ia,
-        float *act) noexcept nogil:   # [nt, Ia]: columns i0 .. i0+3 = silu(gate) * up
+        float *act) noexcept nogil:   # [nt, Ia]: columns i0 .. i0+63 = silu(gate) * up
     """Gate rows i and up rows Ia + i of w1, for 64 intermediate indices, against the tile."""
     cdef float gate[MLP_MAX_TILE * GEMM_ROWS]   # [nt, 64]
     cdef float up[MLP_MAX_TILE * GEMM_ROWS]     # [nt, 64]
@@ -53,9 +49,8 @@ cdef void swiglu_block(
         return
     block_dot_tokens(&g, dt, Ea, z, Ea, z_q, z_q_row, nt, GEMM_ROWS)
     block_dot_tokens(&u, dt, Ea, z, Ea, z_q, z_q_row, nt, GEMM_ROWS)
-    for r in range(g.n):
-        for j in range(nt):
-            act[j * Ia + i0 + r] = silu(gate[j * GEMM_ROWS + r]) * up[j * GEMM_ROWS + r]
+    for j in range(nt):                # the block's columns of each token row, in place in act
+        mf_silu_mul_f32(gate + j * GEMM_ROWS, up + j * GEMM_ROWS, act + j * Ia + i0, g.n)
 
 
 cdef void quantize_rows_for(int dt, const float *x, Py_ssize_t ldx, char *xq, Py_ssize_t xq_row,

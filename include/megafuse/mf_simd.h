@@ -238,6 +238,26 @@ static inline float mf_exp_shift_sum_f32(float *s, float m, ptrdiff_t n)
     return total;
 }
 
+/* out[i] = silu(g[i]) * u[i] = g[i] / (1 + exp(-g[i])) * u[i]: SwiGLU's activation.  exp as in
+ * mf_exp_shift_sum_f32 (AVX2: Cephes, ~1e-7 relative), and exp(-g) = +inf past float range as
+ * libm's expf gives it, so that silu(-inf) is NaN and silu(g) for g < -88.4 is -0 either way. */
+static inline void mf_silu_mul_f32(const float *g, const float *u, float *out, ptrdiff_t n)
+{
+    ptrdiff_t i = 0;
+#if defined(__AVX2__) && defined(__FMA__)
+    const __m256 one = _mm256_set1_ps(1.0f), inf = _mm256_set1_ps(INFINITY);
+    const __m256 hi = _mm256_set1_ps(88.3762626647f), sign = _mm256_set1_ps(-0.0f);
+    for (; i + 8 <= n; i += 8) {
+        __m256 x = _mm256_loadu_ps(g + i), nx = _mm256_xor_ps(x, sign);
+        __m256 e = _mm256_blendv_ps(mf_exp256(nx), inf, _mm256_cmp_ps(nx, hi, _CMP_GT_OQ));
+        _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_div_ps(x, _mm256_add_ps(one, e)),
+                                                _mm256_loadu_ps(u + i)));
+    }
+#endif
+    for (; i < n; i++)
+        out[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+}
+
 /* Decode's weight streams read 4 rows side by side; `ahead` is where the next block of rows
  * starts (4 rows further: the next block of the thread's share), prefetched into L2 in step with
  * the reading -- 128 bytes for each 8 columns of the 4 rows -- so that by the end of this block
