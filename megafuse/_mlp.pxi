@@ -111,7 +111,7 @@ cdef void mlp_prefill_kernel(
                     memcpy(rows + j * HDa + h * Da, attn_out + (h * T + t0 + j) * Da,
                            Da * sizeof(float))
             quantize_rows_for(wo_dt, rows, HDa, rows_q, layout.q_row, HDa, nt, num_threads)
-            for blk in prange(n_be, num_threads=num_threads, schedule='static', nogil=True):
+            for blk in prange(n_be, num_threads=num_threads, schedule='guided', nogil=True):
                 linear_block(blk * GEMM_ROWS, <const char *>wo, wo_row, wo_dt, HDa, bo, E, Ea,
                              rows, HDa, rows_q, layout.q_row, nt, output + t0 * Ea,
                              residual + t0 * Ea if residual != NULL else NULL, Ea)
@@ -123,13 +123,13 @@ cdef void mlp_prefill_kernel(
 
         # ---- act = silu(z @ Wg.T + bg) * (z @ Wu.T + bu): gate row i and up row Ia+i together --
         for blk in prange((Ia + GEMM_ROWS - 1) // GEMM_ROWS, num_threads=num_threads,
-                          schedule='static', nogil=True):
+                          schedule='guided', nogil=True):
             swiglu_block(blk * GEMM_ROWS, <const char *>w1, w1_row, w1_dt, Ea, b1, rows, rows_q,
                          layout.q_row, nt, I, Ia, act)
         quantize_rows_for(w2_dt, act, Ia, act_q, layout.aq_row, Ia, nt, num_threads)
 
         # ---- output[t] = base[t] + act[t] @ w2.T + b2 ------------------------------------------
-        for blk in prange(n_be, num_threads=num_threads, schedule='static', nogil=True):
+        for blk in prange(n_be, num_threads=num_threads, schedule='guided', nogil=True):
             linear_block(blk * GEMM_ROWS, <const char *>w2, w2_row, w2_dt, Ia, b2, E, Ea, act, Ia,
                          act_q, layout.aq_row, nt, output + t0 * Ea,
                          base_rows + t0 * Ea if base_rows != NULL else NULL, Ea)

@@ -152,7 +152,7 @@ cdef void attention_prefill_kernel(
     t0 = 0
     while t0 < T:       # a tile of tokens stays in L2 while every weight row streams past it
         nt = min(<Py_ssize_t>PREFILL_TOKEN_TILE, T - t0)
-        for blk in prange(n_bq + 2 * n_bkv, num_threads=num_threads, schedule='static',
+        for blk in prange(n_bq + 2 * n_bkv, num_threads=num_threads, schedule='guided',
                           nogil=True):
             qkv_block(blk, n_bq, n_bkv, wq, bq, wq_dt, wk, bk, wk_dt, wv, bv, wv_dt,
                       q + t0 * HDa, kv_cache_k, kv_cache_v, xn + t0 * Ea,
@@ -202,7 +202,7 @@ cdef void attention_prefill_kernel(
     while t0 < T:
         nt = min(<Py_ssize_t>PREFILL_TOKEN_TILE, T - t0)
         for blk in prange((Ea + GEMM_ROWS - 1) // GEMM_ROWS, num_threads=num_threads,
-                          schedule='static', nogil=True):
+                          schedule='guided', nogil=True):
             linear_block(blk * GEMM_ROWS, <const char *>wo, wo_row, wo_dt, HDa, bo, E, Ea,
                          attn + t0 * HDa, HDa,
                          attn_q8 + t0 * attn_q8_row if attn_q8_row > 0 else NULL, attn_q8_row,
