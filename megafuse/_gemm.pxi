@@ -149,6 +149,7 @@ cdef void block_gemm_packed_f32(
     cdef float *acc_p
     cdef Py_ssize_t t0, nt, i, mr, j, k0, kc, p0, np_rows, last
     cdef Py_ssize_t pn, kn, n_next, next_off, next_bytes, per_call, g
+    cdef float value
     cdef bint direct = dt == DT_FP32
     t0 = 0
     while t0 < T:
@@ -192,9 +193,13 @@ cdef void block_gemm_packed_f32(
                     i += mr
                 p0 += MF_PANEL_ROWS
             k0 += kc
-        for j in range(b.n):
-            store_results(b, j, acc + (j // MF_PANEL_ROWS) * MF_PANEL_ROWS * PACK_TOKEN_TILE
-                          + j % MF_PANEL_ROWS, MF_PANEL_ROWS, t0, nt, ld)
+        for i in range(nt):          # token by token: a token's results are contiguous in out
+            for j in range(b.n):
+                value = (acc[(j // MF_PANEL_ROWS) * MF_PANEL_ROWS * PACK_TOKEN_TILE
+                             + i * MF_PANEL_ROWS + j % MF_PANEL_ROWS] + b.bias[j])
+                if b.add[j] != NULL:
+                    value = value + b.add[j][(t0 + i) * ld]
+                b.out[j][(t0 + i) * ld] = value
         t0 += nt
 
 
