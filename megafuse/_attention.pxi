@@ -18,6 +18,14 @@ cdef extern from "megafuse/mf_attention.h" nogil:
                              Py_ssize_t Da, Py_ssize_t first_pos, Py_ssize_t pos_step, int nq,
                              Py_ssize_t D, float scale, Py_ssize_t kv_tile, float *out,
                              Py_ssize_t ldo)
+    void mf_attend_range_f32(const float *q, Py_ssize_t ldq, const float *k, const float *v,
+                             Py_ssize_t Da, Py_ssize_t first_pos, Py_ssize_t pos_step, int nq,
+                             Py_ssize_t D, float scale, Py_ssize_t kv_tile, Py_ssize_t key_begin,
+                             Py_ssize_t key_end, float *out, Py_ssize_t ldo, float *m_out,
+                             float *l_out)
+    void mf_attend_combine_f32(const float *acc, Py_ssize_t ld_part, const float *m,
+                               const float *l, Py_ssize_t ld_ml, int n_seg, Py_ssize_t D,
+                               Py_ssize_t Da, float *out)
 
 
 cdef inline void softmax_update(

@@ -277,3 +277,28 @@ def test_attention_block_shapes(simd_level, shape, pos):
     got, want = run_both(decode_case(shape, cache_capacity=320, pos=pos))
     for name in ("output", "kv_cache_k", "kv_cache_v"):
         assert rel_err(got[name], want[name]) < TOL["float"], name
+
+
+# Split-KV decode: past 512 keys the keys are cut into ranges (the count fixed by the position,
+# the heads and head_dim, capped so the parts fit 64 KiB) whose parts are combined per head.
+@pytest.mark.parametrize("shape, pos", [
+    (("mqa", 128, 128, 4, 1, 64, 64), 1500),            # one kv group: ranges are the only split
+    (("many-heads", 256, 256, 64, 4, 64, 64), 2999),    # 64 heads: the stack caps it at 3 ranges
+    (("qwen-like", 896, 896, 14, 2, 64, 64), 512),      # 513 keys: two ranges, the 2nd of 1 key
+    (("odd-head", 96, 96, 5, 1, 20, 24), 1100),
+], ids=lambda v: v[0] if isinstance(v, tuple) else str(v))
+def test_split_kv_long_context(simd_level, shape, pos):
+    got, want = run_both(decode_case(shape, cache_capacity=pos + 8, pos=pos))
+    for name in ("output", "kv_cache_k", "kv_cache_v"):
+        assert rel_err(got[name], want[name]) < TOL["float"], name
+
+
+def test_split_kv_is_bitwise_thread_independent(threads):
+    case = decode_case(("mqa", 128, 128, 4, 1, 64, 64), cache_capacity=2100, pos=2047)
+    outputs = []
+    for n in (1, 2, 3):
+        megafuse.set_num_threads(n)
+        got = case.copy()
+        megafuse.mega_fused_attention_decode(**got.args)
+        outputs.append(got.args["output"])
+    assert np.array_equal(outputs[0], outputs[1]) and np.array_equal(outputs[0], outputs[2])

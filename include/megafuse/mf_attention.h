@@ -42,15 +42,20 @@ static inline void mf__exp_sub_acc16(float *s, const float *m, float *sum)
 }
 
 /*
- * out[i][:D] = sum_{j <= pos_i} softmax_j(scale * q_i . k_j) v_j for i < nq (1..16), where
- * pos_i = first_pos + i * pos_step.  q rows at stride ldq, K/V rows of one kv head at stride Da
- * (keys 0 .. pos of the last row are read), out rows at stride ldo; out[i][D:Da] = 0.
+ * Keys key_begin .. key_end-1 (and none past a row's position) of the attention of nq (1..16)
+ * query rows at positions pos_i = first_pos + i * pos_step: q rows at stride ldq, K/V rows of one
+ * kv head at stride Da, out rows at stride ldo.
+ *   m_out == NULL: out[i][:D] = softmax-weighted sum of v over those keys, out[i][D:Da] = 0.
+ *   otherwise the unnormalised parts for mf_attend_combine_f32: out[i][:D] = sum_j e^(s_ij - m_i)
+ *   v_j, m_out[i] = m_i (the largest score, -inf if no key was visible), l_out[i] = sum_j
+ *   e^(s_ij - m_i).
  * D <= MF_ATT_MAX_HEAD_DIM, kv_tile <= MF_ATT_MAX_KV_TILE.
  */
-static void mf_attend_block_f32(const float *q, ptrdiff_t ldq, const float *k, const float *v,
+static void mf_attend_range_f32(const float *q, ptrdiff_t ldq, const float *k, const float *v,
                                 ptrdiff_t Da, ptrdiff_t first_pos, ptrdiff_t pos_step, int nq,
-                                ptrdiff_t D, float scale, ptrdiff_t kv_tile, float *out,
-                                ptrdiff_t ldo)
+                                ptrdiff_t D, float scale, ptrdiff_t kv_tile, ptrdiff_t key_begin,
+                                ptrdiff_t key_end, float *out, ptrdiff_t ldo, float *m_out,
+                                float *l_out)
 {
     float qp[MF_ATT_MAX_HEAD_DIM * MF_ATT_QUERIES] __attribute__((aligned(64)));  /* [D][16] */
     float st[MF_ATT_MAX_KV_TILE * MF_ATT_QUERIES] __attribute__((aligned(64)));   /* [n][16] */
@@ -60,6 +65,8 @@ static void mf_attend_block_f32(const float *q, ptrdiff_t ldq, const float *k, c
     const float *rows[MF_ATT_QUERIES];
     ptrdiff_t n_keys = first_pos + (nq - 1) * pos_step + 1;   /* keys the last row sees */
     ptrdiff_t d16 = D / 16 * 16;
+    if (n_keys > key_end)
+        n_keys = key_end;
 
     for (int i = 0; i < MF_ATT_QUERIES; i++) {   /* rows past nq repeat the last (unused) */
         int r = i < nq ? i : nq - 1;
@@ -72,7 +79,7 @@ static void mf_attend_block_f32(const float *q, ptrdiff_t ldq, const float *k, c
     for (int i = 0; i < nq; i++)
         memset(out + i * ldo, 0, (size_t)Da * sizeof(float));
 
-    for (ptrdiff_t t0 = 0; t0 < n_keys; t0 += kv_tile) {
+    for (ptrdiff_t t0 = key_begin; t0 < n_keys; t0 += kv_tile) {
         ptrdiff_t n = kv_tile < n_keys - t0 ? kv_tile : n_keys - t0;
         /* S^T = K_tile . Qp, 6 keys a register block */
         for (ptrdiff_t j0 = 0; j0 < n; j0 += MF_GEMM_MR) {
@@ -121,8 +128,49 @@ static void mf_attend_block_f32(const float *q, ptrdiff_t ldq, const float *k, c
                 out[i * ldo + d] += acc;
             }
     }
+    if (m_out != NULL) {
+        for (int i = 0; i < nq; i++) {
+            m_out[i] = m[i];
+            l_out[i] = l[i];
+        }
+        return;
+    }
     for (int i = 0; i < nq; i++)
         mf_scale_f32(out + i * ldo, 1.0f / l[i], D);
+}
+
+/* The whole attention of the block's rows: keys 0 .. the last row's position (see above). */
+static inline void mf_attend_block_f32(const float *q, ptrdiff_t ldq, const float *k,
+                                       const float *v, ptrdiff_t Da, ptrdiff_t first_pos,
+                                       ptrdiff_t pos_step, int nq, ptrdiff_t D, float scale,
+                                       ptrdiff_t kv_tile, float *out, ptrdiff_t ldo)
+{
+    mf_attend_range_f32(q, ldq, k, v, Da, first_pos, pos_step, nq, D, scale, kv_tile, 0,
+                        first_pos + (nq - 1) * pos_step + 1, out, ldo, NULL, NULL);
+}
+
+/*
+ * Decode over a long context, split into n_seg fixed ranges of keys (split-KV): part s of a head
+ * is acc[s * ld_part .. + D], m[s * ld_ml], l[s * ld_ml] from mf_attend_range_f32.  out[:D] =
+ * (sum_s e^(m_s - M) acc_s) / (sum_s e^(m_s - M) l_s), M = max_s m_s, in the order of s; out[D:Da]
+ * = 0.  The ranges depend on the number of keys only, so the result does not depend on threads.
+ */
+static void mf_attend_combine_f32(const float *acc, ptrdiff_t ld_part, const float *m,
+                                  const float *l, ptrdiff_t ld_ml, int n_seg, ptrdiff_t D,
+                                  ptrdiff_t Da, float *out)
+{
+    float mx = -INFINITY, total = 0.0f;
+    for (int s = 0; s < n_seg; s++)
+        mx = m[s * ld_ml] > mx ? m[s * ld_ml] : mx;
+    memset(out, 0, (size_t)Da * sizeof(float));
+    for (int s = 0; s < n_seg; s++) {
+        if (m[s * ld_ml] == -INFINITY)       /* no key of this range visible: weighs nothing */
+            continue;
+        float w = expf(m[s * ld_ml] - mx);
+        total += l[s * ld_ml] * w;
+        mf_axpy_f32(out, w, acc + s * ld_part, D);
+    }
+    mf_scale_f32(out, 1.0f / total, D);
 }
 
 #endif /* MEGAFUSE_MF_ATTENTION_H */
