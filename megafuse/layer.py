@@ -23,6 +23,7 @@ import numpy.typing as npt
 import megafuse as _mf   # the kernels, looked up at call time (this module is imported by
                          # megafuse/__init__.py once they are bound)
 from megafuse._dtype import CKDataType
+from megafuse.memory import zeros as _huge_page_zeros
 
 F32Array = npt.NDArray[np.float32]
 #: A weight format: a CKDataType, its int value, or its name ("Q8_0", "q4_k", ...).
@@ -204,8 +205,9 @@ class DecoderLayer:
 
         self.rope_cos, self.rope_sin = rope_tables(D, C, rope_theta, freq_factors=rope_freq_factors,
                                                    position_scale=rope_position_scale)
-        self.kv_cache_k: F32Array = np.zeros((G, C, D), dtype=np.float32)
-        self.kv_cache_v: F32Array = np.zeros((G, C, D), dtype=np.float32)
+        # the caches on 2 MiB pages (megafuse.memory): decode reads them end to end every token
+        self.kv_cache_k: F32Array = _huge_page_zeros((G, C, D), np.float32)
+        self.kv_cache_v: F32Array = _huge_page_zeros((G, C, D), np.float32)
         self._q_workspace: F32Array = np.zeros(2 * H * D, dtype=np.float32)     # [2, H*D]
         self._kv_workspace: F32Array = np.zeros(2 * G * D, dtype=np.float32)    # [2, G*D]
         self._scratch_tokens = 0
