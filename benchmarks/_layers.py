@@ -208,7 +208,7 @@ def _thp_empty(shape, dtype):
     """An array on 2 MiB pages: an anonymous mmap, madvise(MADV_HUGEPAGE), 2 MiB-aligned start."""
     nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
     huge = 2 << 20
-    mm = mmap.mmap(-1, max(nbytes, 1) + huge)
+    mm = mmap.mmap(-1, max(nbytes, 1) + huge, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)  # private: THP
     if hasattr(mmap, "MADV_HUGEPAGE"):
         mm.madvise(mmap.MADV_HUGEPAGE)
     buf = np.frombuffer(mm, np.uint8)
@@ -219,9 +219,18 @@ def _thp_empty(shape, dtype):
 def page_mode():
     if PAGES == "4k" or (PAGES == "auto" and not hasattr(mf, "empty")):
         return "4 KiB pages (numpy.empty)"
-    if hasattr(mf, "empty"):
-        return "2 MiB pages (megafuse.empty)"
-    return "2 MiB pages (mmap + MADV_HUGEPAGE)"
+    how = "megafuse.empty" if hasattr(mf, "empty") else "mmap + MADV_HUGEPAGE"
+    granted = ""
+    try:                 # what the OS grants: a 64 MiB probe, touched, then its AnonHugePages
+        from megafuse import memory
+        probe = empty((64 << 20,), np.uint8)
+        probe[:] = 1
+        got = memory.huge_page_bytes(probe)
+        if got is not None:
+            granted = f"; the OS backed {100 * got / probe.nbytes:.0f}% of a 64 MiB probe with them"
+    except (ImportError, AttributeError, OSError):
+        pass
+    return f"2 MiB pages ({how}{granted})"
 
 
 def empty(shape, dtype):

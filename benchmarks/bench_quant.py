@@ -124,7 +124,7 @@ def placed(arr):
     if PAGES == "4k":
         return arr
     huge = 2 << 20
-    mm = mmap.mmap(-1, arr.nbytes + huge)
+    mm = mmap.mmap(-1, arr.nbytes + huge, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)  # private: THP
     if hasattr(mmap, "MADV_HUGEPAGE"):
         mm.madvise(mmap.MADV_HUGEPAGE)
     buf = np.frombuffer(mm, np.uint8)

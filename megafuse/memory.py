@@ -18,7 +18,8 @@ import operator as _operator
 
 import numpy as _np
 
-__all__ = ["HUGE_PAGE_BYTES", "empty", "zeros", "empty_like", "huge_pages_requested"]
+__all__ = ["HUGE_PAGE_BYTES", "empty", "zeros", "empty_like", "huge_pages_requested",
+           "huge_page_bytes"]
 
 HUGE_PAGE_BYTES = 2 << 20        # the x86-64 / aarch64 (4 KiB granule) transparent huge page
 
@@ -53,7 +54,13 @@ def empty(shape, dtype=_np.float32):
     # whole huge pages from an aligned start: the mapping is one huge page longer than the
     # rounded-up size, and the array starts at its first 2 MiB boundary
     span = -(-max(nbytes, 1) // HUGE_PAGE_BYTES) * HUGE_PAGE_BYTES
-    mapping = _mmap.mmap(-1, span + HUGE_PAGE_BYTES)
+    if hasattr(_mmap, "MAP_PRIVATE"):
+        # private: Python's default for anonymous maps is MAP_SHARED, i.e. shmem, which THP
+        # serves only under shmem_enabled (usually never) -- anonymous THP needs MAP_PRIVATE
+        mapping = _mmap.mmap(-1, span + HUGE_PAGE_BYTES,
+                             flags=_mmap.MAP_PRIVATE | getattr(_mmap, "MAP_ANONYMOUS", 0x20))
+    else:                    # Windows: no flags (and no THP advice either)
+        mapping = _mmap.mmap(-1, span + HUGE_PAGE_BYTES)
     advise = getattr(mapping, "madvise", None)
     if advise is not None and hasattr(_mmap, "MADV_HUGEPAGE"):
         try:
@@ -77,20 +84,43 @@ def empty_like(a, dtype=None, shape=None):
     return empty(a.shape if shape is None else shape, a.dtype if dtype is None else dtype)
 
 
-def huge_pages_requested(a):
-    """Whether the memory of ``a`` is in a mapping with the huge-page advice (Linux: the ``hg``
-    flag of its VMA in /proc/self/smaps); None where that cannot be read."""
+def _vma_fields(a):
+    """{field: text} of the /proc/self/smaps entry of the mapping holding a's first byte (Linux),
+    None where that cannot be read."""
     addr = _np.asarray(a).__array_interface__["data"][0]
+    fields = None
     try:
         with open("/proc/self/smaps") as f:
-            inside = False
             for line in f:
                 head = line.split(None, 1)[0]
                 if "-" in head and not head.endswith(":"):
+                    if fields is not None:
+                        break                       # past the mapping we were in
                     lo, hi = (int(x, 16) for x in head.split("-"))
-                    inside = lo <= addr < hi
-                elif inside and head == "VmFlags:":
-                    return "hg" in line.split()[1:]
+                    if lo <= addr < hi:
+                        fields = {}
+                elif fields is not None:
+                    fields[head.rstrip(":")] = line.split(None, 1)[1].strip()
     except OSError:
         return None
-    return None
+    return fields
+
+
+def huge_pages_requested(a):
+    """Whether the memory of ``a`` is a private mapping with the huge-page advice (Linux: the
+    ``hg`` flag, and not ``sh``, of its VMA in /proc/self/smaps); None where that cannot be
+    read."""
+    fields = _vma_fields(a)
+    if not fields or "VmFlags" not in fields:
+        return None
+    flags = fields["VmFlags"].split()
+    return "hg" in flags and "sh" not in flags
+
+
+def huge_page_bytes(a):
+    """Bytes of the mapping holding ``a`` that the OS backs with transparent huge pages right now
+    (AnonHugePages of its VMA; touched pages only); None where that cannot be read."""
+    fields = _vma_fields(a)
+    if not fields or "AnonHugePages" not in fields:
+        return None
+    return int(fields["AnonHugePages"].split()[0]) * 1024

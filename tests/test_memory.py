@@ -49,7 +49,9 @@ def test_object_dtype_is_refused():
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="VMA flags are Linux's")
-def test_huge_page_advice_is_on_the_mapping():
+def test_huge_page_advice_is_on_a_private_mapping():
+    """The advice is set, on a private mapping (a shared anonymous one is shmem, which THP does
+    not serve unless shmem_enabled says so); NumPy's own memory has neither."""
     a = megafuse.empty((4 << 20,), np.uint8)
     plain = np.ones(4 << 20, np.uint8)
     got = memory.huge_pages_requested(a)
@@ -61,6 +63,18 @@ def test_huge_page_advice_is_on_the_mapping():
         pytest.skip("transparent huge pages are disabled on this machine")
     assert got is True
     assert memory.huge_pages_requested(plain) is False
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="smaps is Linux's")
+def test_huge_page_bytes_counts_the_mapping():
+    a = megafuse.empty((8 << 20,), np.uint8)
+    before = memory.huge_page_bytes(a)
+    if before is None:
+        pytest.skip("/proc/self/smaps not readable")
+    assert before == 0                       # nothing touched yet
+    a[:] = 1
+    after = memory.huge_page_bytes(a)
+    assert 0 <= after <= 10 << 20            # granted or not (the OS decides), never more
 
 
 def test_memory_lives_as_long_as_a_view():
