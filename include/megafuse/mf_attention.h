@@ -57,8 +57,8 @@ static void mf_attend_range_f32(const float *q, ptrdiff_t ldq, const float *k, c
                                 ptrdiff_t key_end, float *out, ptrdiff_t ldo, float *m_out,
                                 float *l_out)
 {
-    float qp[MF_ATT_MAX_HEAD_DIM * MF_ATT_QUERIES] __attribute__((aligned(64)));  /* [D][16] */
-    float st[MF_ATT_MAX_KV_TILE * MF_ATT_QUERIES] __attribute__((aligned(64)));   /* [n][16] */
+    MF_ALIGNED(64) float qp[MF_ATT_MAX_HEAD_DIM * MF_ATT_QUERIES];   /* [D][16] queries, packed */
+    MF_ALIGNED(64) float st[MF_ATT_MAX_KV_TILE * MF_ATT_QUERIES];    /* [n][16] scores, then p */
     float m[MF_ATT_QUERIES], l[MF_ATT_QUERIES], alpha[MF_ATT_QUERIES], tsum[MF_ATT_QUERIES];
     float tmax[MF_ATT_QUERIES];
     ptrdiff_t pos[MF_ATT_QUERIES];

@@ -108,7 +108,7 @@ static inline void mf_pack_panel_f32(const float *const rows[MF_PANEL_ROWS], ptr
  * place (ldp = Da).
  */
 #if defined(MF_GEMM_AVX2)
-static inline __attribute__((always_inline)) void mf__gemm_block(
+MF_ALWAYS_INLINE void mf__gemm_block(
     const int MR, const float *x, ptrdiff_t xi, ptrdiff_t xk, const float *p, ptrdiff_t ldp,
     ptrdiff_t kc, float *c, ptrdiff_t ldc, int first)
 {

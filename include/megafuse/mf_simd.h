@@ -23,6 +23,19 @@
 #  include <immintrin.h>
 #endif
 
+/* Compiler spellings: forced inlining (register blocks whose loops must unroll into registers)
+ * and the alignment of stack buffers (a prefix of the declaration). */
+#if defined(__GNUC__) || defined(__clang__)
+#  define MF_ALWAYS_INLINE static inline __attribute__((always_inline))
+#  define MF_ALIGNED(n) __attribute__((aligned(n)))
+#elif defined(_MSC_VER)
+#  define MF_ALWAYS_INLINE static __forceinline
+#  define MF_ALIGNED(n) __declspec(align(n))
+#else
+#  define MF_ALWAYS_INLINE static inline
+#  define MF_ALIGNED(n)
+#endif
+
 #if defined(MF_SIMD_AVX512)
 #  define MF_SIMD_NAME "avx512"
 #elif defined(MF_SIMD_AVX2)
