@@ -129,3 +129,67 @@ cdef void attend_query_rows(
                             <int>min(<Py_ssize_t>MF_ATT_QUERIES, nq - b0), D, scale, kv_tile,
                             out + b0 * ldo, ldo)
         b0 += MF_ATT_QUERIES
+
+
+# ---- one token (decode, and prefill of one token) ------------------------------------------------
+# Query head h reads kv head g = h // (H // G) over positions 0..pos.  A task is the query heads of
+# one kv group (up to 16: one block of mf_attend_block_f32, every K/V row loaded once for all of
+# them) over one range of keys.  Long contexts split the keys (split-KV): more than SPLIT_MIN_KEYS
+# keys are cut into ranges of at least that many, each range of each group a task, and the parts
+# are combined head by head (mf_attend_combine_f32).  The number of ranges depends only on the
+# position, the heads and head_dim -- never on the threads -- so the result is the same for any
+# thread count.  Head dims above 256 take attend_query_tile, 3 heads a task, unsplit.
+
+cdef enum:
+    SPLIT_MIN_KEYS = 512          # keys a range of split-KV decode has at least
+    SPLIT_PART_FLOATS = 16384     # the parts of every range and head, on the caller's stack
+
+
+cdef void attend_one_token(
+        const float *q,        # [H, Da]: the token's query heads (roped)
+        const float *kv_cache_k,   # [G, C, Da]: rows 0 .. pos are read
+        const float *kv_cache_v,   # [G, C, Da]
+        Py_ssize_t P,          # the token's position
+        Py_ssize_t H, Py_ssize_t G, Py_ssize_t D, Py_ssize_t Da, Py_ssize_t C, float scale,
+        Py_ssize_t kv_tile,
+        float *attn,           # [H, Da] out: head h's attention output (dims >= D: 0)
+        int num_threads) noexcept nogil:
+    cdef float parts[SPLIT_PART_FLOATS]        # split-KV: [n_seg, H, Da] sums, then m, l
+    cdef Py_ssize_t max_seg = SPLIT_PART_FLOATS // (H * (Da + 2))
+    cdef float *part_acc = parts                            # [n_seg, H, Da]
+    cdef float *part_m = parts + max_seg * H * Da           # [n_seg, H]
+    cdef float *part_l = part_m + max_seg * H               # [n_seg, H]
+    cdef Py_ssize_t group = H // G, n_seg, seg_len, n_chunks, task, s, g, h
+    n_seg = min((P + SPLIT_MIN_KEYS) // SPLIT_MIN_KEYS, max_seg)
+    if D <= MF_ATT_MAX_HEAD_DIM and n_seg > 1:
+        seg_len = (P + n_seg) // n_seg                   # ceil((P + 1) / n_seg)
+        n_chunks = (group + MF_ATT_QUERIES - 1) // MF_ATT_QUERIES
+        for task in prange(G * n_chunks * n_seg, num_threads=num_threads, schedule='dynamic',
+                           nogil=True):
+            s = task % n_seg
+            g = task // n_seg // n_chunks
+            h = g * group + (task // n_seg % n_chunks) * MF_ATT_QUERIES
+            mf_attend_range_f32(q + h * Da, Da, kv_cache_k + g * C * Da, kv_cache_v + g * C * Da,
+                                Da, P, 0, <int>min(<Py_ssize_t>MF_ATT_QUERIES, (g + 1) * group - h),
+                                D, scale, kv_tile, s * seg_len, min(P + 1, (s + 1) * seg_len),
+                                part_acc + (s * H + h) * Da, Da, part_m + s * H + h,
+                                part_l + s * H + h)
+        for h in prange(H, num_threads=num_threads, schedule='static', nogil=True):
+            mf_attend_combine_f32(part_acc + h * Da, H * Da, part_m + h, part_l + h, H,
+                                  <int>n_seg, D, Da, attn + h * Da)
+    elif D <= MF_ATT_MAX_HEAD_DIM:
+        n_chunks = (group + MF_ATT_QUERIES - 1) // MF_ATT_QUERIES
+        for task in prange(G * n_chunks, num_threads=num_threads, schedule='dynamic', nogil=True):
+            g = task // n_chunks
+            h = g * group + (task % n_chunks) * MF_ATT_QUERIES
+            mf_attend_block_f32(q + h * Da, Da, kv_cache_k + g * C * Da, kv_cache_v + g * C * Da,
+                                Da, P, 0, <int>min(<Py_ssize_t>MF_ATT_QUERIES, (g + 1) * group - h),
+                                D, scale, kv_tile, attn + h * Da, Da)
+    else:
+        n_chunks = (group + 2) // 3
+        for task in prange(G * n_chunks, num_threads=num_threads, schedule='dynamic', nogil=True):
+            g = task // n_chunks
+            h = g * group + (task % n_chunks) * 3
+            attend_query_tile(q + h * Da, Da, kv_cache_k + g * C * Da, kv_cache_v + g * C * Da, P,
+                              0, min(<Py_ssize_t>3, (g + 1) * group - h), D, Da, scale, kv_tile,
+                              attn + h * Da, Da)

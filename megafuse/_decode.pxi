@@ -1,14 +1,6 @@
 # The fused single-token layer: RMSNorm -> Q/K/V -> RoPE -> KV-cache write -> attention over the
 # cache -> out-projection + bias + residual.  Float32 weights, float32 activations throughout.
-#
-# Long contexts split the keys (split-KV): more than SPLIT_MIN_KEYS keys are cut into ranges of
-# at least that many, each range of each kv group a task, and the parts are combined head by head
-# (mf_attend_combine_f32).  The number of ranges depends only on the position, the heads and
-# head_dim -- never on the threads -- so the result is the same for any thread count.
-
-cdef enum:
-    SPLIT_MIN_KEYS = 512          # keys a range of split-KV decode has at least
-    SPLIT_PART_FLOATS = 16384     # the parts of every range and head, on the caller's stack
+# The attention itself is attend_one_token (_attention.pxi): split-KV over long contexts.
 
 
 cdef void outproj_rows_block(
@@ -55,18 +47,13 @@ cdef void attention_decode_kernel(
         int kv_tile, int num_threads) noexcept nogil:
     cdef Py_ssize_t E = embed_dim, Ea = aligned_embed_dim, H = num_heads, G = num_kv_heads
     cdef Py_ssize_t D = head_dim, Da = aligned_head_dim, C = cache_capacity, P = pos
-    cdef Py_ssize_t HDa = H * Da, group = H // G
+    cdef Py_ssize_t HDa = H * Da
     cdef float *q = q_output_workspace          # [H, Da]
     cdef float *attn = q_output_workspace + HDa  # [H, Da]
     cdef float *k = kv_workspace                 # [G, Da]
     cdef float *v = kv_workspace + G * Da        # [G, Da]
     cdef float scale = 1.0 / sqrtf(<float>D)
-    cdef float acc
-    cdef Py_ssize_t g, h, e, blk, task, n_chunks, n_seg, seg_len, s
-    cdef float parts[SPLIT_PART_FLOATS]        # split-KV: [n_seg, H, Da] sums, then m, l
-    cdef float *part_acc = parts                # [n_seg, H, Da]
-    cdef float *part_m = parts + (SPLIT_PART_FLOATS // (H * (Da + 2))) * H * Da   # [n_seg, H]
-    cdef float *part_l = part_m + (SPLIT_PART_FLOATS // (H * (Da + 2))) * H       # [n_seg, H]
+    cdef Py_ssize_t g, blk
 
     project_qkv(input, ln1_gamma, rms_inverse(input, E, eps), wq, bq, wk, bk, wv, bv,
                 q, k, v, E, Ea, H, G, D, Da, num_threads)
@@ -79,43 +66,9 @@ cdef void attention_decode_kernel(
         memcpy(kv_cache_k + (g * C + P) * Da, k + g * Da, Da * sizeof(float))
         memcpy(kv_cache_v + (g * C + P) * Da, v + g * Da, Da * sizeof(float))
 
-    # Query head h reads kv head g = h // (H // G) over positions 0..pos.  A task is the query
-    # heads of one kv group (up to 16: one block of mf_attend_block_f32, every K/V row loaded once
-    # for all of them) over one range of keys; head dims above 256 take attend_query_tile, 3 heads
-    # a task, unsplit.
-    n_seg = min((P + SPLIT_MIN_KEYS) // SPLIT_MIN_KEYS, SPLIT_PART_FLOATS // (H * (Da + 2)))
-    if D <= MF_ATT_MAX_HEAD_DIM and n_seg > 1:
-        seg_len = (P + n_seg) // n_seg                   # ceil((P + 1) / n_seg)
-        n_chunks = (group + MF_ATT_QUERIES - 1) // MF_ATT_QUERIES
-        for task in prange(G * n_chunks * n_seg, num_threads=num_threads, schedule='dynamic',
-                           nogil=True):
-            s = task % n_seg
-            g = task // n_seg // n_chunks
-            h = g * group + (task // n_seg % n_chunks) * MF_ATT_QUERIES
-            mf_attend_range_f32(q + h * Da, Da, kv_cache_k + g * C * Da, kv_cache_v + g * C * Da,
-                                Da, P, 0, <int>min(<Py_ssize_t>MF_ATT_QUERIES, (g + 1) * group - h),
-                                D, scale, kv_tile, s * seg_len, min(P + 1, (s + 1) * seg_len),
-                                part_acc + (s * H + h) * Da, Da, part_m + s * H + h,
-                                part_l + s * H + h)
-        for h in prange(H, num_threads=num_threads, schedule='static', nogil=True):
-            mf_attend_combine_f32(part_acc + h * Da, H * Da, part_m + h, part_l + h, H,
-                                  <int>n_seg, D, Da, attn + h * Da)
-    elif D <= MF_ATT_MAX_HEAD_DIM:
-        n_chunks = (group + MF_ATT_QUERIES - 1) // MF_ATT_QUERIES
-        for task in prange(G * n_chunks, num_threads=num_threads, schedule='dynamic', nogil=True):
-            g = task // n_chunks
-            h = g * group + (task % n_chunks) * MF_ATT_QUERIES
-            mf_attend_block_f32(q + h * Da, Da, kv_cache_k + g * C * Da, kv_cache_v + g * C * Da,
-                                Da, P, 0, <int>min(<Py_ssize_t>MF_ATT_QUERIES, (g + 1) * group - h),
-                                D, scale, kv_tile, attn + h * Da, Da)
-    else:
-        n_chunks = (group + 2) // 3
-        for task in prange(G * n_chunks, num_threads=num_threads, schedule='dynamic', nogil=True):
-            g = task // n_chunks
-            h = g * group + (task % n_chunks) * 3
-            attend_query_tile(q + h * Da, Da, kv_cache_k + g * C * Da, kv_cache_v + g * C * Da, P,
-                              0, min(<Py_ssize_t>3, (g + 1) * group - h), D, Da, scale, kv_tile,
-                              attn + h * Da, Da)
+    # attention of the token's query heads over positions 0..pos (_attention.pxi)
+    attend_one_token(q, kv_cache_k, kv_cache_v, P, H, G, D, Da, C, scale, kv_tile, attn,
+                     num_threads)
 
     # output = attn @ wo.T + bo + residual.  Row e of output reads only residual[e]: output may be
     # the residual (or the input, no longer needed) itself.

@@ -170,16 +170,11 @@ cdef void attention_prefill_kernel(
                                   rope_cos + (S + t) * (D // 2), rope_sin + (S + t) * (D // 2))
 
     # ---- phase 2: causal flash attention, one task per (head, query tile) -----------------------
-    # (one token: one task per kv group, its query heads in one block as in decode, so each K/V
-    # row is read once for all of them)
-    if T == 1 and D <= MF_ATT_MAX_HEAD_DIM:
-        n_qt = (group + MF_ATT_QUERIES - 1) // MF_ATT_QUERIES
-        for task in prange(G * n_qt, num_threads=num_threads, schedule='dynamic', nogil=True):
-            g = task // n_qt
-            h = g * group + (task % n_qt) * MF_ATT_QUERIES
-            mf_attend_block_f32(q + h * Da, Da, kv_cache_k + g * C * Da, kv_cache_v + g * C * Da,
-                                Da, S, 0, <int>min(<Py_ssize_t>MF_ATT_QUERIES, (g + 1) * group - h),
-                                D, scale, kv_tile, attn + h * Da, Da)
+    # (one token: decode's attention, _attention.pxi -- the query heads of a kv group in one block,
+    # split-KV over long contexts)
+    if T == 1:
+        attend_one_token(q, kv_cache_k, kv_cache_v, S, H, G, D, Da, C, scale, kv_tile, attn,
+                         num_threads)
         n_qt = 0                   # the per-head tasks below: none
     else:
         n_qt = (T + q_tile - 1) // q_tile

@@ -261,3 +261,16 @@ def test_packed_path_dequantizes_block_formats(simd_level, fmt):
     into the packed panels (K = 512: two panels of columns)."""
     args = prefill_case(SMALL_256, 17, formats={w: fmt for w in ("wq", "wk", "wv", "wo")})
     check(*run(args), TOL["float"])
+
+
+@pytest.mark.parametrize("fmt", ["FP32", "Q8_0"])
+def test_one_token_over_a_long_context(simd_level, fmt):
+    """Prefill of one token at position 1500 (DecoderLayer's decode with block-format weights):
+    decode's split-KV attention, against the reference."""
+    args = prefill_case(("mqa", 256, 256, 4, 1, 64, 64), 1, start_pos=1500,
+                        formats={w: fmt for w in ("wq", "wk", "wv", "wo")}, int8=fmt != "FP32")
+    if fmt == "FP32":
+        check(*run(args), TOL["float"])
+    else:
+        got, want, pure = run(args, int8=True)
+        check(got, want, TOL["q8_emulated"], pure)
