@@ -1,5 +1,6 @@
 """megafuse.empty / zeros / empty_like: arrays on 2 MiB pages for weights and caches."""
 import gc
+import mmap
 import sys
 
 import numpy as np
@@ -53,7 +54,10 @@ def test_huge_page_advice_is_on_a_private_mapping():
     """The advice is set, on a private mapping (a shared anonymous one is shmem, which THP does
     not serve unless shmem_enabled says so); NumPy's own memory has neither."""
     a = megafuse.empty((4 << 20,), np.uint8)
-    plain = np.ones(4 << 20, np.uint8)
+    # a private anonymous mapping of our own without the advice (NumPy's memory may come from
+    # the malloc heap or an arena, whose flags this test does not control)
+    plain_map = mmap.mmap(-1, 4 << 20, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    plain = np.frombuffer(plain_map, np.uint8)
     got = memory.huge_pages_requested(a)
     if got is None:
         pytest.skip("/proc/self/smaps not readable")
@@ -61,8 +65,8 @@ def test_huge_page_advice_is_on_a_private_mapping():
         thp = f.read()
     if "[never]" in thp:
         pytest.skip("transparent huge pages are disabled on this machine")
-    assert got is True
-    assert memory.huge_pages_requested(plain) is False
+    assert got is True, memory._vma_fields(a)
+    assert memory.huge_pages_requested(plain) is False, memory._vma_fields(plain)
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="smaps is Linux's")
