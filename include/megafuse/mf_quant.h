@@ -176,14 +176,8 @@ static inline uint32_t mf_le32(const uint8_t *qh)
 /* ============================================================================================ */
 #if defined(MF_Q_AVX2)
 
-static inline float mf_q_hsum_ps(__m256 v)
-{
-    __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
-    lo = _mm_add_ps(lo, hi);
-    lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
-    lo = _mm_add_ss(lo, _mm_shuffle_ps(lo, lo, 0x55));
-    return _mm_cvtss_f32(lo);
-}
+/* the 8 lanes of v summed in mf_simd.h's fixed order */
+static inline float mf_q_hsum_ps(__m256 v) { return mf_hsum256(v); }
 
 static inline int32_t mf_q_hsum_epi32(__m256i v)
 {
