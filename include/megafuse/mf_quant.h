@@ -2505,6 +2505,36 @@ static inline __m256i mf_q_k4_scales_mins(const uint8_t *scales /* [12] */)
     return _mm256_cvtepu8_epi16(_mm_set_epi32((int)u[3], (int)u[2], (int)u[1], (int)u[0]));
 }
 
+/* mf_q_k4_scales_mins of four blocks at once, in vector registers: the same bits (the 32-bit
+ * shifts and masks of the scalar unpacking, applied to the four rows side by side; reads the 16
+ * bytes from each scales, whose last 4 are the block's next field). */
+static inline void mf_q_k4_scales_mins4(const uint8_t *s0, const uint8_t *s1, const uint8_t *s2,
+                                        const uint8_t *s3, __m256i out[4])
+{
+    const __m128i r0 = _mm_loadu_si128((const __m128i *)(const void *)s0);   /* u0 u1 u2 - */
+    const __m128i r1 = _mm_loadu_si128((const __m128i *)(const void *)s1);
+    const __m128i r2 = _mm_loadu_si128((const __m128i *)(const void *)s2);
+    const __m128i r3 = _mm_loadu_si128((const __m128i *)(const void *)s3);
+    const __m128i t0 = _mm_unpacklo_epi32(r0, r1), t1 = _mm_unpacklo_epi32(r2, r3);
+    const __m128i t2 = _mm_unpackhi_epi32(r0, r1), t3 = _mm_unpackhi_epi32(r2, r3);
+    const __m128i U0 = _mm_unpacklo_epi64(t0, t1);          /* u0 of rows 0..3 */
+    const __m128i U1 = _mm_unpackhi_epi64(t0, t1);          /* u1 */
+    const __m128i U2 = _mm_unpacklo_epi64(t2, t3);          /* u2 */
+    const __m128i k1 = _mm_set1_epi32(0x3f3f3f3f), k2 = _mm_set1_epi32(0x0f0f0f0f);
+    const __m128i k3 = _mm_set1_epi32(0x03030303);
+    const __m128i V3 = _mm_or_si128(_mm_and_si128(_mm_srli_epi32(U2, 4), k2),
+                                    _mm_slli_epi32(_mm_and_si128(_mm_srli_epi32(U1, 6), k3), 4));
+    const __m128i V1 = _mm_or_si128(_mm_and_si128(U2, k2),
+                                    _mm_slli_epi32(_mm_and_si128(_mm_srli_epi32(U0, 6), k3), 4));
+    const __m128i V2 = _mm_and_si128(U1, k1), V0 = _mm_and_si128(U0, k1);
+    const __m128i a = _mm_unpacklo_epi32(V0, V1), b = _mm_unpacklo_epi32(V2, V3);
+    const __m128i c = _mm_unpackhi_epi32(V0, V1), d = _mm_unpackhi_epi32(V2, V3);
+    out[0] = _mm256_cvtepu8_epi16(_mm_unpacklo_epi64(a, b));
+    out[1] = _mm256_cvtepu8_epi16(_mm_unpackhi_epi64(a, b));
+    out[2] = _mm256_cvtepu8_epi16(_mm_unpacklo_epi64(c, d));
+    out[3] = _mm256_cvtepu8_epi16(_mm_unpackhi_epi64(c, d));
+}
+
 /* int16 element k (0..7) of each 128-bit lane of v, in all 8 int16 of that lane. */
 #define MF_Q_SEL16(v, k)                                                                       \
     _mm256_shuffle_epi8(v, _mm256_set1_epi16((short)(((2 * (k) + 1) << 8) | (2 * (k)))))
@@ -2596,10 +2626,9 @@ static inline void NAME(const void *const *vw, const void *va, ptrdiff_t n, floa
         const __m128i ps = _mm_hadd_epi16(                                                     \
             _mm_loadu_si128((const __m128i *)(const void *)ab->bsums),                         \
             _mm_loadu_si128((const __m128i *)(const void *)(ab->bsums + 8)));                  \
-        const __m256i ms0 = mf_q_k4_scales_mins(w0[ib].scales);   /* [sc | mins] int16 */     \
-        const __m256i ms1 = mf_q_k4_scales_mins(w1[ib].scales);                                \
-        const __m256i ms2 = mf_q_k4_scales_mins(w2[ib].scales);                                \
-        const __m256i ms3 = mf_q_k4_scales_mins(w3[ib].scales);                                \
+        __m256i ms[4];                                            /* [sc | mins] int16 */     \
+        mf_q_k4_scales_mins4(w0[ib].scales, w1[ib].scales, w2[ib].scales, w3[ib].scales, ms);  \
+        const __m256i ms0 = ms[0], ms1 = ms[1], ms2 = ms[2], ms3 = ms[3];                       \
         const __m128i summ = _mm_hadd_epi32(                                                   \
             _mm_hadd_epi32(_mm_madd_epi16(_mm256_extracti128_si256(ms0, 1), ps),               \
                            _mm_madd_epi16(_mm256_extracti128_si256(ms1, 1), ps)),              \
