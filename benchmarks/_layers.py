@@ -16,7 +16,6 @@ import ctypes
 import dataclasses
 import itertools
 import math
-import mmap
 import os
 import shutil
 import subprocess
@@ -36,8 +35,7 @@ THREADS = int(os.environ.get("MEGAFUSE_BENCH_THREADS", "2"))
 BUDGET = float(os.environ.get("MEGAFUSE_BENCH_BUDGET", "1.0"))
 MAX_ROUNDS = 400
 MIN_ROUNDS = 3
-# "auto": megafuse.empty (2 MiB pages) when megafuse has it, else plain NumPy (4 KiB pages);
-# "4k": plain NumPy; "huge": megafuse.empty, else an mmap with madvise(MADV_HUGEPAGE) of our own.
+# "auto" / "huge": megafuse.empty (2 MiB pages); "4k": plain NumPy (4 KiB pages).
 PAGES = os.environ.get("MEGAFUSE_BENCH_PAGES", "auto")
 PAUSE = 0.25                      # seconds between implementations (OpenBLAS / OpenMP spin-down)
 # Before each benchmark, wait (up to 20 s) until other processes use at most this share of the
@@ -204,42 +202,23 @@ def cases(block):
 
 
 # ---- memory -------------------------------------------------------------------------------------
-def _thp_empty(shape, dtype):
-    """An array on 2 MiB pages: an anonymous mmap, madvise(MADV_HUGEPAGE), 2 MiB-aligned start."""
-    nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
-    huge = 2 << 20
-    mm = mmap.mmap(-1, max(nbytes, 1) + huge, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)  # private: THP
-    if hasattr(mmap, "MADV_HUGEPAGE"):
-        mm.madvise(mmap.MADV_HUGEPAGE)
-    buf = np.frombuffer(mm, np.uint8)
-    off = (-buf.ctypes.data) % huge
-    return buf[off:off + nbytes].view(dtype).reshape(shape)
-
-
 def page_mode():
-    if PAGES == "4k" or (PAGES == "auto" and not hasattr(mf, "empty")):
+    if PAGES == "4k":
         return "4 KiB pages (numpy.empty)"
-    how = "megafuse.empty" if hasattr(mf, "empty") else "mmap + MADV_HUGEPAGE"
     granted = ""
-    try:                 # what the OS grants: a 64 MiB probe, touched, then its AnonHugePages
-        from megafuse import memory
-        probe = empty((64 << 20,), np.uint8)
-        probe[:] = 1
-        got = memory.huge_page_bytes(probe)
-        if got is not None:
-            granted = f"; the OS backed {100 * got / probe.nbytes:.0f}% of a 64 MiB probe with them"
-    except (ImportError, AttributeError, OSError):
-        pass
-    return f"2 MiB pages ({how}{granted})"
+    probe = empty((64 << 20,), np.uint8)      # what the OS grants: a 64 MiB probe, touched
+    probe[:] = 1
+    got = mf.memory.huge_page_bytes(probe)
+    if got is not None:
+        granted = f"; the OS backed {100 * got / probe.nbytes:.0f}% of a 64 MiB probe with them"
+    return f"2 MiB pages (megafuse.empty{granted})"
 
 
 def empty(shape, dtype):
     """Where every weight, cache and the bandwidth probe's array live (see PAGES)."""
-    if PAGES == "4k" or (PAGES == "auto" and not hasattr(mf, "empty")):
+    if PAGES == "4k":
         return np.empty(shape, dtype)
-    if hasattr(mf, "empty"):
-        return mf.empty(shape, dtype)
-    return _thp_empty(shape, dtype)
+    return mf.empty(shape, dtype)
 
 
 def placed(arr):

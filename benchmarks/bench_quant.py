@@ -17,7 +17,6 @@
    model loader would place it; DRAM bandwidth on 4 KiB pages is much lower on this kind of VM.
 A summary table is printed at the end of the run.
 """
-import mmap
 import os
 
 import numpy as np
@@ -119,17 +118,11 @@ PAGES = os.environ.get("MEGAFUSE_BENCH_PAGES", "2m")
 
 
 def placed(arr):
-    """A copy of arr on 2 MiB pages (anonymous mmap, MADV_HUGEPAGE, 2 MiB-aligned start), or arr
-    itself with MEGAFUSE_BENCH_PAGES=4k."""
+    """A copy of arr on 2 MiB pages (megafuse.empty), or arr itself with
+    MEGAFUSE_BENCH_PAGES=4k."""
     if PAGES == "4k":
         return arr
-    huge = 2 << 20
-    mm = mmap.mmap(-1, arr.nbytes + huge, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)  # private: THP
-    if hasattr(mmap, "MADV_HUGEPAGE"):
-        mm.madvise(mmap.MADV_HUGEPAGE)
-    buf = np.frombuffer(mm, np.uint8)
-    off = (-buf.ctypes.data) % huge
-    out = buf[off:off + arr.nbytes].view(arr.dtype).reshape(arr.shape)
+    out = mf.empty_like(arr)
     out[...] = arr
     return out
 
