@@ -349,6 +349,348 @@ def dequantize(blob, dtype, shape):
 
 
 # ---------------------------------------------------------------------------------------------
+# Weights: K-quant quantization (GGML's quantize_row_q{4,5,6}_K_ref, byte for byte)
+# ---------------------------------------------------------------------------------------------
+# A port of GGML's reference quantizers (ggml-quants.c), vectorised over groups of weights:
+# every function below handles all the blocks of its input at once, and loops only where GGML's
+# C loops carry a value from one element to the next.
+#
+# Bit-exactness rests on three rules, kept throughout:
+# * Every value is float32, and every C expression is evaluated in C's order, one rounding per
+#   operation (``a*b + c`` is two roundings: GGML's reference build does not fuse them).
+# * A C reduction (``s += t`` over a loop) is summed here column by column in the same order
+#   (``_sum_in_order``), never with ``np.sum`` (pairwise summation rounds differently); a C
+#   running max / min (``if (x[i] < min) min = x[i]``) is a column-by-column ``np.where``, which
+#   also keeps C's answer when a NaN is compared (the comparison is false, nothing changes).
+# * Rounding to an integer is GGML's ``nearest_int``, done on the bits as GGML does (below), and
+#   C's conversions of an int to ``uint8_t`` / ``int8_t`` keep its low byte.
+#
+# Non-finite input.  The arithmetic is IEEE's, so Inf and NaN give what GGML's C gives wherever
+# that is decided by IEEE rules.  What ``nearest_int`` makes of a NaN is decided by the NaN's
+# mantissa bits: a NaN without payload (``np.nan``, ``-np.nan``, and the NaN that 0 * Inf or
+# Inf - Inf produce on x86 and ARM) gives 0, so the result is fixed.  A NaN that carries a
+# payload gives another integer, and which operand's payload survives an operation between two
+# NaNs depends on how the C compiler ordered the operands; such input has no defined bytes.
+
+_F32 = np.float32
+_GROUP_MAX_EPS = _F32(1e-15)               # GGML's GROUP_MAX_EPS
+_NEAREST_INT_MAGIC = _F32(12582912.0)      # 1.5 * 2^23
+
+
+def nearest_int(v):
+    """GGML's ``nearest_int``: float32 -> int32, round to nearest, ties to even.
+
+    GGML adds 1.5 * 2^23 and reads the low 23 bits of the sum: for |v| <= 2^22 that is
+    round-half-even.  Beyond that range, and for Inf and NaN, the same bit operations give some
+    integer (Inf: -2^22; a NaN without payload: 0); it is reproduced exactly, never assumed.
+    """
+    shifted = np.asarray(v, dtype=_F32) + _NEAREST_INT_MAGIC
+    return (shifted.view(np.int32) & 0x007FFFFF) - 0x00400000
+
+
+def _low_byte(v):
+    """C's conversion of an int to ``uint8_t``: the value modulo 256."""
+    return (np.asarray(v) & 0xFF).astype(np.uint8)
+
+
+def _sum_in_order(terms):
+    """``float s = 0; for (i...) s += terms[i];`` for each row of ``terms`` (m, n) -> (m,)."""
+    total = np.zeros(terms.shape[0], dtype=_F32)
+    for i in range(terms.shape[1]):
+        total = total + terms[:, i]
+    return total
+
+
+def _fp32_to_fp16_bits(v):
+    """``GGML_FP32_TO_FP16``: round to nearest even (subnormals included, >= 65520 -> Inf).
+
+    NumPy's float16 cast rounds the same way.  Returns the uint16 bits and their float32 value
+    (``GGML_FP16_TO_FP32`` of the stored half, which GGML re-reads before requantizing).
+    """
+    with np.errstate(over='ignore'):
+        half = np.asarray(v, dtype=_F32).astype(np.float16)
+    return half.view(np.uint16), half.astype(_F32)
+
+
+def _store_fp16(dst_two_columns, bits):
+    """Write uint16 ``bits`` (n,) little-endian into the (n, 2) uint8 columns of the blocks."""
+    dst_two_columns[...] = bits.astype('<u2').view(np.uint8).reshape(-1, 2)
+
+
+def make_qkx2_quants(x, weights, nmax, rmin, rdelta, nstep):
+    """GGML's ``make_qkx2_quants`` (``use_mad = false``) on m groups of n weights at once.
+
+    x, weights: (m, n) float32.  Finds codes L in 0..nmax, a scale and a min so that
+    ``scale * L + min`` fits x in the weighted least-squares sense: first from the group's range
+    (min clamped to <= 0), then over ``nstep + 1`` trial scales ``(rmin + rdelta*is + nmax) /
+    (max - min)``, keeping a trial whose weighted squared error is smaller.  As in GGML, a kept
+    trial's min replaces ``min`` for the trials after it.  A group whose max equals its clamped
+    min gets scale 0, L = 0.
+
+    Returns (scale (m,) float32, the_min = -min (m,) float32, L (m, n) uint8).
+    """
+    f = _F32
+    x = np.asarray(x, dtype=f)
+    weights = np.asarray(weights, dtype=f)
+    with np.errstate(all='ignore'):                       # Inf / NaN just propagate, as in C
+        lo = x[:, 0].copy()
+        hi = x[:, 0].copy()
+        sum_w = weights[:, 0].copy()
+        sum_x = sum_w * x[:, 0]
+        for i in range(1, x.shape[1]):
+            xi, w = x[:, i], weights[:, i]
+            lo = np.where(xi < lo, xi, lo)
+            hi = np.where(xi > hi, xi, hi)
+            sum_w = sum_w + w
+            sum_x = sum_x + w * xi
+        lo = np.where(lo > 0, f(0), lo)
+        flat = hi == lo                                   # C returns here: L = 0, scale 0
+        flat_min = lo
+
+        def codes(iscale, lo):
+            """nearest_int(iscale * (x - min)) clamped to 0..nmax: (m, n) uint8."""
+            q = nearest_int(iscale[:, None] * (x - lo[:, None]))
+            return np.clip(q, 0, nmax).astype(np.uint8)
+
+        def weighted_error(scale, lo, L):
+            """sum_i w_i * (scale * L_i + min - x_i)^2, in C's order."""
+            diff = scale[:, None] * L.astype(f) + lo[:, None] - x
+            return _sum_in_order(weights * (diff * diff))
+
+        iscale = f(nmax) / (hi - lo)
+        scale = f(1) / iscale
+        L = codes(iscale, lo)
+        if nstep >= 1:
+            best_error = weighted_error(scale, lo, L)
+            for step in range(nstep + 1):
+                iscale = (f(rmin) + f(rdelta) * f(step) + f(nmax)) / (hi - lo)
+                Laux = codes(iscale, lo)
+                lf = Laux.astype(f)
+                wl = weights * lf
+                sum_l = _sum_in_order(wl)
+                sum_l2 = _sum_in_order(wl * lf)
+                sum_xl = _sum_in_order(wl * x)
+                D = sum_w * sum_l2 - sum_l * sum_l
+                this_scale = (sum_w * sum_xl - sum_x * sum_l) / D
+                this_min = (sum_l2 * sum_x - sum_l * sum_xl) / D
+                positive_min = this_min > 0
+                this_min = np.where(positive_min, f(0), this_min)
+                this_scale = np.where(positive_min, sum_xl / sum_l2, this_scale)
+                cur_error = weighted_error(this_scale, this_min, Laux)
+                better = ~flat & (D > 0) & (cur_error < best_error)
+                L = np.where(better[:, None], Laux, L)
+                best_error = np.where(better, cur_error, best_error)
+                scale = np.where(better, this_scale, scale)
+                lo = np.where(better, this_min, lo)
+        L[flat] = 0
+        scale = np.where(flat, f(0), scale)
+        lo = np.where(flat, flat_min, lo)
+        return scale, -lo, L
+
+
+def make_qx_quants_rmse1(x, nmax):
+    """GGML's ``make_qx_quants`` with ``rmse_type = 1`` and no importance weights (Q6_K's call),
+    on m groups of n weights at once.
+
+    x: (m, n) float32.  Codes l in -nmax..nmax-1 against ``max`` (the value of largest |x|, first
+    occurrence), scale by weighted least squares (weights x^2), then 18 trial scales
+    ``-(nmax + 0.1*is) / max`` (is = -9..9, not 0), keeping one that increases
+    ``sumlx^2 / suml2``.  A group with max |x| < 1e-15 gets scale 0 and L = 0.
+
+    Returns (scale (m,) float32, L = l + nmax (m, n) int8).
+    """
+    f = _F32
+    x = np.asarray(x, dtype=f)
+    with np.errstate(all='ignore'):
+        amax = np.zeros(x.shape[0], dtype=f)
+        vmax = np.zeros(x.shape[0], dtype=f)
+        for i in range(x.shape[1]):
+            ax = np.abs(x[:, i])
+            larger = ax > amax
+            amax = np.where(larger, ax, amax)
+            vmax = np.where(larger, x[:, i], vmax)
+        all_zero = amax < _GROUP_MAX_EPS
+        w = x * x
+
+        def trial(iscale):
+            """(q, sumlx, suml2) of the codes q = l in -nmax..nmax-1 that ``iscale`` gives."""
+            q = np.clip(nearest_int(iscale[:, None] * x), -nmax, nmax - 1)
+            qf = q.astype(f)
+            return q, _sum_in_order((w * x) * qf), _sum_in_order((w * qf) * qf)
+
+        q, sumlx, suml2 = trial(f(-nmax) / vmax)
+        scale = np.where(suml2 != 0, sumlx / suml2, f(0))
+        best = scale * sumlx
+        for step in range(-9, 10):
+            if step == 0:
+                continue
+            q_step, sumlx, suml2 = trial(-(f(nmax) + f(0.1) * f(step)) / vmax)
+            better = (suml2 > 0) & (sumlx * sumlx > best * suml2)
+            q = np.where(better[:, None], q_step, q)
+            scale = np.where(better, sumlx / suml2, scale)
+            best = np.where(better, scale * sumlx, best)
+        L = (q + nmax).astype(np.int8)
+        L[all_zero] = 0
+        return np.where(all_zero, f(0), scale), L
+
+
+def _pack_scale_min_k4(ls, lm):
+    """The inverse of ``_scale_min_k4``: 6-bit scales ``ls`` and mins ``lm`` of the 8 sub-blocks,
+    (n, 8) uint8 each -> the 12 ``scales`` bytes (n, 12) uint8."""
+    out = np.zeros((ls.shape[0], 12), dtype=np.uint8)
+    out[:, 0:4] = ls[:, 0:4]
+    out[:, 4:8] = lm[:, 0:4]
+    out[:, 8:12] = (ls[:, 4:8] & 0x0F) | ((lm[:, 4:8] & 0x0F) << 4)
+    out[:, 0:4] |= (ls[:, 4:8] >> 4) << 6
+    out[:, 4:8] |= (lm[:, 4:8] >> 4) << 6
+    return out
+
+
+def _running_max(values):
+    """``float m = 0; for (j...) if (v[j] > m) m = v[j];`` per row of (n, k) -> (n,)."""
+    best = np.zeros(values.shape[0], dtype=_F32)
+    for j in range(values.shape[1]):
+        best = np.where(values[:, j] > best, values[:, j], best)
+    return best
+
+
+def _kquant_scales_codes(xb, nmax, rmin, rdelta, nstep):
+    """The part Q4_K and Q5_K share, for super-blocks xb (n, 256) float32.
+
+    Per sub-block of 32: ``make_qkx2_quants`` with weights ``sqrt(mean(x^2)) + |x|``.  The scales
+    and mins are then coded in 6 bits against the largest of each (d = max_scale / 63,
+    dmin = max_min / 63, both stored as fp16), and every weight is coded again against the scale
+    and min it will be decoded with: ``nearest_int((x + dmin*m) / (d*sc))`` clamped to 0..nmax
+    (a sub-block whose d*sc is 0 keeps the codes of make_qkx2_quants).
+
+    Returns (d bits (n,) uint16, dmin bits (n,) uint16, scales (n, 12) uint8, L (n, 256) uint8).
+    """
+    f = _F32
+    n = xb.shape[0]
+    sub = xb.reshape(n * 8, 32)                                     # [n*8 sub-blocks, 32]
+    with np.errstate(all='ignore'):
+        av_x = np.sqrt(_sum_in_order(sub * sub) / f(32))
+        weights = av_x[:, None] + np.abs(sub)
+        scale, the_min, L = make_qkx2_quants(sub, weights, nmax, rmin, rdelta, nstep)
+        scales = scale.reshape(n, 8)
+        mins = the_min.reshape(n, 8)
+        max_scale = _running_max(scales)
+        max_min = _running_max(mins)
+        inv_scale = np.where(max_scale > 0, f(63) / max_scale, f(0))
+        inv_min = np.where(max_min > 0, f(63) / max_min, f(0))
+        ls = np.minimum(_low_byte(nearest_int(inv_scale[:, None] * scales)), 63)
+        lm = np.minimum(_low_byte(nearest_int(inv_min[:, None] * mins)), 63)
+        packed = _pack_scale_min_k4(ls, lm)
+        d_bits, d = _fp32_to_fp16_bits(max_scale / f(63))
+        dmin_bits, dmin = _fp32_to_fp16_bits(max_min / f(63))
+        sc, m = _scale_min_k4(packed)                               # as the decoder reads them
+        d_sc = d[:, None] * sc.astype(f)                            # (n, 8)
+        dmin_m = dmin[:, None] * m.astype(f)
+        xs = xb.reshape(n, 8, 32)
+        q = nearest_int((xs + dmin_m[:, :, None]) / d_sc[:, :, None])
+        q = np.clip(q, 0, nmax).astype(np.uint8)
+        L = np.where((d_sc == 0)[:, :, None], L.reshape(n, 8, 32), q)
+    return d_bits, dmin_bits, packed, L.reshape(n, 256)
+
+
+def _superblocks(x):
+    """float32 rows [..., k] (k a multiple of 256) -> (super-blocks (n, 256), output shape)."""
+    x = np.asarray(x, dtype=np.float32)
+    assert x.ndim >= 1 and x.shape[-1] % 256 == 0, 'K-quant rows are whole blocks of 256'
+    return np.ascontiguousarray(x).reshape(-1, 256), x.shape[:-1], x.shape[-1] // 256
+
+
+def quantize_q4_K(x):
+    """GGML ``quantize_row_q4_K_ref`` on float32 rows [..., k] -> uint8 [..., k/256 * 144].
+
+    Block (144 B / 256): d fp16, dmin fp16, scales[12] (6-bit scale and min of 8 sub-blocks of
+    32), qs[128]: 4 chunks of 32 bytes, chunk c holding sub-block 2c in its low nibbles and
+    sub-block 2c+1 in its high nibbles.  Weight = d*sc * q - dmin*m.
+    """
+    xb, lead, nblk = _superblocks(x)
+    d, dmin, scales, L = _kquant_scales_codes(xb, 15, -1.0, 0.1, 20)
+    out = np.empty((xb.shape[0], 144), dtype=np.uint8)
+    _store_fp16(out[:, 0:2], d)
+    _store_fp16(out[:, 2:4], dmin)
+    out[:, 4:16] = scales
+    chunks = L.reshape(-1, 4, 2, 32)                    # [block, chunk c, sub-block 2c + k, 32]
+    out[:, 16:144] = (chunks[:, :, 0] | (chunks[:, :, 1] << 4)).reshape(-1, 128)
+    return out.reshape(lead + (nblk * 144,))
+
+
+def quantize_q5_K(x):
+    """GGML ``quantize_row_q5_K_ref`` on float32 rows [..., k] -> uint8 [..., k/256 * 176].
+
+    Block (176 B / 256): d, dmin fp16, scales[12], qh[32], qs[128].  Codes 0..31: their low 4
+    bits are packed as Q4_K's; bit 4 of weight l of sub-block 2c goes to bit 2c of qh[l], of
+    sub-block 2c+1 to bit 2c+1.
+    """
+    xb, lead, nblk = _superblocks(x)
+    d, dmin, scales, L = _kquant_scales_codes(xb, 31, -0.5, 0.1, 15)
+    out = np.empty((xb.shape[0], 176), dtype=np.uint8)
+    _store_fp16(out[:, 0:2], d)
+    _store_fp16(out[:, 2:4], dmin)
+    out[:, 4:16] = scales
+    sub = L.reshape(-1, 8, 32)                                  # [block, sub-block, 32]
+    bit = np.arange(8, dtype=np.uint8).reshape(1, 8, 1)         # sub-block j -> qh bit j
+    out[:, 16:48] = np.bitwise_or.reduce((sub >> 4) << bit, axis=1)
+    low = (sub & 0x0F).reshape(-1, 4, 2, 32)
+    out[:, 48:176] = (low[:, :, 0] | (low[:, :, 1] << 4)).reshape(-1, 128)
+    return out.reshape(lead + (nblk * 176,))
+
+
+def quantize_q6_K(x):
+    """GGML ``quantize_row_q6_K_ref`` on float32 rows [..., k] -> uint8 [..., k/256 * 210].
+
+    Per sub-block of 16: ``make_qx_quants`` (nmax 32).  The 16 scales are coded as int8 against
+    the one of largest magnitude (iscale = -128 / max_scale, d = 1 / iscale stored as fp16), and
+    every weight is coded again against d * scale: ``nearest_int(x / (d*sc))`` clamped to
+    -32..31, plus 32.  A super-block whose scales are all below 1e-15 is all zero bytes.
+    Block (210 B / 256): ql[128], qh[64], scales int8[16], d fp16 -- packed as
+    ``_dequant_q6_k`` reads them.
+    """
+    f = _F32
+    xb, lead, nblk = _superblocks(x)
+    n = xb.shape[0]
+    with np.errstate(all='ignore'):
+        scale, L = make_qx_quants_rmse1(xb.reshape(n * 16, 16), 32)
+        scales = scale.reshape(n, 16)
+        max_abs = np.zeros(n, dtype=f)
+        max_scale = np.zeros(n, dtype=f)
+        for j in range(16):
+            a = np.abs(scales[:, j])
+            larger = a > max_abs
+            max_abs = np.where(larger, a, max_abs)
+            max_scale = np.where(larger, scales[:, j], max_scale)
+        zero_block = max_abs < _GROUP_MAX_EPS
+        iscale = f(-128) / max_scale
+        d_bits, d = _fp32_to_fp16_bits(f(1) / iscale)
+        sc = _low_byte(np.minimum(127, nearest_int(iscale[:, None] * scales))).view(np.int8)
+        d_sc = d[:, None] * sc.astype(f)                                   # (n, 16)
+        xs = xb.reshape(n, 16, 16)
+        q = np.clip(nearest_int(xs / d_sc[:, :, None]), -32, 31) + 32
+        L = np.where((d_sc == 0)[:, :, None], L.reshape(n, 16, 16), q).reshape(n, 2, 4, 32)
+    L = L.astype(np.uint8)                               # [block, half, quarter, 32], 0..63
+    low = L & 0x0F
+    ql = np.stack([low[:, :, 0] | (low[:, :, 2] << 4),   # ql[64h + l]:      quarters 0 and 2
+                   low[:, :, 1] | (low[:, :, 3] << 4)],  # ql[64h + 32 + l]: quarters 1 and 3
+                  axis=2)                                 # [block, half, run, 32]
+    shift = (2 * np.arange(4, dtype=np.uint8)).reshape(1, 1, 4, 1)
+    qh = np.bitwise_or.reduce((L >> 4) << shift, axis=2) # [block, half, 32]: 2 bits a quarter
+    out = np.empty((n, 210), dtype=np.uint8)
+    out[:, 0:128] = ql.reshape(n, 128)
+    out[:, 128:192] = qh.reshape(n, 64)
+    out[:, 192:208] = sc.view(np.uint8)
+    _store_fp16(out[:, 208:210], d_bits)
+    out[zero_block] = 0
+    return out.reshape(lead + (nblk * 210,))
+
+
+#: The K-quant weight quantizers by format.
+KQUANT_QUANTIZERS = {DT.Q4_K: quantize_q4_K, DT.Q5_K: quantize_q5_K, DT.Q6_K: quantize_q6_K}
+
+
+# ---------------------------------------------------------------------------------------------
 # Activations: Q8_0 / Q8_K quantization (emulates the int8 path, SPEC section 4)
 # ---------------------------------------------------------------------------------------------
 # A block holding NaN or Inf gets d = NaN (and q = 0): it dequantizes to NaN, so non-finite
