@@ -2,29 +2,29 @@
 both activation paths, and the activation quantizers.
 
 Independent references: the `gguf` package (gguf.quants.quantize / dequantize, NumPy), megafuse's
-own NumPy reference (megafuse.reference: activation quantization), llama.cpp's
-tests/test-quantize-fns.cpp methodology, exact integer arithmetic, and -- when the optional
-ggml-python package is installed -- ggml's own quantizers (ggml_quantize_chunk).
+own NumPy reference (megafuse.reference: activation quantization and the K-quant quantizers),
+ggml's own K-quant bytes (tests/data/kquant_fixtures.npz, made once with ggml-python by
+tests/data/make_kquant_fixtures.py), llama.cpp's tests/test-quantize-fns.cpp methodology and
+exact integer arithmetic.  Nothing here skips for a missing package: gguf is in the `test` extra.
 
 Kernel tests take the `simd_level` fixture (tests/conftest.py): they run once per SIMD level
 this CPU supports.
 """
-import ctypes
+import functools
 import math
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
+from gguf import GGMLQuantizationType as GQ
+from gguf.constants import GGML_QUANT_SIZES
+from gguf.quants import dequantize as gguf_dequantize
+from gguf.quants import quantize as gguf_quantize
 
 import megafuse as mf
 from megafuse import _kernels, _simd
 from megafuse import reference as ref
-
-gguf = pytest.importorskip("gguf")
-from gguf import GGMLQuantizationType as GQ  # noqa: E402
-from gguf.constants import GGML_QUANT_SIZES  # noqa: E402
-from gguf.quants import dequantize as gguf_dequantize  # noqa: E402
-from gguf.quants import quantize as gguf_quantize  # noqa: E402
 
 DT = mf.CKDataType
 FLOAT_FORMATS = [DT.FP32, DT.FP16, DT.BF16]
@@ -52,7 +52,6 @@ TOL = {
     "llama_dot_error": 0.02,      # llama.cpp MAX_DOT_PRODUCT_ERROR
     "float_dot": 1e-5,            # float-activation dot vs float64, relative to sum |w_i x_i|
     "int8_dot": 1e-6,             # int8 dot vs its float64 emulation, relative to sum |w_i a_i|
-    "ggml_rmse_ratio": 1.01,      # our K-quant round-trip RMSE / ggml's
 }
 
 
@@ -688,30 +687,170 @@ def test_row_dot_validation():
 
 
 # ---------------------------------------------------------------------------------------------
-# ggml itself (optional: pip install ggml-python)
+# K-quant quantizers, byte for byte: ggml's own bytes (tests/data/kquant_fixtures.npz, made by
+# tests/data/make_kquant_fixtures.py) == megafuse.reference's NumPy port == the kernels
 # ---------------------------------------------------------------------------------------------
+# NaN: GGML's nearest_int reads the mantissa bits of its float, so what a NaN weight becomes is
+# decided by the NaN's payload.  A NaN without payload (np.nan, -np.nan, and every NaN that
+# arithmetic on them or 0 * Inf produces on x86) always gives code 0; those are tested here
+# (the fixtures hold two NaN rows).  A NaN with a payload has no defined bytes: which operand's
+# payload survives an operation between two NaNs depends on how the compiler ordered them.
 
-GGML_TYPE_IDS = {DT.Q4_0: 2, DT.Q4_1: 3, DT.Q5_0: 6, DT.Q5_1: 7, DT.Q8_0: 8, DT.Q4_K: 12,
-                 DT.Q5_K: 13, DT.Q6_K: 14}
+KQUANT_FIXTURES = Path(__file__).parent / "data" / "kquant_fixtures.npz"
 
 
-@pytest.mark.parametrize("dt", BLOCK_FORMATS)
-def test_blocks_match_ggml_quantize_chunk(simd_level, dt):
-    ggml = pytest.importorskip("ggml", reason="ggml-python is not installed")
-    rng = np.random.default_rng(61)
-    x = np.concatenate([llama_data(0, 4096).reshape(4, 1024),
-                        rng.standard_normal((8, 1024)),
-                        rng.uniform(-3, 1, (4, 1024)) * np.exp2(rng.uniform(-10, 10, (4, 1)))])
-    x = np.ascontiguousarray(x, dtype=np.float32)
-    want = np.zeros((x.shape[0], mf.ck_dtype_row_bytes(dt, x.shape[1])), np.uint8)
-    written = ggml.ggml_quantize_chunk(GGML_TYPE_IDS[dt],
-                                       x.ctypes.data_as(ctypes.POINTER(ctypes.c_float)),
-                                       want.ctypes.data, 0, x.shape[0], x.shape[1], None)
-    assert written == want.size
-    got = mf.quantize(x, dt)
+@functools.lru_cache(maxsize=None)
+def kquant_fixtures():
+    with np.load(KQUANT_FIXTURES) as f:
+        return {k: f[k] for k in f.files}
+
+
+def kquant_rows(cols=512):
+    """Several hundred float32 rows of `cols` weights: many distributions and every corner of
+    the K-quant quantizers (zero, tiny, subnormal, huge and constant blocks, ties, NaN / Inf)."""
+    rng = np.random.default_rng(71)
+    n = cols
+
+    def normal(k):
+        return rng.standard_normal((k, n))
+
+    def sub16(k, lo, hi):
+        """k rows of magnitudes 2^uniform(lo, hi), one for each 16 weights."""
+        return np.repeat(np.exp2(rng.uniform(lo, hi, (k, n // 16))), 16, axis=1)
+
+    groups = [
+        normal(48),
+        normal(40) * np.exp2(rng.uniform(-20, 20, (40, 1))),       # a magnitude per row
+        normal(40) * sub16(40, -10, 10),                           # a magnitude per 16 weights
+        rng.uniform(-1, 1, (24, n)),
+        rng.uniform(0.1, 3, (12, n)),                              # one sign per row
+        -rng.uniform(0.1, 3, (12, n)),
+        rng.standard_t(2, (24, n)),                                # heavy tails
+        np.where(rng.random((16, n)) < 0.9, 0.0, normal(16)),      # sparse
+        np.where(rng.random((16, n)) < 1 / 64, 1e3, 1.0) * normal(16),   # outliers
+        rng.integers(-8, 8, (16, n)) / 2.0,                        # on a grid: rounding ties
+        np.repeat(rng.uniform(-3, 3, (16, n // 256)), 256, axis=1),   # constant super-blocks
+        np.repeat(rng.uniform(-3, 3, (8, n // 32)), 32, axis=1),      # constant sub-blocks
+        np.where((np.arange(n) // 16) % 4 == 1, 0.0, normal(8)),   # zero sub-blocks
+        np.zeros((4, n)), -np.zeros((2, n)),
+        normal(8) * 1e-30, normal(4) * 1e-40, normal(4) * 1e-44,   # tiny, subnormal
+        normal(8) * 1e30, np.sign(normal(4)) * 3.4e38,             # huge
+        normal(6) * 1e5, normal(6) * 1e-6,                         # d beyond / below fp16's range
+        normal(8) * sub16(8, -100, 100),                           # huge next to tiny
+    ]
+    bad = normal(12)                                               # NaN / Inf without payload
+    bad[0, [3, 40]] = np.nan
+    bad[1, ::32] = np.nan                                          # x[0] of a sub-block
+    bad[2, 16:32] = np.nan                                         # a whole Q6_K sub-block
+    bad[3, :256] = np.nan
+    bad[4, [7, 300]] = [np.inf, -np.inf]
+    bad[5, :256] = np.inf
+    bad[6, 100] = -np.nan
+    bad[7, [0, 1]] = [np.inf, -np.inf]
+    bad[8:12, rng.integers(0, n, 4)] = [np.nan, np.inf, -np.inf, -np.nan]
+    groups.append(bad)
+    return np.ascontiguousarray(np.concatenate(groups), dtype=np.float32)
+
+
+@functools.lru_cache(maxsize=None)
+def kquant_reference_blocks(dt):
+    x = kquant_rows()
+    return x, ref.KQUANT_QUANTIZERS[dt](x)
+
+
+def test_kquant_fixtures_cover_the_corners():
+    f = kquant_fixtures()
+    assert str(f["ggml_python_version"])                            # where the bytes came from
+    x = f["x"]
+    assert x.dtype == np.float32 and x.shape[1] == 256
+    names = list(f["case"])
+    for needed in ("zeros", "tiny_1e-30", "huge_1e30", "mixed_signs", "constant_positive",
+                   "constant_negative", "normal", "one_outlier", "nan_inf"):
+        assert needed in names, needed
+    for dt in KQUANT_FORMATS:
+        blob = f[dt.name]
+        assert blob.dtype == np.uint8
+        assert blob.shape == (x.shape[0], mf.ck_dtype_block_bytes(dt))
+    assert f["Q4_K"][names.index("normal")].any()                    # real blocks, not zeros
+    assert not f["Q6_K"][names.index("zeros")].any()                 # a zero block is 0 bytes
+
+
+@pytest.mark.parametrize("dt", KQUANT_FORMATS)
+def test_kquant_reference_is_ggml_byte_for_byte(dt):
+    f = kquant_fixtures()
+    got = ref.KQUANT_QUANTIZERS[dt](f["x"])
+    want = f[dt.name]
+    wrong = [str(name) for name, a, b in zip(f["case"], got, want) if not np.array_equal(a, b)]
+    assert not wrong, f"{dt.name}: the port differs from ggml on {wrong}"
     assert same_bits(got, want)
-    rmse = lambda b: float(np.sqrt(np.mean((mf.dequantize(b, dt, x.shape) - x) ** 2.0)))  # noqa
-    assert rmse(got) <= TOL["ggml_rmse_ratio"] * rmse(want)
+
+
+@pytest.mark.parametrize("dt", KQUANT_FORMATS)
+def test_kquant_kernels_are_ggml_byte_for_byte(simd_level, dt):
+    f = kquant_fixtures()
+    assert same_bits(mf.quantize(f["x"], dt), f[dt.name])
+
+
+@pytest.mark.parametrize("dt", KQUANT_FORMATS)
+def test_kquant_kernels_match_reference(simd_level, dt):
+    """Several hundred rows of many distributions (kquant_rows), each super-block compared."""
+    x, want = kquant_reference_blocks(dt)
+    assert x.shape[0] >= 300
+    got = mf.quantize(x, dt)
+    assert got.shape == want.shape
+    bb = mf.ck_dtype_block_bytes(dt)
+    differ = np.flatnonzero((got.reshape(-1, bb) != want.reshape(-1, bb)).any(axis=1))
+    assert differ.size == 0, f"{dt.name}: {differ.size} super-blocks differ, first {differ[:8]}"
+
+
+@pytest.mark.parametrize("dt", KQUANT_FORMATS)
+def test_kquant_reference_layout(dt):
+    """Any leading shape; each super-block's bytes depend on its own 256 values only (a NaN or
+    Inf super-block leaves its neighbours as they are alone); the bytes decode close to x."""
+    rng = np.random.default_rng(73)
+    x = rng.standard_normal((2, 3, 768)).astype(np.float32)
+    quantize = ref.KQUANT_QUANTIZERS[dt]
+    blob = quantize(x)
+    assert blob.shape == (2, 3, 3 * mf.ck_dtype_block_bytes(dt)) and blob.dtype == np.uint8
+    alone = quantize(x.reshape(-1, 256)).reshape(blob.shape)
+    assert same_bits(blob, alone)
+    y = x.copy()
+    y[0, 1, 256:512] = np.nan
+    y[1, 2, 300] = np.inf
+    bb = mf.ck_dtype_block_bytes(dt)
+    blocks, blocks_y = blob.reshape(-1, bb), quantize(y).reshape(-1, bb)
+    changed = np.flatnonzero((blocks != blocks_y).any(axis=1))
+    assert list(changed) == [4, 16]
+    rmse = np.sqrt(np.mean((ref.dequantize(blob, dt, x.shape) - x) ** 2))
+    assert 0 < rmse < {DT.Q4_K: 0.1, DT.Q5_K: 0.05, DT.Q6_K: 0.025}[dt]
+
+
+def test_nearest_int_is_ggml_bit_trick():
+    v = np.array([0.5, 1.5, 2.5, -0.5, -1.5, 0.49999997, 4194303.0, -4194304.0, 1e30,
+                  np.inf, -np.inf, np.nan, -np.nan, -0.0], dtype=np.float32)
+    got = ref.nearest_int(v)
+    assert got.dtype == np.int32
+    assert list(got[:7]) == [0, 2, 2, 0, -2, 0, 4194303]           # ties to even
+    assert got[7] == -4194304
+    assert list(got[9:]) == [-4194304, -4194304, 0, 0, 0]          # Inf; NaN without payload
+    big = np.float32(1e30) + np.float32(12582912)                 # beyond 2^22: the bits' answer
+    assert got[8] == (int(big.view(np.int32)) & 0x7FFFFF) - 0x400000
+    r = np.random.default_rng(79).uniform(-4e6, 4e6, 100000).astype(np.float32)
+    assert np.array_equal(ref.nearest_int(r), np.rint(r).astype(np.int32))
+
+
+def test_scale_min_packing_round_trips():
+    """The 6-bit packing of the port is what the decoder (ggml's get_scale_min_k4) reads, for
+    every scale and min value."""
+    ls = np.repeat(np.arange(64, dtype=np.uint8), 64)
+    lm = np.tile(np.arange(64, dtype=np.uint8), 64)
+    for j in range(8):
+        sc_in = np.zeros((4096, 8), np.uint8)
+        m_in = np.zeros((4096, 8), np.uint8)
+        sc_in[:, j], m_in[:, j] = ls, lm
+        sc_in[:, (j + 3) % 8] = lm                                   # a neighbour, not in the way
+        sc, m = ref._scale_min_k4(ref._pack_scale_min_k4(sc_in, m_in))
+        assert np.array_equal(sc, sc_in) and np.array_equal(m, m_in), j
 
 
 # ---------------------------------------------------------------------------------------------

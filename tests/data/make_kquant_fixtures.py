@@ -1,0 +1,95 @@
+"""Make tests/data/kquant_fixtures.npz: K-quant blocks as ggml itself writes them.
+
+The inputs are a handful of 256-weight rows (one super-block each) chosen for the corners of
+GGML's quantize_row_q{4,5,6}_K_ref: all-zero and -0 blocks, tiny (1e-30), subnormal and huge
+(1e30, 3e38) values, one sign only, mixed signs, constant blocks, random normal, outliers,
+sparse rows (mostly zeros: near-degenerate fits, where the order of float operations shows),
+sub-blocks of very different magnitudes, sub-blocks that are zero inside a non-zero block, and
+NaN / Inf (NaN without payload, as np.nan).  ggml quantizes them through ggml_quantize_chunk
+with no importance matrix, which runs quantize_row_q{4,5,6}_K_ref.
+
+Run once, with ggml-python in a virtual environment outside the tree (it builds ggml from
+source in about a minute), from the repository root:
+
+    python3 -m venv /work/peers/ggml
+    /work/peers/ggml/bin/pip install ggml-python==0.0.45 numpy
+    /work/peers/ggml/bin/python tests/data/make_kquant_fixtures.py
+
+The .npz holds: ``x`` float32 [rows, 256], ``case`` (a name per row), ``Q4_K`` / ``Q5_K`` /
+``Q6_K`` uint8 [rows, bytes per block], and ``ggml_python_version`` / ``numpy_version``.
+tests/test_quant.py checks megafuse.reference's port against it byte for byte.  This script
+imports nothing of megafuse (ggml-python and megafuse need not share an environment).
+"""
+import ctypes
+import importlib.metadata
+import os
+
+import ggml
+import numpy as np
+
+OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kquant_fixtures.npz")
+QK_K = 256
+# ggml's enum ggml_type values and block sizes (bytes per 256 weights).
+FORMATS = {"Q4_K": (12, 144), "Q5_K": (13, 176), "Q6_K": (14, 210)}
+
+
+def cases():
+    rng = np.random.default_rng(20261201)
+    n = QK_K
+    i = np.arange(n)
+    normal = rng.standard_normal(n)
+    rows = {
+        "zeros": np.zeros(n),
+        "negative_zeros": -np.zeros(n),
+        "tiny_1e-30": rng.standard_normal(n) * 1e-30,
+        "subnormal": rng.standard_normal(n) * 1e-40,
+        "huge_1e30": rng.standard_normal(n) * 1e30,
+        "near_float_max": np.sign(normal) * 3e38,
+        "positive_only": rng.uniform(0.5, 2.0, n),
+        "negative_only": -rng.uniform(0.5, 2.0, n),
+        "mixed_signs": rng.uniform(-1, 1, n) * np.where(i % 3 == 0, 4.0, 1.0),
+        "constant_positive": np.full(n, 2.5),
+        "constant_negative": np.full(n, -2.5),
+        "normal": normal,
+        "normal_scaled": rng.standard_normal(n) * 0.02,
+        "one_outlier": np.where(i == 77, 100.0, rng.standard_normal(n)),
+        "outliers_1": np.where(rng.random(n) < 1 / 64, 1e3, 1.0) * rng.standard_normal(n),
+        "outliers_2": np.where(rng.random(n) < 1 / 64, 1e3, 1.0) * rng.standard_normal(n),
+        "sparse_1": np.where(rng.random(n) < 0.9, 0.0, rng.standard_normal(n)),
+        "sparse_2": np.where(rng.random(n) < 0.9, 0.0, rng.standard_normal(n)),
+        "sub_block_magnitudes": rng.standard_normal(n) * np.repeat(
+            np.exp2(rng.uniform(-12, 12, n // 16)), 16),
+        "zero_sub_blocks": np.where((i // 16) % 3 == 1, 0.0, rng.standard_normal(n)),
+        "llama_cosine": 0.1 + 2.0 * np.cos(i.astype(np.float32)).astype(np.float64),
+        "nan_inf": np.where(i == 5, np.nan, np.where(i == 100, np.inf, np.where(
+            i == 200, -np.inf, rng.standard_normal(n)))),
+        "nan_first": np.where(i % 32 == 0, np.nan, rng.standard_normal(n)),
+    }
+    names = list(rows)
+    x = np.stack([rows[k] for k in names]).astype(np.float32)
+    return names, x
+
+
+def ggml_quantize(x, type_id, block_bytes):
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    rows, cols = x.shape
+    out = np.zeros((rows, cols // QK_K * block_bytes), dtype=np.uint8)
+    written = ggml.ggml_quantize_chunk(type_id, x.ctypes.data_as(ctypes.POINTER(ctypes.c_float)),
+                                       out.ctypes.data, 0, rows, cols, None)
+    assert written == out.size, (written, out.size)
+    return out
+
+
+def main():
+    names, x = cases()
+    arrays = {"x": x, "case": np.array(names)}
+    for fmt, (type_id, block_bytes) in FORMATS.items():
+        arrays[fmt] = ggml_quantize(x, type_id, block_bytes)
+    arrays["ggml_python_version"] = np.array(importlib.metadata.version("ggml-python"))
+    arrays["numpy_version"] = np.array(np.__version__)
+    np.savez_compressed(OUT, **arrays)
+    print(f"wrote {OUT}: {len(names)} rows, ggml-python {arrays['ggml_python_version']}")
+
+
+if __name__ == "__main__":
+    main()
