@@ -191,24 +191,6 @@ def test_ckdatatype_values():
         ('Q5_1', 12), ('Q5_K', 13), ('COUNT', 14)]
 
 
-def _header_functions():
-    tool = HERE.parent.parent / 'shared' / 'tools' / 'check_signatures.py'
-    if not tool.exists():
-        pytest.skip('shared/tools/check_signatures.py not beside the checkout')
-    spec = importlib.util.spec_from_file_location('_check_signatures', tool)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    with open(module.HEADER, encoding='utf-8') as f:
-        return module.header_functions(f.read()), module.PYTHON_PARAMS, module.problem
-
-
-def test_signatures_mirror_the_header():
-    funcs, python_params, problem = _header_functions()
-    assert len(funcs) == 12
-    for name, params in funcs.items():
-        assert problem(getattr(ref, name, None), python_params.get(name, params)) is None, name
-
-
 def test_scratch_sizes_are_zero():
     assert ref.mega_fused_attention_prefill_scratch_size(8, 64, 4, 16) == 0
     assert ref.mega_fused_attention_prefill_q8_0_scratch_size(8, 64, 4, 16) == 0
