@@ -100,7 +100,7 @@ def show_config(file=None):
 
     from megafuse import _simd
     try:
-        from megafuse._build_config import BUILD_CONFIG
+        from megafuse._build_info import BUILD_CONFIG
     except ImportError:  # built by something other than setup.py
         BUILD_CONFIG = {}
     l1d, l2 = _simd.cache_sizes()

@@ -41,6 +41,11 @@ CHECK_INSTALLED = textwrap.dedent('''\
     pkg = os.path.dirname(here)
     for name in ("_kernels.pxd", "__init__.pyi", "py.typed"):
         assert os.path.isfile(os.path.join(pkg, name)), name
+    # the version from the wheel's metadata; the build configuration compiled in
+    from importlib.metadata import version
+    from megafuse._build_info import BUILD_CONFIG
+    assert megafuse.__version__ == version("megafuse"), megafuse.__version__
+    assert BUILD_CONFIG["compile_flags"], BUILD_CONFIG
     # a whole layer through the installed kernels, against the installed reference
     rng = np.random.default_rng(0)
     E, H, G, D, I = 128, 2, 1, 64, 256
@@ -129,7 +134,7 @@ def _ignore(folder, names):
             skip.add(name)
         elif name.endswith(".c") and os.path.exists(os.path.join(folder, name[:-2] + ".pyx")):
             skip.add(name)
-        elif name == "_build_config.py":
+        elif name == "_build_config.py":        # an older setup.py wrote it here: stale
             skip.add(name)
     return skip
 
