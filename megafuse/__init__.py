@@ -10,6 +10,7 @@ same for any thread count.  The SIMD level (generic / avx2 / avx512) is chosen a
 ``MEGAFUSE_SIMD`` forces a lower one.
 """
 import os as _os
+from importlib import metadata as _metadata
 
 from megafuse._dtype import (  # noqa: F401
     CKDataType, CK_DT_FP32, CK_DT_BF16, CK_DT_FP16, CK_DT_INT8, CK_DT_INT4, CK_DT_Q4_0,
@@ -47,7 +48,28 @@ from megafuse._kernels import (  # noqa: F401
 from megafuse.layer import DecoderLayer, rope_tables  # noqa: E402,F401  (pure Python)
 from megafuse.memory import empty, zeros, empty_like  # noqa: E402,F401  (2 MiB pages)
 
-__version__ = "0.1.0"
+
+def _version():
+    """The distribution's version (pyproject.toml's `version`, the one place it is written),
+    from the installed metadata; in a source tree without metadata, from pyproject.toml itself."""
+    try:
+        return _metadata.version("megafuse")
+    except _metadata.PackageNotFoundError:
+        pass
+    import re
+    pyproject = _os.path.join(_os.path.dirname(_os.path.dirname(_os.path.abspath(__file__))),
+                              "pyproject.toml")
+    try:
+        with open(pyproject, encoding="utf-8") as f:
+            text = f.read()
+    except OSError:
+        return "0+unknown"
+    project = re.search(r"^\[project\]\s*$(.*?)(?=^\[|\Z)", text, flags=re.M | re.S)
+    found = project and re.search(r'^version\s*=\s*"([^"]+)"', project.group(1), flags=re.M)
+    return found.group(1) if found else "0+unknown"
+
+
+__version__ = _version()
 
 __all__ = [
     # the header's functions
