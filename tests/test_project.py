@@ -1,5 +1,6 @@
 """The project's housekeeping: one version (pyproject.toml's), the license pyproject names, a
-changelog section for that version, and the build configuration compiled into the package."""
+changelog section for that version, the contract's sections that the code cites, and the build
+configuration compiled into the package."""
 import io
 import os
 import re
@@ -69,6 +70,22 @@ def test_changelog_has_the_version_and_unreleased():
     assert re.search(r"^## \[Unreleased\]", text, flags=re.M)
     assert re.search(r"^## \[" + re.escape(version) + r"\] - \d{4}-\d{2}-\d{2}$", text,
                      flags=re.M)
+
+
+def test_contract_has_every_section_the_code_cites():
+    """docs/contract.md keeps the section numbers §1 .. §7 of the contract; every
+    "contract.md §N" cited in the code, the headers, the tests or the benchmarks is a heading."""
+    headings = set(re.findall(r"^#+ §(\d+(?:\.\d+)*)[. ]", _read("docs", "contract.md"),
+                              flags=re.M))
+    assert {str(n) for n in range(1, 8)} <= headings
+    cited = set()
+    for folder in ("megafuse", os.path.join("include", "megafuse"), "tests", "benchmarks"):
+        for name in os.listdir(os.path.join(ROOT, folder)):
+            if name.endswith((".py", ".pyi", ".pyx", ".pxi", ".pxd", ".h")):
+                cited |= set(re.findall(r"contract\.md,? §(\d+(?:\.\d+)*)",
+                                        _read(folder, name)))
+    assert cited, "nothing cites docs/contract.md"
+    assert not cited - headings, f"cited sections missing from docs/contract.md: {cited - headings}"
 
 
 def test_build_configuration_is_compiled_in():
