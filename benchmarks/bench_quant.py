@@ -17,13 +17,14 @@
    model loader would place it; DRAM bandwidth on 4 KiB pages is much lower on this kind of VM.
 A summary table is printed at the end of the run.
 """
-import os
-
 import numpy as np
 import pytest
 
 import megafuse as mf
 from megafuse import _kernels
+
+from _buffers import placed
+from _config import DECODE_MIN_BYTES, PAGES
 
 gguf = pytest.importorskip("gguf")
 from gguf import GGMLQuantizationType as GQ  # noqa: E402
@@ -42,7 +43,7 @@ SCALE_FIELDS = {DT.Q4_0: [0], DT.Q4_1: [0, 2], DT.Q5_0: [0], DT.Q5_1: [0, 2], DT
 
 DEQ_SHAPES = {"dram": (1024, 4096), "cache": (128, 2048)}
 DOT_COLS = 4096                     # a row: a typical hidden size
-DOT_MIN_BYTES = 96 << 20            # the weight streamed by the row-dot benchmark
+DOT_MIN_BYTES = DECODE_MIN_BYTES    # the weight streamed by the row-dot benchmark
 RESULTS = {}                        # (what, dt, variant) -> median seconds
 
 
@@ -114,17 +115,6 @@ def test_dequantize_gguf(benchmark, dt, size):
 
 
 _DOT = {}
-PAGES = os.environ.get("MEGAFUSE_BENCH_PAGES", "2m")
-
-
-def placed(arr):
-    """A copy of arr on 2 MiB pages (megafuse.empty), or arr itself with
-    MEGAFUSE_BENCH_PAGES=4k."""
-    if PAGES == "4k":
-        return arr
-    out = mf.empty_like(arr)
-    out[...] = arr
-    return out
 
 
 def dot_weight(dt):

@@ -1,9 +1,20 @@
-"""Fixtures and the summary table of the layer benchmarks (bench_attention.py, bench_mlp.py).
+"""Collection, fixtures and the summary table of the benchmarks.
 
 Run:  pytest benchmarks --benchmark-only   (every bench_*.py: collected by the hook below)
-The machine's roofline (DRAM read bandwidth, fp32 / int8 peak) is measured once per session by
-the `machine` fixture; the table of every recorded case is printed at the end of the run (and
-written to $MEGAFUSE_BENCH_TABLE when that is set).
+
+The helper modules, one role each (none imports from tests/):
+    _config.py    every knob (environment variables) and constant
+    _cases.py     shapes, formats, token counts: the cases, their work and their ids
+    _buffers.py   weights (decode copies on 2 MiB pages), activations, caches, rope tables
+    _runners.py   megafuse's kernels as runners
+    _peers.py     PyTorch, ggml (ggml-python), the NumPy reference
+    _roofline.py  DRAM bandwidth and compute peaks, from probe.c compiled at run time
+    _timing.py    quiet-machine waits and timing
+    _report.py    the rows, the table and the JSON
+    _run.py       one layer benchmark: runner, timing, check, row
+The machine's roofline is measured once per session by the `machine` fixture (and again at
+its end); the table of every recorded row is printed at the end of the run, and written to
+$MEGAFUSE_BENCH_TABLE / $MEGAFUSE_BENCH_JSON when those are set.
 """
 import fnmatch
 import os
@@ -11,9 +22,11 @@ import sys
 
 import pytest
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # _layers, any --import-mode
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the helpers, any --import-mode
 
-import _layers  # noqa: E402
+import _report  # noqa: E402
+import _roofline  # noqa: E402
+from _config import JSON_PATH, TABLE_PATH  # noqa: E402
 
 
 def pytest_collect_file(file_path, parent):
@@ -32,20 +45,22 @@ def pytest_collect_file(file_path, parent):
 @pytest.fixture(scope="session")
 def machine():
     """DRAM read bandwidth and compute peaks on the benchmark's thread count, measured when the
-    first layer benchmark starts; the bandwidth is measured again when the session ends."""
-    yield _layers.machine()
-    _layers.machine_end()
+    first layer benchmark starts and again when the session ends."""
+    yield _roofline.machine()
+    _roofline.machine_end()
 
 
 def pytest_terminal_summary(terminalreporter):
-    lines = _layers.table_lines()
+    lines = _report.table_lines()
     if not lines:
         return
     terminalreporter.section("megafuse layer benchmarks (medians)")
     for line in lines:
         terminalreporter.write_line(line)
-    path = os.environ.get("MEGAFUSE_BENCH_TABLE")
-    if path:
-        with open(path, "w") as f:
+    if TABLE_PATH:
+        with open(TABLE_PATH, "w") as f:
             f.write("\n".join(lines) + "\n")
-        terminalreporter.write_line(f"(table written to {path})")
+        terminalreporter.write_line(f"(table written to {TABLE_PATH})")
+    if JSON_PATH:
+        _report.write_json(JSON_PATH)
+        terminalreporter.write_line(f"(rows written to {JSON_PATH} as JSON)")
