@@ -14,7 +14,8 @@
  *   mf_bf16_to_fp32  bits << 16
  *   mf_fp32_to_bf16  round to nearest even; NaN -> quiet NaN (GGML's ggml_compute_fp32_to_bf16)
  * mf_fp16_to_fp32_lanes is mf_fp16_to_fp32 without branches (for loops that vectorise); the
- * vector versions (F16C etc.) live in mf_quant.h; all are tested to give these bits.
+ * vector versions (F16C etc.) live in mf_dequant.h, mf_weight_quant.h and mf_quant_common.h;
+ * all are tested to give these bits.
  */
 #ifndef MEGAFUSE_GGML_BLOCKS_H
 #define MEGAFUSE_GGML_BLOCKS_H

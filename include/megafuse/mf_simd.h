@@ -44,6 +44,12 @@
 #  define MF_SIMD_NAME "generic"
 #endif
 
+/* Sum of 8 partial sums in the generic bodies' fixed order. */
+static inline float mf_sum8(const float s[8])
+{
+    return ((s[0] + s[4]) + (s[1] + s[5])) + ((s[2] + s[6]) + (s[3] + s[7]));
+}
+
 #if defined(__AVX2__)
 /* Sum of the 8 lanes of v, in a fixed order. */
 static inline float mf_hsum256(__m256 v)
@@ -96,7 +102,7 @@ static inline float mf_dot_f32(const float *a, const float *b, ptrdiff_t n)
     for (; i + 8 <= n; i += 8)
         for (int k = 0; k < 8; k++)
             s[k] += a[i + k] * b[i + k];
-    float r = ((s[0] + s[4]) + (s[1] + s[5])) + ((s[2] + s[6]) + (s[3] + s[7]));
+    float r = mf_sum8(s);
     for (; i < n; i++)
         r += a[i] * b[i];
     return r;
@@ -148,7 +154,7 @@ static inline float mf_dot3_f32(const float *w, const float *x, const float *g, 
     for (; i + 8 <= n; i += 8)
         for (int k = 0; k < 8; k++)
             s[k] += w[i + k] * (x[i + k] * g[i + k]);
-    float r = ((s[0] + s[4]) + (s[1] + s[5])) + ((s[2] + s[6]) + (s[3] + s[7]));
+    float r = mf_sum8(s);
     for (; i < n; i++)
         r += w[i] * (x[i] * g[i]);
     return r;

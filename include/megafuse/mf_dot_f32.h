@@ -1,0 +1,553 @@
+/*
+ * mf_dot_f32.h -- the dot of one weight row with float32 activations, the weights decoded in
+ * registers: mf_dot_<dt>_f32(const void *w, const float *x, n) = sum_i w_i x_i for every weight
+ * format dt (w: one row, ck_dtype_row_bytes(dt, n) bytes; x [n]).
+ *
+ * Float dots accumulate per block, then scale by the block's factors; the order is fixed by n
+ * alone, so results do not depend on threads (they differ in the last bits between SIMD levels,
+ * as any float reduction does).
+ *
+ * Depends on: mf_quant_common.h (levels, fp16 scales, K-quant scales, Q6_K codes), mf_simd.h
+ * (mf_dot_f32, mf_hsum256, mf_sum8), ggml_blocks.h (block structs, fp16 / bf16 conversions).
+ */
+#ifndef MEGAFUSE_MF_DOT_F32_H
+#define MEGAFUSE_MF_DOT_F32_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ggml_blocks.h"
+#include "mf_simd.h"
+#include "mf_quant_common.h"
+
+/* ============================================================================================ */
+/* Dot of a weight row with float32 activations: sum_i w_i x_i, the weights decoded in          */
+/* registers.  Per block: s = sum q_j x_j (and sum x_j where there is a min), then               */
+/* acc += d * s (- m * sum x).                                                                   */
+/* ============================================================================================ */
+
+#if defined(MF_Q_AVX2)
+
+/* the 8 lanes of v summed in mf_simd.h's fixed order */
+static inline float mf_q_hsum_ps(__m256 v) { return mf_hsum256(v); }
+
+/* The float path's code -> float conversion.  The 32 codes of a block arrive as two registers
+ * that each repeat 16 unsigned codes in both 128-bit lanes: lo = codes 0..15, hi = codes 16..31
+ * (a vbroadcasti128 load, or a nibble mask of one).  vpshufb puts each code in the low byte of a
+ * 32-bit lane, OR 0x4B000000 makes the float 2^23 + c exactly, and subtracting 2^23 + off gives
+ * c - off exactly -- cheaper than sign-extending bytes to dwords and converting.
+ * *sa, *sb = 8 lanes of partial sums of (c_j - off) * x[j] over j < 16 and 16 <= j < 32. */
+static inline void mf_q_u8x32_dot2(__m256i lo, __m256i hi, __m256 off, const float *x,
+                                   __m256 *sa, __m256 *sb)
+{
+    const __m256i s0 = _mm256_setr_epi8(0, -1, -1, -1, 1, -1, -1, -1, 2, -1, -1, -1, 3, -1, -1, -1,
+                                        4, -1, -1, -1, 5, -1, -1, -1, 6, -1, -1, -1, 7, -1, -1, -1);
+    const __m256i s1 = _mm256_add_epi8(s0, _mm256_setr_epi8(
+        8, 0, 0, 0, 8, 0, 0, 0, 8, 0, 0, 0, 8, 0, 0, 0, 8, 0, 0, 0, 8, 0, 0, 0, 8, 0, 0, 0, 8, 0, 0, 0));
+    const __m256i magic = _mm256_set1_epi32(0x4B000000);
+    const __m256 bias = _mm256_add_ps(_mm256_set1_ps(8388608.0f), off);     /* exact */
+    __m256 f0 = _mm256_sub_ps(_mm256_castsi256_ps(_mm256_or_si256(_mm256_shuffle_epi8(lo, s0), magic)), bias);
+    __m256 f1 = _mm256_sub_ps(_mm256_castsi256_ps(_mm256_or_si256(_mm256_shuffle_epi8(lo, s1), magic)), bias);
+    __m256 f2 = _mm256_sub_ps(_mm256_castsi256_ps(_mm256_or_si256(_mm256_shuffle_epi8(hi, s0), magic)), bias);
+    __m256 f3 = _mm256_sub_ps(_mm256_castsi256_ps(_mm256_or_si256(_mm256_shuffle_epi8(hi, s1), magic)), bias);
+    *sa = _mm256_fmadd_ps(f1, _mm256_loadu_ps(x + 8), _mm256_mul_ps(f0, _mm256_loadu_ps(x)));
+    *sb = _mm256_fmadd_ps(f3, _mm256_loadu_ps(x + 24), _mm256_mul_ps(f2, _mm256_loadu_ps(x + 16)));
+}
+
+static inline __m256 mf_q_u8x32_dot(__m256i lo, __m256i hi, __m256 off, const float *x)
+{
+    __m256 sa, sb;
+    mf_q_u8x32_dot2(lo, hi, off, x, &sa, &sb);
+    return _mm256_add_ps(sa, sb);
+}
+
+/* 16 bytes at p repeated in both 128-bit lanes. */
+static inline __m256i mf_q_bcast16(const uint8_t *p)
+{
+    return _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)p));
+}
+
+/* The 5th bits of a Q5_0 / Q5_1 block in the same layout: 0x10 where bit j of qh is set, for
+ * j = 16 * half + 0..15, repeated in both lanes. */
+static inline __m256i mf_q_bits16_x10(const uint8_t *qh4, int half)
+{
+    const __m256i shuf = _mm256_set_epi64x(0x0101010101010101LL, 0x0000000000000000LL,
+                                           0x0101010101010101LL, 0x0000000000000000LL);
+    const __m256i sel = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+    __m256i v = _mm256_set1_epi16((short)(mf_le32(qh4) >> (16 * half)));
+    v = _mm256_shuffle_epi8(v, shuf);
+    v = _mm256_cmpeq_epi8(_mm256_and_si256(v, sel), sel);
+    return _mm256_and_si256(v, _mm256_set1_epi8(0x10));
+}
+
+/* x[0..31] summed into 8 lanes. */
+static inline __m256 mf_q_sum32(const float *x)
+{
+    return _mm256_add_ps(_mm256_add_ps(_mm256_loadu_ps(x), _mm256_loadu_ps(x + 8)),
+                         _mm256_add_ps(_mm256_loadu_ps(x + 16), _mm256_loadu_ps(x + 24)));
+}
+
+#endif /* MF_Q_AVX2 */
+
+static inline float mf_dot_fp32_f32(const void *MF_RESTRICT vw, const float *MF_RESTRICT x,
+                                    ptrdiff_t n)
+{
+    return mf_dot_f32((const float *)vw, x, n);
+}
+
+static inline float mf_dot_fp16_f32(const void *MF_RESTRICT vw, const float *MF_RESTRICT x,
+                                    ptrdiff_t n)
+{
+    const mf_fp16_t *w = (const mf_fp16_t *)vw;
+    ptrdiff_t i = 0;
+#if defined(MF_SIMD_AVX512)
+    __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
+    for (; i + 32 <= n; i += 32) {
+        __m512 w0 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(w + i)));
+        __m512 w1 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(w + i + 16)));
+        s0 = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x + i), s0);
+        s1 = _mm512_fmadd_ps(w1, _mm512_loadu_ps(x + i + 16), s1);
+    }
+    float r = _mm512_reduce_add_ps(_mm512_add_ps(s0, s1));
+    for (; i < n; i++)
+        r += mf_fp16_to_fp32(w[i]) * x[i];
+    return r;
+#elif defined(MF_Q_F16C)
+    __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+    for (; i + 16 <= n; i += 16) {
+        __m256 w0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(w + i)));
+        __m256 w1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(w + i + 8)));
+        s0 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + i), s0);
+        s1 = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x + i + 8), s1);
+    }
+    float r = mf_q_hsum_ps(_mm256_add_ps(s0, s1));
+    for (; i < n; i++)
+        r += mf_fp16_to_fp32(w[i]) * x[i];
+    return r;
+#else
+    float s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (; i + 8 <= n; i += 8)
+        for (int k = 0; k < 8; k++)
+            s[k] += mf_fp16_to_fp32_lanes(w[i + k]) * x[i + k];
+    float r = mf_sum8(s);
+    for (; i < n; i++)
+        r += mf_fp16_to_fp32(w[i]) * x[i];
+    return r;
+#endif
+}
+
+static inline float mf_dot_bf16_f32(const void *MF_RESTRICT vw, const float *MF_RESTRICT x,
+                                    ptrdiff_t n)
+{
+    const mf_bf16_t *w = (const mf_bf16_t *)vw;
+    ptrdiff_t i = 0;
+#if defined(MF_SIMD_AVX512)
+    __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
+    for (; i + 32 <= n; i += 32) {
+        __m512i b0 = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(const void *)(w + i)));
+        __m512i b1 = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(const void *)(w + i + 16)));
+        s0 = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_slli_epi32(b0, 16)), _mm512_loadu_ps(x + i), s0);
+        s1 = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_slli_epi32(b1, 16)), _mm512_loadu_ps(x + i + 16), s1);
+    }
+    float r = _mm512_reduce_add_ps(_mm512_add_ps(s0, s1));
+    for (; i < n; i++)
+        r += mf_bf16_to_fp32(w[i]) * x[i];
+    return r;
+#elif defined(MF_Q_AVX2)
+    __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+    for (; i + 16 <= n; i += 16) {
+        __m256i b0 = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(const void *)(w + i)));
+        __m256i b1 = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(const void *)(w + i + 8)));
+        s0 = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_slli_epi32(b0, 16)), _mm256_loadu_ps(x + i), s0);
+        s1 = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_slli_epi32(b1, 16)), _mm256_loadu_ps(x + i + 8), s1);
+    }
+    float r = mf_q_hsum_ps(_mm256_add_ps(s0, s1));
+    for (; i < n; i++)
+        r += mf_bf16_to_fp32(w[i]) * x[i];
+    return r;
+#else
+    float s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (; i + 8 <= n; i += 8)
+        for (int k = 0; k < 8; k++)
+            s[k] += mf_bf16_to_fp32(w[i + k]) * x[i + k];
+    float r = mf_sum8(s);
+    for (; i < n; i++)
+        r += mf_bf16_to_fp32(w[i]) * x[i];
+    return r;
+#endif
+}
+
+#if !defined(MF_Q_AVX2)
+/* Generic helpers: 8 lanes of partial sums of q[j] * x[j] (and of x[j]) over 32 values. */
+static inline void mf_q_lanes_qx32(const int8_t q[32], const float *x, float s[8])
+{
+    for (int k = 0; k < 8; k++)
+        s[k] = (float)q[k] * x[k];
+    for (int j = 8; j < 32; j += 8)
+        for (int k = 0; k < 8; k++)
+            s[k] += (float)q[j + k] * x[j + k];
+}
+
+static inline void mf_q_lanes_x32(const float *x, float s[8])
+{
+    for (int k = 0; k < 8; k++)
+        s[k] = (x[k] + x[k + 8]) + (x[k + 16] + x[k + 24]);
+}
+#endif
+
+#if defined(MF_Q_AVX2)
+/* One 32-weight block against x[0..31]: acc + d * (q . x) (+ m * sum x). */
+static inline __m256 mf_q_fblk_q4_0(const block_q4_0 *b, const float *x, __m256 acc)
+{
+    const __m256i m4 = _mm256_set1_epi8(0x0F), v = mf_q_bcast16(b->qs);
+    __m256 s = mf_q_u8x32_dot(_mm256_and_si256(v, m4), _mm256_and_si256(_mm256_srli_epi16(v, 4), m4),
+                              _mm256_set1_ps(8.0f), x);
+    return _mm256_fmadd_ps(_mm256_set1_ps(mf_q_fp16(b->d)), s, acc);
+}
+
+static inline __m256 mf_q_fblk_q4_1(const block_q4_1 *b, const float *x, __m256 acc)
+{
+    const __m256i m4 = _mm256_set1_epi8(0x0F), v = mf_q_bcast16(b->qs);
+    __m256 s = mf_q_u8x32_dot(_mm256_and_si256(v, m4), _mm256_and_si256(_mm256_srli_epi16(v, 4), m4),
+                              _mm256_setzero_ps(), x);
+    __m256 a = _mm256_fmadd_ps(_mm256_set1_ps(mf_q_fp16(b->d)), s, acc);
+    return _mm256_fmadd_ps(_mm256_set1_ps(mf_q_fp16(b->m)), mf_q_sum32(x), a);
+}
+
+static inline __m256 mf_q_fblk_q5_0(const block_q5_0 *b, const float *x, __m256 acc)
+{
+    const __m256i m4 = _mm256_set1_epi8(0x0F), v = mf_q_bcast16(b->qs);
+    __m256i lo = _mm256_or_si256(_mm256_and_si256(v, m4), mf_q_bits16_x10(b->qh, 0));
+    __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), m4),
+                                 mf_q_bits16_x10(b->qh, 1));
+    __m256 s = mf_q_u8x32_dot(lo, hi, _mm256_set1_ps(16.0f), x);
+    return _mm256_fmadd_ps(_mm256_set1_ps(mf_q_fp16(b->d)), s, acc);
+}
+
+static inline __m256 mf_q_fblk_q5_1(const block_q5_1 *b, const float *x, __m256 acc)
+{
+    const __m256i m4 = _mm256_set1_epi8(0x0F), v = mf_q_bcast16(b->qs);
+    __m256i lo = _mm256_or_si256(_mm256_and_si256(v, m4), mf_q_bits16_x10(b->qh, 0));
+    __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), m4),
+                                 mf_q_bits16_x10(b->qh, 1));
+    __m256 a = _mm256_fmadd_ps(_mm256_set1_ps(mf_q_fp16(b->d)),
+                               mf_q_u8x32_dot(lo, hi, _mm256_setzero_ps(), x), acc);
+    return _mm256_fmadd_ps(_mm256_set1_ps(mf_q_fp16(b->m)), mf_q_sum32(x), a);
+}
+
+static inline __m256 mf_q_fblk_q8_0(const block_q8_0 *b, const float *x, __m256 acc)
+{
+    const __m256i flip = _mm256_set1_epi8((char)0x80);     /* int8 q -> unsigned q + 128 */
+    __m256i lo = _mm256_xor_si256(mf_q_bcast16((const uint8_t *)b->qs), flip);
+    __m256i hi = _mm256_xor_si256(mf_q_bcast16((const uint8_t *)b->qs + 16), flip);
+    return _mm256_fmadd_ps(_mm256_set1_ps(mf_q_fp16(b->d)),
+                           mf_q_u8x32_dot(lo, hi, _mm256_set1_ps(128.0f), x), acc);
+}
+
+/* Blocks alternate between two accumulators (register-resident, independent chains). */
+#define MF_Q_FDOT_LOOP(BLOCK_FN)                                                               \
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();                             \
+    ptrdiff_t ib = 0;                                                                          \
+    for (; ib + 2 <= nb; ib += 2) {                                                            \
+        acc0 = BLOCK_FN(&w[ib], x + ib * 32, acc0);                                            \
+        acc1 = BLOCK_FN(&w[ib + 1], x + (ib + 1) * 32, acc1);                                  \
+    }                                                                                          \
+    if (ib < nb)                                                                               \
+        acc0 = BLOCK_FN(&w[ib], x + ib * 32, acc0);                                            \
+    return mf_q_hsum_ps(_mm256_add_ps(acc0, acc1));
+#endif
+
+static inline float mf_dot_q4_0_f32(const void *MF_RESTRICT vw, const float *MF_RESTRICT x,
+                                    ptrdiff_t n)
+{
+    const block_q4_0 *w = (const block_q4_0 *)vw;   /* [n / 32] */
+    const ptrdiff_t nb = n / QK4_0;
+#if defined(MF_Q_AVX2)
+    MF_Q_FDOT_LOOP(mf_q_fblk_q4_0)
+#else
+    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (ptrdiff_t ib = 0; ib < nb; ib++) {
+        int8_t q[32];
+        float s[8];
+        for (int j = 0; j < 16; j++) {
+            q[j] = (int8_t)((w[ib].qs[j] & 0x0F) - 8);
+            q[j + 16] = (int8_t)((w[ib].qs[j] >> 4) - 8);
+        }
+        mf_q_lanes_qx32(q, x + ib * QK4_0, s);
+        const float d = mf_q_fp16(w[ib].d);
+        for (int k = 0; k < 8; k++)
+            acc[k] += d * s[k];
+    }
+    return mf_sum8(acc);
+#endif
+}
+
+static inline float mf_dot_q4_1_f32(const void *MF_RESTRICT vw, const float *MF_RESTRICT x,
+                                    ptrdiff_t n)
+{
+    const block_q4_1 *w = (const block_q4_1 *)vw;   /* [n / 32] */
+    const ptrdiff_t nb = n / QK4_1;
+#if defined(MF_Q_AVX2)
+    MF_Q_FDOT_LOOP(mf_q_fblk_q4_1)
+#else
+    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (ptrdiff_t ib = 0; ib < nb; ib++) {
+        int8_t q[32];
+        float s[8], sx[8];
+        for (int j = 0; j < 16; j++) {
+            q[j] = (int8_t)(w[ib].qs[j] & 0x0F);
+            q[j + 16] = (int8_t)(w[ib].qs[j] >> 4);
+        }
+        mf_q_lanes_qx32(q, x + ib * QK4_1, s);
+        mf_q_lanes_x32(x + ib * QK4_1, sx);
+        const float d = mf_q_fp16(w[ib].d), m = mf_q_fp16(w[ib].m);
+        for (int k = 0; k < 8; k++)
+            acc[k] += d * s[k] + m * sx[k];
+    }
+    return mf_sum8(acc);
+#endif
+}
+
+static inline float mf_dot_q5_0_f32(const void *MF_RESTRICT vw, const float *MF_RESTRICT x,
+                                    ptrdiff_t n)
+{
+    const block_q5_0 *w = (const block_q5_0 *)vw;   /* [n / 32] */
+    const ptrdiff_t nb = n / QK5_0;
+#if defined(MF_Q_AVX2)
+    MF_Q_FDOT_LOOP(mf_q_fblk_q5_0)
+#else
+    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (ptrdiff_t ib = 0; ib < nb; ib++) {
+        int8_t q[32];
+        float s[8];
+        const uint32_t qh = mf_le32(w[ib].qh);
+        for (int j = 0; j < 16; j++) {
+            q[j] = (int8_t)(((w[ib].qs[j] & 0x0F) | (int)(((qh >> j) & 1u) << 4)) - 16);
+            q[j + 16] = (int8_t)(((w[ib].qs[j] >> 4) | (int)(((qh >> (j + 16)) & 1u) << 4)) - 16);
+        }
+        mf_q_lanes_qx32(q, x + ib * QK5_0, s);
+        const float d = mf_q_fp16(w[ib].d);
+        for (int k = 0; k < 8; k++)
+            acc[k] += d * s[k];
+    }
+    return mf_sum8(acc);
+#endif
+}
+
+static inline float mf_dot_q5_1_f32(const void *MF_RESTRICT vw, const float *MF_RESTRICT x,
+                                    ptrdiff_t n)
+{
+    const block_q5_1 *w = (const block_q5_1 *)vw;   /* [n / 32] */
+    const ptrdiff_t nb = n / QK5_1;
+#if defined(MF_Q_AVX2)
+    MF_Q_FDOT_LOOP(mf_q_fblk_q5_1)
+#else
+    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (ptrdiff_t ib = 0; ib < nb; ib++) {
+        int8_t q[32];
+        float s[8], sx[8];
+        const uint32_t qh = mf_le32(w[ib].qh);
+        for (int j = 0; j < 16; j++) {
+            q[j] = (int8_t)((w[ib].qs[j] & 0x0F) | (int)(((qh >> j) & 1u) << 4));
+            q[j + 16] = (int8_t)((w[ib].qs[j] >> 4) | (int)(((qh >> (j + 16)) & 1u) << 4));
+        }
+        mf_q_lanes_qx32(q, x + ib * QK5_1, s);
+        mf_q_lanes_x32(x + ib * QK5_1, sx);
+        const float d = mf_q_fp16(w[ib].d), m = mf_q_fp16(w[ib].m);
+        for (int k = 0; k < 8; k++)
+            acc[k] += d * s[k] + m * sx[k];
+    }
+    return mf_sum8(acc);
+#endif
+}
+
+static inline float mf_dot_q8_0_f32(const void *MF_RESTRICT vw, const float *MF_RESTRICT x,
+                                    ptrdiff_t n)
+{
+    const block_q8_0 *w = (const block_q8_0 *)vw;   /* [n / 32] */
+    const ptrdiff_t nb = n / QK8_0;
+#if defined(MF_Q_AVX2)
+    MF_Q_FDOT_LOOP(mf_q_fblk_q8_0)
+#else
+    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (ptrdiff_t ib = 0; ib < nb; ib++) {
+        float s[8];
+        mf_q_lanes_qx32(w[ib].qs, x + ib * QK8_0, s);
+        const float d = mf_q_fp16(w[ib].d);
+        for (int k = 0; k < 8; k++)
+            acc[k] += d * s[k];
+    }
+    return mf_sum8(acc);
+#endif
+}
+
+static inline float mf_dot_q4_K_f32(const void *MF_RESTRICT vw, const float *MF_RESTRICT x,
+                                    ptrdiff_t n)
+{
+    const block_q4_K *w = (const block_q4_K *)vw;   /* [n / 256] */
+    const ptrdiff_t nb = n / QK_K;
+#if defined(MF_Q_AVX2)
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    const __m256 zero = _mm256_setzero_ps();
+    __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+    for (ptrdiff_t ib = 0; ib < nb; ib++) {
+        float dsc[8], dm[8];
+        mf_kquant_scales(w[ib].scales, w[ib].d, w[ib].dmin, dsc, dm);
+        const float *xb = x + ib * QK_K;
+        for (int c = 0; c < 4; c++) {
+            const __m256i v0 = mf_q_bcast16(w[ib].qs + 32 * c), v1 = mf_q_bcast16(w[ib].qs + 32 * c + 16);
+            const float *x1 = xb + 64 * c, *x2 = x1 + 32;
+            __m256 s1 = mf_q_u8x32_dot(_mm256_and_si256(v0, m4), _mm256_and_si256(v1, m4), zero, x1);
+            __m256 s2 = mf_q_u8x32_dot(_mm256_and_si256(_mm256_srli_epi16(v0, 4), m4),
+                                       _mm256_and_si256(_mm256_srli_epi16(v1, 4), m4), zero, x2);
+            __m256 a = _mm256_fmadd_ps(_mm256_set1_ps(dsc[2 * c]), s1, acc[0]);
+            acc[0] = _mm256_fnmadd_ps(_mm256_set1_ps(dm[2 * c]), mf_q_sum32(x1), a);
+            __m256 b = _mm256_fmadd_ps(_mm256_set1_ps(dsc[2 * c + 1]), s2, acc[1]);
+            acc[1] = _mm256_fnmadd_ps(_mm256_set1_ps(dm[2 * c + 1]), mf_q_sum32(x2), b);
+        }
+    }
+    return mf_q_hsum_ps(_mm256_add_ps(acc[0], acc[1]));
+#else
+    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (ptrdiff_t ib = 0; ib < nb; ib++) {
+        float dsc[8], dm[8];
+        mf_kquant_scales(w[ib].scales, w[ib].d, w[ib].dmin, dsc, dm);
+        for (int j = 0; j < 8; j++) {                /* sub-block j: chunk j/2, nibble j%2 */
+            const uint8_t *qs = w[ib].qs + 32 * (j / 2);
+            const int shift = 4 * (j % 2);
+            const float *xj = x + ib * QK_K + 32 * j;
+            int8_t q[32];
+            float s[8], sx[8];
+            for (int l = 0; l < 32; l++)
+                q[l] = (int8_t)((qs[l] >> shift) & 0x0F);
+            mf_q_lanes_qx32(q, xj, s);
+            mf_q_lanes_x32(xj, sx);
+            for (int k = 0; k < 8; k++)
+                acc[k] += dsc[j] * s[k] - dm[j] * sx[k];
+        }
+    }
+    return mf_sum8(acc);
+#endif
+}
+
+static inline float mf_dot_q5_K_f32(const void *MF_RESTRICT vw, const float *MF_RESTRICT x,
+                                    ptrdiff_t n)
+{
+    const block_q5_K *w = (const block_q5_K *)vw;   /* [n / 256] */
+    const ptrdiff_t nb = n / QK_K;
+#if defined(MF_Q_AVX2)
+    const __m256i m4 = _mm256_set1_epi8(0x0F), x10 = _mm256_set1_epi8(0x10);
+    const __m256 zero = _mm256_setzero_ps();
+    __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+    for (ptrdiff_t ib = 0; ib < nb; ib++) {
+        float dsc[8], dm[8];
+        mf_kquant_scales(w[ib].scales, w[ib].d, w[ib].dmin, dsc, dm);
+        const float *xb = x + ib * QK_K;
+        const __m256i h0 = mf_q_bcast16(w[ib].qh), h1 = mf_q_bcast16(w[ib].qh + 16);
+        for (int c = 0; c < 4; c++) {
+            const __m256i b1 = _mm256_set1_epi8((char)(1 << (2 * c)));
+            const __m256i b2 = _mm256_set1_epi8((char)(1 << (2 * c + 1)));
+            const __m256i v0 = mf_q_bcast16(w[ib].qs + 32 * c), v1 = mf_q_bcast16(w[ib].qs + 32 * c + 16);
+            __m256i lo1 = _mm256_or_si256(_mm256_and_si256(v0, m4), _mm256_and_si256(
+                _mm256_cmpeq_epi8(_mm256_and_si256(h0, b1), b1), x10));
+            __m256i hi1 = _mm256_or_si256(_mm256_and_si256(v1, m4), _mm256_and_si256(
+                _mm256_cmpeq_epi8(_mm256_and_si256(h1, b1), b1), x10));
+            __m256i lo2 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v0, 4), m4), _mm256_and_si256(
+                _mm256_cmpeq_epi8(_mm256_and_si256(h0, b2), b2), x10));
+            __m256i hi2 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v1, 4), m4), _mm256_and_si256(
+                _mm256_cmpeq_epi8(_mm256_and_si256(h1, b2), b2), x10));
+            const float *x1 = xb + 64 * c, *x2 = x1 + 32;
+            __m256 a = _mm256_fmadd_ps(_mm256_set1_ps(dsc[2 * c]), mf_q_u8x32_dot(lo1, hi1, zero, x1), acc[0]);
+            acc[0] = _mm256_fnmadd_ps(_mm256_set1_ps(dm[2 * c]), mf_q_sum32(x1), a);
+            __m256 b = _mm256_fmadd_ps(_mm256_set1_ps(dsc[2 * c + 1]), mf_q_u8x32_dot(lo2, hi2, zero, x2), acc[1]);
+            acc[1] = _mm256_fnmadd_ps(_mm256_set1_ps(dm[2 * c + 1]), mf_q_sum32(x2), b);
+        }
+    }
+    return mf_q_hsum_ps(_mm256_add_ps(acc[0], acc[1]));
+#else
+    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (ptrdiff_t ib = 0; ib < nb; ib++) {
+        float dsc[8], dm[8];
+        mf_kquant_scales(w[ib].scales, w[ib].d, w[ib].dmin, dsc, dm);
+        for (int j = 0; j < 8; j++) {
+            const uint8_t *qs = w[ib].qs + 32 * (j / 2);
+            const int shift = 4 * (j % 2);
+            const float *xj = x + ib * QK_K + 32 * j;
+            int8_t q[32];
+            float s[8], sx[8];
+            for (int l = 0; l < 32; l++)
+                q[l] = (int8_t)(((qs[l] >> shift) & 0x0F) | (((w[ib].qh[l] >> j) & 1) << 4));
+            mf_q_lanes_qx32(q, xj, s);
+            mf_q_lanes_x32(xj, sx);
+            for (int k = 0; k < 8; k++)
+                acc[k] += dsc[j] * s[k] - dm[j] * sx[k];
+        }
+    }
+    return mf_sum8(acc);
+#endif
+}
+
+static inline float mf_dot_q6_K_f32(const void *MF_RESTRICT vw, const float *MF_RESTRICT x,
+                                    ptrdiff_t n)
+{
+    const block_q6_K *w = (const block_q6_K *)vw;   /* [n / 256] */
+    const ptrdiff_t nb = n / QK_K;
+#if defined(MF_Q_AVX2)
+    const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(0x03);
+    const __m256 off = _mm256_set1_ps(32.0f);
+    __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+    for (ptrdiff_t ib = 0; ib < nb; ib++) {
+        const float d = mf_q_fp16(w[ib].d);
+        for (int h = 0; h < 2; h++) {
+            const uint8_t *ql = w[ib].ql + 64 * h, *qhp = w[ib].qh + 32 * h;
+            /* codes of weights l and l + 16 (l < 16) of each quarter k, in the broadcast layout */
+            const __m256i a0 = mf_q_bcast16(ql), a1 = mf_q_bcast16(ql + 16);
+            const __m256i b0 = mf_q_bcast16(ql + 32), b1 = mf_q_bcast16(ql + 48);
+            const __m256i h0 = mf_q_bcast16(qhp), h1 = mf_q_bcast16(qhp + 16);
+            __m256i lo[4], hi[4];
+            lo[0] = _mm256_or_si256(_mm256_and_si256(a0, m4), _mm256_slli_epi16(_mm256_and_si256(h0, m2), 4));
+            hi[0] = _mm256_or_si256(_mm256_and_si256(a1, m4), _mm256_slli_epi16(_mm256_and_si256(h1, m2), 4));
+            lo[1] = _mm256_or_si256(_mm256_and_si256(b0, m4),
+                                    _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h0, 2), m2), 4));
+            hi[1] = _mm256_or_si256(_mm256_and_si256(b1, m4),
+                                    _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h1, 2), m2), 4));
+            lo[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(a0, 4), m4),
+                                    _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h0, 4), m2), 4));
+            hi[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(a1, 4), m4),
+                                    _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h1, 4), m2), 4));
+            lo[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(b0, 4), m4),
+                                    _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h0, 6), m2), 4));
+            hi[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(b1, 4), m4),
+                                    _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h1, 6), m2), 4));
+            for (int k = 0; k < 4; k++) {
+                const int j = 8 * h + 2 * k;         /* sub-blocks j (codes 0..15), j+1 (16..31) */
+                __m256 sa, sb;
+                mf_q_u8x32_dot2(lo[k], hi[k], off, x + ib * QK_K + 128 * h + 32 * k, &sa, &sb);
+                acc[0] = _mm256_fmadd_ps(_mm256_set1_ps(d * (float)w[ib].scales[j]), sa, acc[0]);
+                acc[1] = _mm256_fmadd_ps(_mm256_set1_ps(d * (float)w[ib].scales[j + 1]), sb, acc[1]);
+            }
+        }
+    }
+    return mf_q_hsum_ps(_mm256_add_ps(acc[0], acc[1]));
+#else
+    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (ptrdiff_t ib = 0; ib < nb; ib++) {
+        const float d = mf_q_fp16(w[ib].d);
+        uint8_t codes[256];
+        mf_q6k_codes_all(&w[ib], codes);
+        for (int j = 0; j < 16; j++) {               /* sub-blocks of 16 */
+            const float *xj = x + ib * QK_K + 16 * j;
+            const float ds = d * (float)w[ib].scales[j];
+            float s[8];
+            for (int k = 0; k < 8; k++)
+                s[k] = (float)(codes[16 * j + k] - 32) * xj[k] +
+                       (float)(codes[16 * j + 8 + k] - 32) * xj[8 + k];
+            for (int k = 0; k < 8; k++)
+                acc[k] += ds * s[k];
+        }
+    }
+    return mf_sum8(acc);
+#endif
+}
+
+#endif /* MEGAFUSE_MF_DOT_F32_H */

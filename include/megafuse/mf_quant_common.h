@@ -1,0 +1,242 @@
+/*
+ * mf_quant_common.h -- what several roles of the weight formats share: the SIMD level switches
+ * of the quant headers, scalar arithmetic helpers (products that never fuse, GGML's rounding),
+ * the AVX2 building blocks of the integer paths, and the block pieces that dequantize, the float
+ * dots and the int8 dots all decode the same way (fp16 scales, K-quant sub-block scales, Q6_K
+ * codes).  A helper only one role uses lives in that role's header.
+ *
+ * SIMD levels.  One source, compiled once per level with the #if ladder of mf_simd.h
+ * (MF_SIMD_AVX512 / MF_SIMD_AVX2 / generic).  MF_Q_AVX2 selects the 256-bit integer + FMA bodies
+ * of every quant header; the AVX-512 level uses them too (its flags include AVX2, FMA and F16C),
+ * with AVX-512 VNNI (vpdpbusd, MF_Q_VNNI) for the 8-bit products.  MF_Q_F16C: fp16 scales through
+ * F16C.  Each function keeps its scalar and SIMD bodies side by side under one #if.
+ *
+ * Depends on: mf_simd.h (the level, immintrin.h, mf_hsum256), ggml_blocks.h (block structs,
+ * fp16 / bf16 conversions, mf_get_scale_min_k4).
+ */
+#ifndef MEGAFUSE_MF_QUANT_COMMON_H
+#define MEGAFUSE_MF_QUANT_COMMON_H
+
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "mf_simd.h"
+#include "ggml_blocks.h"
+
+#if defined(MF_SIMD_AVX512) || defined(MF_SIMD_AVX2)
+#  define MF_Q_AVX2 1                      /* 256-bit integer + FMA bodies */
+#endif
+#if defined(MF_Q_AVX2) && defined(__F16C__)
+#  define MF_Q_F16C 1
+#endif
+#if defined(MF_SIMD_AVX512) && defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#  define MF_Q_VNNI 1
+#endif
+
+#if defined(__cplusplus)
+#  define MF_RESTRICT __restrict
+#elif defined(_MSC_VER)
+#  define MF_RESTRICT __restrict
+#else
+#  define MF_RESTRICT restrict
+#endif
+
+/* Where exactness needs "round this product, then add" (the quantizers), the product goes through
+ * an empty asm that the compiler cannot see into, so it cannot fuse it into an FMA: GCC contracts
+ * a*b+c by default (-ffp-contract=fast) whenever FMA is enabled, as in the AVX2 build. */
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__)) && defined(__SSE2__)
+#  if defined(__AVX512F__)
+#    define MF_OPT_BARRIER(v) __asm__("" : "+v"(v))
+#  else
+#    define MF_OPT_BARRIER(v) __asm__("" : "+x"(v))
+#  endif
+#elif defined(__GNUC__) && defined(__aarch64__)
+#  define MF_OPT_BARRIER(v) __asm__("" : "+w"(v))
+#elif defined(__GNUC__)
+#  define MF_OPT_BARRIER(v) __asm__("" : "+m"(v))
+#else
+#  define MF_OPT_BARRIER(v) ((void)0)      /* MSVC contracts only under /fp:fast or /fp:contract */
+#endif
+
+/* ============================================================================================ */
+/* Scalar helpers                                                                               */
+/* ============================================================================================ */
+
+/* a * b rounded to float, never fused with a following add. */
+static inline float mf_mul_nc(float a, float b)
+{
+    float p = a * b;
+    MF_OPT_BARRIER(p);
+    return p;
+}
+
+static inline double mf_mul_nc_d(double a, double b)
+{
+    double p = a * b;
+    MF_OPT_BARRIER(p);
+    return p;
+}
+
+static inline int mf_imin(int a, int b) { return a < b ? a : b; }
+static inline int mf_imax(int a, int b) { return a > b ? a : b; }
+
+/* GGML's nearest_int: round to nearest, ties to even, for |fval| <= 2^22 (bit operations only,
+ * so any input -- NaN, Inf -- gives some int without undefined behaviour). */
+static inline int mf_nearest_int(float fval)
+{
+    float val = fval + 12582912.f;
+    return (int)(mf_f32_bits(val) & 0x007fffffu) - 0x00400000;
+}
+
+/* C roundf (halves away from zero) of a finite |v| < 2^23, as an int:
+ * trunc(v + copysign(0.5 - 2^-25, v)) -- the sum never rounds up past the next integer. */
+static inline int32_t mf_round_away(float v)
+{
+    return (int32_t)(v + copysignf(0.4999999701976776f, v));
+}
+
+/* The little-endian uint32 stored in qh[0..3] (the 5th bits of Q5_0 / Q5_1: bit j -> weight j). */
+static inline uint32_t mf_le32(const uint8_t *qh)
+{
+    return (uint32_t)qh[0] | ((uint32_t)qh[1] << 8) | ((uint32_t)qh[2] << 16) |
+           ((uint32_t)qh[3] << 24);
+}
+
+/* ============================================================================================ */
+/* AVX2 building blocks                                                                         */
+/* ============================================================================================ */
+#if defined(MF_Q_AVX2)
+
+/* [sum(s0), sum(s1), sum(s2), sum(s3)] of four vectors of 8 int32. */
+static inline __m128i mf_q_hsum4_epi32(__m256i s0, __m256i s1, __m256i s2, __m256i s3)
+{
+    __m256i h01 = _mm256_hadd_epi32(s0, s1);
+    __m256i h23 = _mm256_hadd_epi32(s2, s3);
+    __m256i h = _mm256_hadd_epi32(h01, h23);
+    return _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+}
+
+static inline __m256i mf_q_loadu256(const void *p)
+{
+    return _mm256_loadu_si256((const __m256i *)p);
+}
+
+/* 16 bytes of nibbles -> 32 bytes 0..15: [low nibbles (weights 0..15) | high (16..31)]. */
+static inline __m256i mf_q_nibbles32(const uint8_t *qs)
+{
+    const __m128i m4 = _mm_set1_epi8(0x0F);
+    __m128i v = _mm_loadu_si128((const __m128i *)(const void *)qs);
+    __m128i lo = _mm_and_si128(v, m4);
+    __m128i hi = _mm_and_si128(_mm_srli_epi16(v, 4), m4);
+    return _mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1);
+}
+
+/* The 32 bits of a little-endian uint32 -> 32 bytes, 0x10 where bit i is set, else 0. */
+static inline __m256i mf_q_bits32_x10(const uint8_t *qh4)
+{
+    const __m256i shuf = _mm256_set_epi64x(0x0303030303030303LL, 0x0202020202020202LL,
+                                           0x0101010101010101LL, 0x0000000000000000LL);
+    const __m256i sel = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+    __m256i v = _mm256_shuffle_epi8(_mm256_set1_epi32((int)mf_le32(qh4)), shuf);
+    v = _mm256_cmpeq_epi8(_mm256_and_si256(v, sel), sel);
+    return _mm256_and_si256(v, _mm256_set1_epi8(0x10));
+}
+
+/* Per int32 lane: acc + the sum of 4 products u8 * s8.  AVX2 forms pairs in int16 (vpmaddubsw
+ * saturates): the operands here keep u <= 128 and |s| <= 127, so no pair exceeds 32512 and both
+ * paths give the same exact sums. */
+static inline __m256i mf_q_dot_u8s8(__m256i acc, __m256i u, __m256i s)
+{
+#if defined(MF_Q_VNNI)
+    return _mm256_dpbusd_epi32(acc, u, s);
+#else
+    __m256i p = _mm256_maddubs_epi16(u, s);
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(p, _mm256_set1_epi16(1)));
+#endif
+}
+
+/* Per int32 lane: sum of 4 products w * a of signed bytes (|a| <= 127). */
+static inline __m256i mf_q_dot_s8s8(__m256i w, __m256i a)
+{
+    return mf_q_dot_u8s8(_mm256_setzero_si256(), _mm256_sign_epi8(w, w), _mm256_sign_epi8(a, w));
+}
+
+#endif /* MF_Q_AVX2 */
+
+/* ============================================================================================ */
+/* Block pieces decoded the same way by dequantize, the float dots and the int8 dots            */
+/* ============================================================================================ */
+
+/* fp16 scales inside the dot products: F16C where the build has it.  Equal to mf_fp16_to_fp32
+ * except for the payload of a NaN (which only ever yields a NaN result). */
+static inline float mf_q_fp16(mf_fp16_t h)
+{
+#if defined(MF_Q_F16C)
+    return _cvtsh_ss(h);
+#else
+    return mf_fp16_to_fp32(h);
+#endif
+}
+
+#if defined(MF_Q_AVX2)
+static inline __m128 mf_q_fp16x4(mf_fp16_t h0, mf_fp16_t h1, mf_fp16_t h2, mf_fp16_t h3)
+{
+#if defined(MF_Q_F16C)
+    return _mm_cvtph_ps(_mm_setr_epi16((short)h0, (short)h1, (short)h2, (short)h3, 0, 0, 0, 0));
+#else
+    return _mm_setr_ps(mf_fp16_to_fp32(h0), mf_fp16_to_fp32(h1), mf_fp16_to_fp32(h2),
+                       mf_fp16_to_fp32(h3));
+#endif
+}
+#endif
+
+/* Sub-block scales of a Q4_K / Q5_K super-block as GGML multiplies them out:
+ * dsc[j] = d * sc[j], dm[j] = dmin * m[j] (float32, exact). */
+static inline void mf_kquant_scales(const uint8_t *scales /* [12] */, mf_fp16_t d16,
+                                    mf_fp16_t dmin16, float dsc[8], float dm[8])
+{
+    const float d = mf_fp16_to_fp32(d16), dmin = mf_fp16_to_fp32(dmin16);
+    for (int j = 0; j < 8; j++) {
+        uint8_t sc, m;
+        mf_get_scale_min_k4(j, scales, &sc, &m);
+        dsc[j] = d * (float)sc;
+        dm[j] = dmin * (float)m;
+    }
+}
+
+#if defined(MF_Q_AVX2)
+/* The four 32-byte registers of 6-bit codes (0..63) of half h of a Q6_K super-block:
+ * q[k] holds weights 128h + 32k .. 128h + 32k + 31. */
+static inline void mf_q6k_codes(const block_q6_K *b, int h, __m256i q[4])
+{
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    const __m256i ql0 = mf_q_loadu256(b->ql + 64 * h), ql1 = mf_q_loadu256(b->ql + 64 * h + 32);
+    const __m256i qh = mf_q_loadu256(b->qh + 32 * h);
+    q[0] = _mm256_or_si256(_mm256_and_si256(ql0, m4),
+                           _mm256_slli_epi16(_mm256_and_si256(qh, _mm256_set1_epi8(0x03)), 4));
+    q[1] = _mm256_or_si256(_mm256_and_si256(ql1, m4),
+                           _mm256_slli_epi16(_mm256_and_si256(qh, _mm256_set1_epi8(0x0C)), 2));
+    q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4),
+                           _mm256_and_si256(qh, _mm256_set1_epi8(0x30)));
+    q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
+                           _mm256_srli_epi16(_mm256_and_si256(qh, _mm256_set1_epi8((char)0xC0)), 2));
+}
+#else
+/* The 256 codes (0..63) of a Q6_K super-block, in weight order. */
+static inline void mf_q6k_codes_all(const block_q6_K *b, uint8_t q[256])
+{
+    for (int h = 0; h < 2; h++) {
+        const uint8_t *ql = b->ql + 64 * h, *qh = b->qh + 32 * h;
+        uint8_t *qq = q + 128 * h;
+        for (int l = 0; l < 32; l++) {
+            qq[l] = (uint8_t)((ql[l] & 0x0F) | (((qh[l] >> 0) & 3) << 4));
+            qq[l + 32] = (uint8_t)((ql[l + 32] & 0x0F) | (((qh[l] >> 2) & 3) << 4));
+            qq[l + 64] = (uint8_t)((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4));
+            qq[l + 96] = (uint8_t)((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4));
+        }
+    }
+}
+#endif
+
+#endif /* MEGAFUSE_MF_QUANT_COMMON_H */
