@@ -2,15 +2,18 @@
  * ckernel_dtype.h -- the data types of megafuse's weights and activations.
  *
  * The enum values are upstream's (C-Kernel-Engine); the block layouts behind the GGML formats are
- * in megafuse/ggml_blocks.h.  Block formats hold `ck_dtype_block_size(dt)` weights in
- * `ck_dtype_block_bytes(dt)` bytes; a row of C weights (C a multiple of the block size) holds
- * `ck_dtype_row_bytes(dt, C)` bytes.
+ * in megafuse/ggml_blocks.h, and the sizes below come from them (QK*, sizeof(block_*)), whose
+ * byte counts ggml_blocks.h checks against GGML's.  Block formats hold `ck_dtype_block_size(dt)`
+ * weights in `ck_dtype_block_bytes(dt)` bytes; a row of C weights (C a multiple of the block size)
+ * holds `ck_dtype_row_bytes(dt, C)` bytes.
  */
 #ifndef CKERNEL_DTYPE_H
 #define CKERNEL_DTYPE_H
 
 #include <stddef.h>
 #include <stdint.h>
+
+#include "ggml_blocks.h"
 
 typedef enum {
     CK_DT_FP32 = 0,
@@ -58,8 +61,9 @@ static inline int ck_dtype_is_quantized(CKDataType dt)
 static inline size_t ck_dtype_bytes(CKDataType dt)
 {
     switch (dt) {
-    case CK_DT_FP32: return 4;
-    case CK_DT_BF16: case CK_DT_FP16: return 2;
+    case CK_DT_FP32: return sizeof(float);
+    case CK_DT_BF16: return sizeof(mf_bf16_t);
+    case CK_DT_FP16: return sizeof(mf_fp16_t);
     case CK_DT_INT8: case CK_DT_INT4: return 1;
     default: return ck_dtype_is_quantized(dt) ? 1 : 0;
     }
@@ -69,10 +73,13 @@ static inline size_t ck_dtype_bytes(CKDataType dt)
 static inline size_t ck_dtype_block_size(CKDataType dt)
 {
     switch (dt) {
-    case CK_DT_Q4_0: case CK_DT_Q4_1: case CK_DT_Q5_0: case CK_DT_Q5_1: case CK_DT_Q8_0:
-        return 32;
+    case CK_DT_Q4_0: return QK4_0;
+    case CK_DT_Q4_1: return QK4_1;
+    case CK_DT_Q5_0: return QK5_0;
+    case CK_DT_Q5_1: return QK5_1;
+    case CK_DT_Q8_0: return QK8_0;
     case CK_DT_Q4_K: case CK_DT_Q5_K: case CK_DT_Q6_K: case CK_DT_Q8_K:
-        return 256;
+        return QK_K;
     case CK_DT_INT4:
         return 2;
     default:
@@ -80,19 +87,19 @@ static inline size_t ck_dtype_block_size(CKDataType dt)
     }
 }
 
-/* Bytes a block (GGML's byte counts); for the plain types, bytes an element. */
+/* Bytes a block (the block structs of ggml_blocks.h); for the plain types, bytes an element. */
 static inline size_t ck_dtype_block_bytes(CKDataType dt)
 {
     switch (dt) {
-    case CK_DT_Q4_0: return 18;   /* fp16 d, 16 B of nibbles */
-    case CK_DT_Q4_1: return 20;   /* fp16 d, fp16 m, 16 B of nibbles */
-    case CK_DT_Q5_0: return 22;   /* fp16 d, 4 B high bits, 16 B of nibbles */
-    case CK_DT_Q5_1: return 24;   /* fp16 d, fp16 m, 4 B high bits, 16 B of nibbles */
-    case CK_DT_Q8_0: return 34;   /* fp16 d, 32 int8 */
-    case CK_DT_Q4_K: return 144;  /* fp16 d, fp16 dmin, 12 B scales, 128 B nibbles */
-    case CK_DT_Q5_K: return 176;  /* fp16 d, fp16 dmin, 12 B scales, 32 B high bits, 128 B nibbles */
-    case CK_DT_Q6_K: return 210;  /* 128 B low nibbles, 64 B high bits, 16 int8 scales, fp16 d */
-    case CK_DT_Q8_K: return 292;  /* f32 d, 256 int8, 16 int16 sums */
+    case CK_DT_Q4_0: return sizeof(block_q4_0);
+    case CK_DT_Q4_1: return sizeof(block_q4_1);
+    case CK_DT_Q5_0: return sizeof(block_q5_0);
+    case CK_DT_Q5_1: return sizeof(block_q5_1);
+    case CK_DT_Q8_0: return sizeof(block_q8_0);
+    case CK_DT_Q4_K: return sizeof(block_q4_K);
+    case CK_DT_Q5_K: return sizeof(block_q5_K);
+    case CK_DT_Q6_K: return sizeof(block_q6_K);
+    case CK_DT_Q8_K: return sizeof(block_q8_K);
     case CK_DT_INT4: return 1;
     default: return ck_dtype_bytes(dt);
     }

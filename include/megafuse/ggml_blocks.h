@@ -131,6 +131,8 @@ MF_STATIC_ASSERT(sizeof(block_q8_K) == 292, block_q8_K_is_292_bytes);
 MF_STATIC_ASSERT(sizeof(float) == 4, float_is_binary32);
 
 /* ---- bit casts ------------------------------------------------------------------------------ */
+#define MF_F32_DEFAULT_NAN_BITS 0x7fc00000u   /* x86's and NumPy's default NaN (quiet) */
+
 static inline uint32_t mf_f32_bits(float f)
 {
     uint32_t u;

@@ -78,7 +78,7 @@ static inline void mf_quantize_row_q8_K(const float *MF_RESTRICT x, void *MF_RES
             }
         }
         if (!finite || amax == 0.0f) {
-            y[ib].d = finite ? 0.0f : mf_bits_f32(0x7fc00000u);
+            y[ib].d = finite ? 0.0f : mf_bits_f32(MF_F32_DEFAULT_NAN_BITS);
             memset(y[ib].qs, 0, QK_K);
             memset(y[ib].bsums, 0, sizeof y[ib].bsums);
             continue;

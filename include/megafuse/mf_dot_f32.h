@@ -245,15 +245,15 @@ static inline __m256 mf_q_fblk_q8_0(const block_q8_0 *b, const float *x, __m256 
 }
 
 /* Blocks alternate between two accumulators (register-resident, independent chains). */
-#define MF_Q_FDOT_LOOP(BLOCK_FN)                                                               \
+#define MF_Q_FDOT_LOOP(BLOCK_FN, QK)                                                           \
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();                             \
     ptrdiff_t ib = 0;                                                                          \
     for (; ib + 2 <= nb; ib += 2) {                                                            \
-        acc0 = BLOCK_FN(&w[ib], x + ib * 32, acc0);                                            \
-        acc1 = BLOCK_FN(&w[ib + 1], x + (ib + 1) * 32, acc1);                                  \
+        acc0 = BLOCK_FN(&w[ib], x + ib * QK, acc0);                                            \
+        acc1 = BLOCK_FN(&w[ib + 1], x + (ib + 1) * QK, acc1);                                  \
     }                                                                                          \
     if (ib < nb)                                                                               \
-        acc0 = BLOCK_FN(&w[ib], x + ib * 32, acc0);                                            \
+        acc0 = BLOCK_FN(&w[ib], x + ib * QK, acc0);                                            \
     return mf_q_hsum_ps(_mm256_add_ps(acc0, acc1));
 #endif
 
@@ -263,7 +263,7 @@ static inline float mf_dot_q4_0_f32(const void *MF_RESTRICT vw, const float *MF_
     const block_q4_0 *w = (const block_q4_0 *)vw;   /* [n / 32] */
     const ptrdiff_t nb = n / QK4_0;
 #if defined(MF_Q_AVX2)
-    MF_Q_FDOT_LOOP(mf_q_fblk_q4_0)
+    MF_Q_FDOT_LOOP(mf_q_fblk_q4_0, QK4_0)
 #else
     float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     for (ptrdiff_t ib = 0; ib < nb; ib++) {
@@ -288,7 +288,7 @@ static inline float mf_dot_q4_1_f32(const void *MF_RESTRICT vw, const float *MF_
     const block_q4_1 *w = (const block_q4_1 *)vw;   /* [n / 32] */
     const ptrdiff_t nb = n / QK4_1;
 #if defined(MF_Q_AVX2)
-    MF_Q_FDOT_LOOP(mf_q_fblk_q4_1)
+    MF_Q_FDOT_LOOP(mf_q_fblk_q4_1, QK4_1)
 #else
     float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     for (ptrdiff_t ib = 0; ib < nb; ib++) {
@@ -314,7 +314,7 @@ static inline float mf_dot_q5_0_f32(const void *MF_RESTRICT vw, const float *MF_
     const block_q5_0 *w = (const block_q5_0 *)vw;   /* [n / 32] */
     const ptrdiff_t nb = n / QK5_0;
 #if defined(MF_Q_AVX2)
-    MF_Q_FDOT_LOOP(mf_q_fblk_q5_0)
+    MF_Q_FDOT_LOOP(mf_q_fblk_q5_0, QK5_0)
 #else
     float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     for (ptrdiff_t ib = 0; ib < nb; ib++) {
@@ -340,7 +340,7 @@ static inline float mf_dot_q5_1_f32(const void *MF_RESTRICT vw, const float *MF_
     const block_q5_1 *w = (const block_q5_1 *)vw;   /* [n / 32] */
     const ptrdiff_t nb = n / QK5_1;
 #if defined(MF_Q_AVX2)
-    MF_Q_FDOT_LOOP(mf_q_fblk_q5_1)
+    MF_Q_FDOT_LOOP(mf_q_fblk_q5_1, QK5_1)
 #else
     float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     for (ptrdiff_t ib = 0; ib < nb; ib++) {
@@ -367,7 +367,7 @@ static inline float mf_dot_q8_0_f32(const void *MF_RESTRICT vw, const float *MF_
     const block_q8_0 *w = (const block_q8_0 *)vw;   /* [n / 32] */
     const ptrdiff_t nb = n / QK8_0;
 #if defined(MF_Q_AVX2)
-    MF_Q_FDOT_LOOP(mf_q_fblk_q8_0)
+    MF_Q_FDOT_LOOP(mf_q_fblk_q8_0, QK8_0)
 #else
     float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     for (ptrdiff_t ib = 0; ib < nb; ib++) {

@@ -145,7 +145,7 @@ static inline float NAME(const void *MF_RESTRICT vw, const void *MF_RESTRICT va,
 {                                                                                              \
     const BLOCK *w = (const BLOCK *)vw;             /* [n / 32] */                             \
     const block_q8_0 *a = (const block_q8_0 *)va;   /* [n / 32] */                             \
-    const ptrdiff_t nb = n / 32;                                                               \
+    const ptrdiff_t nb = n / QK8_0;                                                            \
     double acc[4] = {0.0, 0.0, 0.0, 0.0};                                                      \
     ptrdiff_t ib = 0;                                                                          \
     __m256d acc4 = _mm256_setzero_pd();                                                        \
@@ -168,7 +168,7 @@ static inline float NAME(const void *MF_RESTRICT vw, const void *MF_RESTRICT va,
 {                                                                                              \
     const BLOCK *w = (const BLOCK *)vw;             /* [n / 32] */                             \
     const block_q8_0 *a = (const block_q8_0 *)va;   /* [n / 32] */                             \
-    const ptrdiff_t nb = n / 32;                                                               \
+    const ptrdiff_t nb = n / QK8_0;                                                            \
     double acc[4] = {0.0, 0.0, 0.0, 0.0};                                                      \
     for (ptrdiff_t ib = 0; ib < nb; ib++) {                                                    \
         const float dd = mf_q_fp16(w[ib].d) * mf_q_fp16(a[ib].d);                  \
@@ -228,7 +228,7 @@ static inline float NAME(const void *MF_RESTRICT vw, const void *MF_RESTRICT va,
 {                                                                                              \
     const BLOCK *w = (const BLOCK *)vw;             /* [n / 32] */                             \
     const block_q8_0 *a = (const block_q8_0 *)va;   /* [n / 32] */                             \
-    const ptrdiff_t nb = n / 32;                                                               \
+    const ptrdiff_t nb = n / QK8_0;                                                            \
     double acc[4] = {0.0, 0.0, 0.0, 0.0};                                                      \
     ptrdiff_t ib = 0;                                                                          \
     MF_DOT_ASYM_AVX2_BODY(VEC, ISUM)                                                           \

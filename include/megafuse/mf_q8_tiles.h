@@ -285,7 +285,7 @@ static inline void NAME(const void *const *vw, const void *va, ptrdiff_t n, floa
     const BLOCK *w0 = (const BLOCK *)vw[0], *w1 = (const BLOCK *)vw[1];                        \
     const BLOCK *w2 = (const BLOCK *)vw[2], *w3 = (const BLOCK *)vw[3];                        \
     const block_q8_0 *a = (const block_q8_0 *)va;   /* [n / 32] */                             \
-    const ptrdiff_t nb = n / 32;                                                               \
+    const ptrdiff_t nb = n / QK8_0;                                                            \
     __m256d acc0 = _mm256_setzero_pd(), acc1 = _mm256_setzero_pd();                            \
     __m256d acc2 = _mm256_setzero_pd(), acc3 = _mm256_setzero_pd();                            \
     const ptrdiff_t pf = mf_q_pf_dist(nb * (ptrdiff_t)sizeof(BLOCK));                          \
@@ -585,7 +585,7 @@ static inline void mf_q8_tile_sym(int dt, const void *const *vw, const char *xq,
                         : dt == CK_DT_Q5_0 ? (ptrdiff_t)sizeof(block_q5_0)
                                            : (ptrdiff_t)sizeof(block_q8_0);
     const __m256i off = _mm256_set1_epi8((char)offv);
-    const ptrdiff_t nb = n / 32;
+    const ptrdiff_t nb = n / QK8_0;
     memset(acc, 0, (size_t)nt * sizeof acc[0]);
     for (ptrdiff_t c0 = 0; c0 < nb; c0 += CH) {       /* CH even: block pairs stay in a chunk */
         const int nc = (int)(nb - c0 < CH ? nb - c0 : CH);

@@ -21,6 +21,8 @@
 
 #include <stddef.h>
 
+#include "ggml_blocks.h"
+
 typedef struct {
     size_t a;          /* offset of region A (0) */
     size_t b;          /* offset of region B */
@@ -33,6 +35,17 @@ typedef struct {
 
 static inline size_t mf_round_up_64(size_t n) { return (n + 63) / 64 * 64; }
 
+/* Bytes of a row of n activations as Q8_0 / Q8_K blocks; 0 when n is not whole blocks. */
+static inline size_t mf_q8_0_row_bytes(size_t n)
+{
+    return n % QK8_0 == 0 ? n / QK8_0 * sizeof(block_q8_0) : 0;
+}
+
+static inline size_t mf_q8_K_row_bytes(size_t n)
+{
+    return n % QK_K == 0 ? n / QK_K * sizeof(block_q8_K) : 0;
+}
+
 static inline mf_prefill_scratch mf_prefill_scratch_layout(size_t T, size_t Ea, size_t H,
                                                            size_t Da, int int8_path)
 {
@@ -41,8 +54,8 @@ static inline mf_prefill_scratch mf_prefill_scratch_layout(size_t T, size_t Ea, 
     s.a = 0;
     s.b = mf_round_up_64(T * hda * sizeof(float));
     s.c_q8_0 = mf_round_up_64(s.b + T * widest * sizeof(float));
-    s.q8_0_row = (int8_path && Ea % 32 == 0) ? Ea / 32 * 34 : 0;
-    s.q8_k_row = (int8_path && Ea % 256 == 0) ? Ea / 256 * 292 : 0;
+    s.q8_0_row = int8_path ? mf_q8_0_row_bytes(Ea) : 0;
+    s.q8_k_row = int8_path ? mf_q8_K_row_bytes(Ea) : 0;
     s.c_q8_k = mf_round_up_64(s.c_q8_0 + T * s.q8_0_row);
     s.total = int8_path ? s.c_q8_k + T * s.q8_k_row : s.b + T * widest * sizeof(float);
     return s;
@@ -72,7 +85,7 @@ typedef struct {
 
 static inline size_t mf_q8_row_bytes(size_t n)
 {
-    size_t q8_0 = n % 32 == 0 ? n / 32 * 34 : 0, q8_k = n % 256 == 0 ? n / 256 * 292 : 0;
+    size_t q8_0 = mf_q8_0_row_bytes(n), q8_k = mf_q8_K_row_bytes(n);
     return q8_0 > q8_k ? q8_0 : q8_k;
 }
 

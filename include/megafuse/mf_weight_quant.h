@@ -13,7 +13,7 @@
  * mf_quant_common.h).  The same bytes at every SIMD level.
  *
  * Depends on: mf_quant_common.h (mf_mul_nc, mf_nearest_int, mf_imin / mf_imax, mf_le32, levels),
- * ggml_blocks.h (block structs, fp16 / bf16 conversions).
+ * ggml_blocks.h (block structs, fp16 / bf16 conversions, MF_F32_DEFAULT_NAN_BITS).
  */
 #ifndef MEGAFUSE_MF_WEIGHT_QUANT_H
 #define MEGAFUSE_MF_WEIGHT_QUANT_H
@@ -112,13 +112,14 @@ static inline int mf_np_argmax_abs(const float *x, int n)
 }
 
 /* NumPy's max / min along a 32-wide axis: its SIMD reduction returns the default NaN
- * (0x7fc00000, whatever the sign or payload of the NaN it met) when any element is NaN. */
+ * (MF_F32_DEFAULT_NAN_BITS, whatever the sign or payload of the NaN it met) when any element
+ * is NaN. */
 static inline void mf_np_min_max(const float *x, int n, float *mn, float *mx)
 {
     float lo = x[0], hi = x[0];
     for (int j = 0; j < n; j++) {
         if (x[j] != x[j]) {
-            *mn = *mx = mf_bits_f32(0x7fc00000u);
+            *mn = *mx = mf_bits_f32(MF_F32_DEFAULT_NAN_BITS);
             return;
         }
         if (x[j] < lo)
@@ -237,7 +238,7 @@ static inline void mf_quantize_row_q8_0(const float *MF_RESTRICT x, void *MF_RES
         const float *xb = x + ib * QK8_0;
         float amax = fabsf(xb[mf_np_argmax_abs(xb, QK8_0)]);
         if (amax != amax)
-            amax = mf_bits_f32(0x7fc00000u);        /* NumPy's max: the default NaN */
+            amax = mf_bits_f32(MF_F32_DEFAULT_NAN_BITS);   /* NumPy's max: the default NaN */
         const float d = amax / 127.0f;
         const float id = d != 0.0f ? 1.0f / d : 0.0f;
         y[ib].d = mf_fp32_to_fp16(d);
