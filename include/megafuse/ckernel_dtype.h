@@ -37,7 +37,7 @@ typedef uint32_t CKDataTypeMask;
 
 #define CK_DT_MASK(dt) (1u << (uint32_t)(dt))
 
-/* Every dtype a `const void *w, CKDataType w_dt` argument accepts (SPEC section 2). */
+/* Every dtype a `const void *w, CKDataType w_dt` argument accepts (docs/contract.md §2). */
 #define CK_DT_WEIGHT_FORMATS                                                                   \
     (CK_DT_MASK(CK_DT_FP32) | CK_DT_MASK(CK_DT_BF16) | CK_DT_MASK(CK_DT_FP16) |                \
      CK_DT_MASK(CK_DT_Q4_0) | CK_DT_MASK(CK_DT_Q4_1) | CK_DT_MASK(CK_DT_Q5_0) |                \

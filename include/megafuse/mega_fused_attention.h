@@ -3,11 +3,11 @@
  *
  * The prototypes below are those of upstream's mega_fused_attention.h, unchanged (same names,
  * parameters and order).  megafuse exposes each as a Python function of the same name
- * (`megafuse.<name>`, see SPEC section 1 for how the arguments map) and, for other Cython
+ * (`megafuse.<name>`, see docs/contract.md §1 for how the arguments map) and, for other Cython
  * modules, as the nogil C-level function `c_<name>` in `megafuse/_kernels.pxd` (same parameters;
  * no validation: the caller vouches for every size).  What the header leaves open -- layouts,
- * math, bad input -- is fixed by megafuse's SPEC; in particular `wo` is [Ea, H*Da] for decode and
- * prefill alike and GQA maps query head h to kv head h / (H / G).
+ * math, bad input -- is fixed by megafuse's contract, docs/contract.md; in particular `wo` is
+ * [Ea, H*Da] for decode and prefill alike and GQA maps query head h to kv head h / (H / G).
  */
 #ifndef MEGA_FUSED_ATTENTION_H
 #define MEGA_FUSED_ATTENTION_H
