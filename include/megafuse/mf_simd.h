@@ -296,8 +296,8 @@ static inline void mf_silu_mul_f32(const float *g, const float *u, float *out, p
 static inline void mf_dot_1x4_f32(const float *x, const float *const w[4], ptrdiff_t n,
                                   float out[4], const void *ahead)
 {
-    ptrdiff_t k = 0;
 #if defined(MF_SIMD_AVX2) || defined(MF_SIMD_AVX512)
+    ptrdiff_t k = 0;
     __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
     __m256 a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
     for (; k + 8 <= n; k += 8) {
@@ -327,8 +327,8 @@ static inline void mf_dot_1x4_f32(const float *x, const float *const w[4], ptrdi
 static inline void mf_dot3_1x4_f32(const float *x, const float *g, const float *const w[4],
                                    ptrdiff_t n, float out[4], const void *ahead)
 {
-    ptrdiff_t k = 0;
 #if defined(MF_SIMD_AVX2) || defined(MF_SIMD_AVX512)
+    ptrdiff_t k = 0;
     __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
     __m256 a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
     for (; k + 8 <= n; k += 8) {
