@@ -1,4 +1,7 @@
-"""Fixtures shared by every test file: the SIMD level and the thread count under test."""
+"""Fixtures shared by every test file: the SIMD level and the thread count under test, and the
+default model."""
+import os
+
 import pytest
 
 import megafuse
@@ -27,3 +30,19 @@ def threads():
     before = megafuse.get_num_threads()
     yield
     megafuse.set_num_threads(before)
+
+
+@pytest.fixture(scope="session")
+def smollm2_path():
+    """The default model (SmolLM2-135M-Instruct, Q4_1), fetched once into the user cache
+    (megafuse.models; reused by later runs and by .ci/run's fresh venvs).  If it cannot be
+    fetched the test is skipped with the reason, unless MEGAFUSE_REQUIRE_MODEL=1, where it
+    fails."""
+    from megafuse import models
+    try:
+        return models.default_model_path()
+    except models.ModelFetchError as exc:
+        if os.environ.get("MEGAFUSE_REQUIRE_MODEL") == "1":
+            pytest.fail(f"MEGAFUSE_REQUIRE_MODEL=1 and the default model could not be "
+                        f"fetched: {exc}")
+        pytest.skip(f"the default model could not be fetched: {exc}")
