@@ -92,17 +92,21 @@ __all__ = [
     "set_num_threads", "get_num_threads", "simd_level", "get_include", "show_config",
     # a whole decoder layer (megafuse.layer); GGUF weights: the megafuse.gguf module (lazy)
     "DecoderLayer", "rope_tables",
+    # text <-> token ids from a GGUF vocabulary (megafuse.tokenizer, imported on first use)
+    "Tokenizer",
     # arrays on 2 MiB pages for weights and caches (megafuse.memory)
     "empty", "zeros", "empty_like",
 ]
 
 
 def __getattr__(name):
-    """``megafuse.gguf`` is imported on first use (it needs the optional ``gguf`` package only
-    when a file is read)."""
-    if name == "gguf":
-        import importlib
-        return importlib.import_module("megafuse.gguf")
+    """``megafuse.gguf``, ``megafuse.models`` and ``megafuse.Tokenizer`` are imported on first
+    use (the optional ``gguf``, ``tokenizers`` and ``jinja2`` packages are needed only then)."""
+    import importlib
+    if name in ("gguf", "models", "tokenizer"):
+        return importlib.import_module(f"megafuse.{name}")
+    if name == "Tokenizer":
+        return importlib.import_module("megafuse.tokenizer").Tokenizer
     raise AttributeError(f"module 'megafuse' has no attribute {name!r}")
 
 

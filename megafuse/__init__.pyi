@@ -14,6 +14,9 @@ from megafuse._dtype import CKDataType as CKDataType
 from megafuse.layer import DecoderLayer as DecoderLayer
 from megafuse.layer import rope_tables as rope_tables
 from megafuse import memory as memory
+from megafuse import models as models
+from megafuse import tokenizer as tokenizer
+from megafuse.tokenizer import Tokenizer as Tokenizer
 from megafuse.memory import empty as empty
 from megafuse.memory import empty_like as empty_like
 from megafuse.memory import zeros as zeros

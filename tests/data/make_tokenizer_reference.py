@@ -1,0 +1,195 @@
+"""Record transformers' GGUF tokenizer on the tokenizer tests' texts: tokenizer_reference.json.
+
+transformers reads a GGUF vocabulary only with torch installed (its GGUF reader imports torch),
+which the test environment does not have; so its answers are recorded here once and committed.
+Run it where transformers, torch, gguf and tokenizers are installed:
+
+    python tests/data/make_tokenizer_reference.py [SmolLM2-135M-Instruct.Q4_1.gguf]
+    python tests/data/make_tokenizer_reference.py --llama-cpp SmolLM2-135M-Instruct.Q4_1.gguf
+
+(the model file defaults to megafuse.models.default_model_path(), which fetches it once).  It
+writes the synthetic GGUF files of tests/gguf_vocab.py to a temporary folder, and for each file
+(the real SmolLM2 and the synthetic ones) records, per text: ``AutoTokenizer.from_pretrained(dir,
+gguf_file=name).encode(text)`` (with the special tokens transformers adds) and the same without
+them; and per conversation: ``apply_chat_template`` as text and as ids (or the error it raised).
+Each synthetic file's sha256 is recorded too: the tests write the files again and refuse a stale
+fixture.  The second command (run where llama-cpp-python is installed) adds llama.cpp's ids for
+the SmolLM2 texts, the reference where transformers' GGUF tokenizer ignores ``pre = smollm``.
+Recorded with transformers 5.24.0, tokenizers 0.23.3, gguf 0.19.0.
+"""
+import hashlib
+import json
+import os
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))                     # tests/ (gguf_vocab)
+sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))    # the source tree (megafuse)
+
+import gguf_vocab  # noqa: E402
+
+OUT = os.path.join(HERE, "tokenizer_reference.json")
+
+TEXTS = [
+    "",
+    " ",
+    "  ",
+    "Hello world",
+    " Hello world",
+    "Hello, world! How are you today?",
+    # languages
+    "Le cœur a ses raisons que la raison ne connaît point. À bientôt, garçon !",
+    "Größenwahn und Übermut: Die Straße heißt »Königsallee«, nicht Strasse.",
+    "我爱北京天安门，天安门上太阳升。今天天气很好。",
+    "日本語のテキスト、ひらがなとカタカナ、そして漢字。東京タワーへ行きましょう！",
+    "Съешь же ещё этих мягких французских булок, да выпей чаю.",
+    "مرحبا بالعالم، كيف حالك اليوم؟ أنا بخير.",
+    "नमस्ते दुनिया, आप कैसे हैं? मैं ठीक हूँ।",
+    "Ελληνικά: Καλημέρα κόσμε. 한국어: 안녕하세요 세계.",
+    # emoji: plain, skin tones, ZWJ sequences, flags, variation selectors
+    "I ❤️ emoji 😀🎉👍 and 👍🏽👋🏿 tones.",
+    "Family 👨‍👩‍👧‍👦, coder 🧑🏿‍💻, rainbow 🏳️‍🌈, flag 🇫🇷🇯🇵.",
+    # digits and numbers
+    "1234567890",
+    "3.14159265358979323846",
+    "Call 555-0199 or +1 (800) 123-4567 before 2024-12-31 at 23:59.",
+    "In 1999 we had 1,234,567.89 dollars and 42 cats; 2^64 = 18446744073709551616.",
+    " 42",
+    "x  1",
+    "[1,  2,   3,    4]",
+    "0.5e-10 and 6.02214076e23",
+    # whitespace
+    "a  b   c    d     e",
+    "\t\tindented\twith\ttabs",
+    "line1\nline2\n\n\nline5\r\nline6",
+    "   leading and trailing   ",
+    "\n",
+    "\t",
+    "  \n  \t x \n\n",
+    "trailing newline\n",
+    # code
+    "def square(x):\n    \"\"\"Return x squared.\"\"\"\n    return x ** 2  # comment\n\n"
+    "print([square(i) for i in range(10)])\n",
+    "#include <stdio.h>\n\nint main(void) {\n\tint a[3] = {1, 2, 3};\n"
+    "\tprintf(\"%d\\n\", a[0] + a[2]);\n\treturn 0;\n}\n",
+    "if (x != nullptr && y->z >= 0x1F) { return ~x | (y << 2); }",
+    # punctuation, contractions, casing
+    "I'm sure you'll see they've done it. Don't you? IT'S FINE, WE'RE OK.",
+    "Wait... what?! (yes) [no] {maybe} <html> &amp; @user #tag $5 %20 ^_^ ~~ `code`",
+    "https://example.com/path/to?q=1&r=two#frag",
+    "café naïve résumé — “quotes” ‘single’ … ™ © ® °C",
+    "a ½ cup, 2 ¾ pints, x² + y³ and Ⅻ",
+    "e\u0301 vs \u00e9, zero\u200bwidth, nbsp\u00a0here",
+    "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa",
+    "abababababababababababababababababababab",
+    "nul\x00byte and \x7f delete",
+    "The quick brown fox jumps over the lazy dog.",
+]
+
+# Special tokens in text, per vocabulary
+SPECIAL_TEXTS = {
+    "smollm2": ["<|im_start|>user\nHi there<|im_end|>\n<|im_start|>assistant\n",
+                "a<|im_start|>b", "<|endoftext|>", "<|im_start|><|im_end|>",
+                "not special: <|im_sta rt|> and <| im_end |>", "code: <filename>x.py<file_sep>"],
+    "llama": ["<s>Hello</s>", "a<|im_start|>b", "<|im_start|>user\nHi<|im_end|>",
+              "call <tool_call> now", "<unk> unknown"],
+    "llama-bpe": ["<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>",
+                  "a<|eot_id|>b", "x <|end_of_text|> y"],
+    "qwen2": ["<|im_start|>user\nHi<|im_end|>\n", "a<|endoftext|>b", "<|im_start|><|im_end|>"],
+}
+
+CONVERSATIONS = [
+    [{"role": "user", "content": "What is the capital of France?"}],
+    [{"role": "system", "content": "You are terse."},
+     {"role": "user", "content": "Hi"},
+     {"role": "assistant", "content": "Hello! How can I help?"},
+     {"role": "user", "content": "Ça va ? 😀 Écris 2+2."}],
+]
+# per-vocabulary extras: (messages, keyword arguments)
+CHAT_EXTRAS = {
+    "llama": [([{"role": "tool", "content": "x"}], {})],          # raise_exception
+    "llama-bpe": [([{"role": "user", "content": "  padded  "}, {"role": "skip", "content": "-"}],
+                   {"tools": [{"name": "get_weather", "description": "Météo à Paris"}]})],
+}
+
+
+def transformers_tokenizer(folder, name):
+    from transformers import AutoTokenizer
+    return AutoTokenizer.from_pretrained(folder, gguf_file=name)
+
+
+def record(tok, key):
+    texts = TEXTS + SPECIAL_TEXTS[key]
+    entry = {"texts": [], "chats": []}
+    for text in texts:
+        item = {"text": text, "ids": tok.encode(text),
+                "ids_no_special": tok.encode(text, add_special_tokens=False)}
+        if text.startswith(" "):
+            # transformers' Metaspace puts no dummy prefix before a leading space; SentencePiece
+            # (and megafuse) does, which transformers gives for one more leading space
+            item["ids_extra_space"] = tok.encode(" " + text)
+        entry["texts"].append(item)
+    chats = [(m, {}) for m in CONVERSATIONS] + CHAT_EXTRAS.get(key, [])
+    for messages, kwargs in chats:
+        for gen in (True, False):
+            item = {"messages": messages, "kwargs": kwargs, "add_generation_prompt": gen}
+            try:
+                item["text"] = tok.apply_chat_template(messages, add_generation_prompt=gen,
+                                                       tokenize=False, **kwargs)
+                ids = tok.apply_chat_template(messages, add_generation_prompt=gen,
+                                              tokenize=True, **kwargs)
+                item["ids"] = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+            except Exception as exc:  # the template's raise_exception
+                item["error"] = f"{type(exc).__name__}: {exc}"
+            entry["chats"].append(item)
+    return entry
+
+
+def add_llama_cpp(model):
+    """Add llama.cpp's ids (llama-cpp-python, vocab only) for the SmolLM2 texts to the fixture:
+    ``python make_tokenizer_reference.py --llama-cpp MODEL`` where llama_cpp is installed."""
+    import llama_cpp
+    with open(OUT, encoding="utf-8") as f:
+        out = json.load(f)
+    llm = llama_cpp.Llama(model_path=model, vocab_only=True, verbose=False)
+    for item in out["files"]["smollm2"]["texts"]:
+        item["llama_cpp_ids"] = llm.tokenize(item["text"].encode("utf-8"), add_bos=False,
+                                             special=True)
+    out["llama_cpp"] = llama_cpp.__version__
+    with open(OUT, "w", encoding="utf-8") as f:
+        json.dump(out, f, ensure_ascii=False, indent=1)
+        f.write("\n")
+    print(f"added llama.cpp's ids to {OUT}")
+
+
+def main():
+    if sys.argv[1:2] == ["--llama-cpp"]:
+        return add_llama_cpp(os.path.abspath(sys.argv[2]))
+    import tokenizers
+    import transformers
+    if len(sys.argv) > 1:
+        model = os.path.abspath(sys.argv[1])
+    else:
+        from megafuse import models
+        model = models.default_model_path()
+    out = {"transformers": transformers.__version__, "tokenizers": tokenizers.__version__,
+           "files": {}}
+    out["files"]["smollm2"] = record(
+        transformers_tokenizer(os.path.dirname(model), os.path.basename(model)), "smollm2")
+    with tempfile.TemporaryDirectory() as tmp:
+        for key, (write, name) in gguf_vocab.SYNTHETIC.items():
+            path = write(os.path.join(tmp, name))
+            with open(path, "rb") as f:
+                digest = hashlib.sha256(f.read()).hexdigest()
+            entry = record(transformers_tokenizer(tmp, name), key)
+            entry["sha256"] = digest
+            out["files"][key] = entry
+    with open(OUT, "w", encoding="utf-8") as f:
+        json.dump(out, f, ensure_ascii=False, indent=1)
+        f.write("\n")
+    print(f"wrote {OUT}")
+
+
+if __name__ == "__main__":
+    main()
