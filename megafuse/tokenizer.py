@@ -30,14 +30,16 @@ before anything else, as llama.cpp does; with ``parse_special=False`` CONTROL an
 are read as plain text (USER_DEFINED ones still match, as in llama.cpp and transformers).
 
 Where llama.cpp and transformers' GGUF tokenizer (``AutoTokenizer.from_pretrained(dir,
-gguf_file=...)``) disagree, this module follows:
+gguf_file=...)``) disagree, this module follows (tests/test_tokenizer.py checks the ids against
+both):
 
 * llama.cpp's regexes for ``pre`` (transformers uses GPT-2's single regex for the names it does
   not know, e.g. ``smollm``, whose digits llama.cpp -- and SmolLM's own tokenizer.json -- split
-  one by one first: "x  1" differs);
-* transformers for the ``llama`` type's dummy prefix: it is put only before the text's start,
-  and not when the text starts with a space (llama.cpp also puts it after each special token and
-  before a leading space).
+  one by one first: "x  1" and "a ½" differ);
+* for the ``llama`` type's dummy prefix, SentencePiece and llama.cpp at the start of the text (a
+  "▁" also before a leading space, which transformers' Metaspace omits: so that
+  ``decode(encode(text)) == text``), and transformers after a special token in the text (no
+  "▁" there; llama.cpp puts one).
 
 Decoding is the exact inverse of encoding (no clean-up of spaces before punctuation); the
 ``llama`` type drops the one space its dummy prefix put at the start of the text.
@@ -240,8 +242,8 @@ class Tokenizer:
         self.eog_ids: FrozenSet[int] = self._end_of_generation()
         self.chat_template: Optional[str] = chat_template
 
-        # special tokens: matched whole in the text; CONTROL and UNKNOWN ones are what
-        # skip_special leaves out of a decoded text
+        # CONTROL and UNKNOWN tokens: matched whole in the text when parse_special, left out
+        # of a decoded text by skip_special (USER_DEFINED ones are always matched and shown)
         self._special_ids = frozenset(i for i, t in enumerate(self._types)
                                       if t in (CONTROL, UNKNOWN))
         self._pieces = self._piece_bytes()

@@ -1,22 +1,29 @@
-"""Record transformers' GGUF tokenizer on the tokenizer tests' texts: tokenizer_reference.json.
+"""Record the reference tokenizers on the tokenizer tests' texts: tokenizer_reference.json.
 
 transformers reads a GGUF vocabulary only with torch installed (its GGUF reader imports torch),
-which the test environment does not have; so its answers are recorded here once and committed.
-Run it where transformers, torch, gguf and tokenizers are installed:
+which the test environment does not have; so its answers are recorded here once and committed,
+and so are llama.cpp's (llama-cpp-python builds llama.cpp from source: not a test dependency
+either).  Two passes, each where its reference is installed:
 
-    python tests/data/make_tokenizer_reference.py [SmolLM2-135M-Instruct.Q4_1.gguf]
-    python tests/data/make_tokenizer_reference.py --llama-cpp SmolLM2-135M-Instruct.Q4_1.gguf
+    # 1. transformers (+ torch, gguf, tokenizers): writes the fixture
+    python tests/data/make_tokenizer_reference.py --model SmolLM2-135M-Instruct.Q4_1.gguf \
+        --keep /tmp/synthetic
+    # 2. llama-cpp-python: adds llama.cpp's ids and end-of-generation sets to it
+    python tests/data/make_tokenizer_reference.py --llama-cpp \
+        --model SmolLM2-135M-Instruct.Q4_1.gguf --keep /tmp/synthetic
 
-(the model file defaults to megafuse.models.default_model_path(), which fetches it once).  It
-writes the synthetic GGUF files of tests/gguf_vocab.py to a temporary folder, and for each file
-(the real SmolLM2 and the synthetic ones) records, per text: ``AutoTokenizer.from_pretrained(dir,
-gguf_file=name).encode(text)`` (with the special tokens transformers adds) and the same without
-them; and per conversation: ``apply_chat_template`` as text and as ids (or the error it raised).
-Each synthetic file's sha256 is recorded too: the tests write the files again and refuse a stale
-fixture.  The second command (run where llama-cpp-python is installed) adds llama.cpp's ids for
-the SmolLM2 texts, the reference where transformers' GGUF tokenizer ignores ``pre = smollm``.
-Recorded with transformers 5.24.0, tokenizers 0.23.3, gguf 0.19.0.
+(--model defaults to megafuse.models.default_model_path(), which fetches it once.)  Pass 1
+writes the synthetic GGUF files of tests/gguf_vocab.py (into --keep, else a temporary folder),
+and for each file (the real SmolLM2 and the synthetic ones) records, per text:
+``AutoTokenizer.from_pretrained(dir, gguf_file=name).encode(text)`` (with the special tokens
+transformers adds) and the same without them; and per conversation: ``apply_chat_template`` as
+text and as ids (or the error it raised).  Each synthetic file's sha256 is recorded too: the
+tests write the files again and refuse a stale fixture.  Pass 2 reads the same files from
+--keep and records ``Llama(model_path, vocab_only=True).tokenize(text, add_bos=False,
+special=True)`` per text and the ids ``llama_vocab_is_eog`` accepts per file.
+Recorded with transformers 5.24.0, tokenizers 0.23.3, gguf 0.19.0, llama-cpp-python 0.3.36.
 """
+import argparse
 import hashlib
 import json
 import os
@@ -146,16 +153,26 @@ def record(tok, key):
     return entry
 
 
-def add_llama_cpp(model):
-    """Add llama.cpp's ids (llama-cpp-python, vocab only) for the SmolLM2 texts to the fixture:
-    ``python make_tokenizer_reference.py --llama-cpp MODEL`` where llama_cpp is installed."""
+def add_llama_cpp(model, folder):
+    """Pass 2: llama.cpp's ids (without BOS) and end-of-generation ids, added to the fixture."""
     import llama_cpp
     with open(OUT, encoding="utf-8") as f:
         out = json.load(f)
-    llm = llama_cpp.Llama(model_path=model, vocab_only=True, verbose=False)
-    for item in out["files"]["smollm2"]["texts"]:
-        item["llama_cpp_ids"] = llm.tokenize(item["text"].encode("utf-8"), add_bos=False,
-                                             special=True)
+    paths = {"smollm2": model}
+    for key, (_, name) in gguf_vocab.SYNTHETIC.items():
+        paths[key] = os.path.join(folder, name)
+        with open(paths[key], "rb") as f:
+            if hashlib.sha256(f.read()).hexdigest() != out["files"][key]["sha256"]:
+                raise SystemExit(f"{paths[key]} is not the file pass 1 recorded")
+    for key, path in paths.items():
+        llm = llama_cpp.Llama(model_path=path, vocab_only=True, verbose=False)
+        entry = out["files"][key]
+        for item in entry["texts"]:
+            item["llama_cpp_ids"] = llm.tokenize(item["text"].encode("utf-8"), add_bos=False,
+                                                 special=True)
+        vocab = llama_cpp.llama_model_get_vocab(llm.model)
+        entry["llama_cpp_eog"] = [i for i in range(llm.n_vocab())
+                                  if llama_cpp.llama_vocab_is_eog(vocab, i)]
     out["llama_cpp"] = llama_cpp.__version__
     with open(OUT, "w", encoding="utf-8") as f:
         json.dump(out, f, ensure_ascii=False, indent=1)
@@ -164,25 +181,34 @@ def add_llama_cpp(model):
 
 
 def main():
-    if sys.argv[1:2] == ["--llama-cpp"]:
-        return add_llama_cpp(os.path.abspath(sys.argv[2]))
-    import tokenizers
-    import transformers
-    if len(sys.argv) > 1:
-        model = os.path.abspath(sys.argv[1])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", help="the SmolLM2 GGUF file (default: fetched and cached)")
+    parser.add_argument("--keep", help="folder for the synthetic GGUF files")
+    parser.add_argument("--llama-cpp", action="store_true", help="pass 2 (llama-cpp-python)")
+    args = parser.parse_args()
+    if args.model:
+        model = os.path.abspath(args.model)
     else:
         from megafuse import models
         model = models.default_model_path()
+    if args.llama_cpp:
+        if not args.keep:
+            parser.error("--llama-cpp needs --keep: the folder pass 1 wrote the files to")
+        return add_llama_cpp(model, args.keep)
+    import tokenizers
+    import transformers
     out = {"transformers": transformers.__version__, "tokenizers": tokenizers.__version__,
            "files": {}}
     out["files"]["smollm2"] = record(
         transformers_tokenizer(os.path.dirname(model), os.path.basename(model)), "smollm2")
     with tempfile.TemporaryDirectory() as tmp:
+        folder = args.keep or tmp
+        os.makedirs(folder, exist_ok=True)
         for key, (write, name) in gguf_vocab.SYNTHETIC.items():
-            path = write(os.path.join(tmp, name))
+            path = write(os.path.join(folder, name))
             with open(path, "rb") as f:
                 digest = hashlib.sha256(f.read()).hexdigest()
-            entry = record(transformers_tokenizer(tmp, name), key)
+            entry = record(transformers_tokenizer(folder, name), key)
             entry["sha256"] = digest
             out["files"][key] = entry
     with open(OUT, "w", encoding="utf-8") as f:
