@@ -121,6 +121,28 @@ CHAT_EXTRAS = {
 }
 
 
+def save(out):
+    """The fixture as JSON with one text or conversation a line (readable diffs)."""
+    lines = ["{"]
+    for key in ("transformers", "tokenizers", "llama_cpp"):
+        if key in out:
+            lines.append(f" {json.dumps(key)}: {json.dumps(out[key])},")
+    lines.append(' "files": {')
+    for n, (name, entry) in enumerate(out["files"].items()):
+        lines.append(f"  {json.dumps(name)}: {{")
+        scalars = [f"   {json.dumps(k)}: {json.dumps(v)}" for k, v in entry.items()
+                   if k not in ("texts", "chats")]
+        blocks = [f"   {json.dumps(k)}: [\n" + ",\n".join(
+            "    " + json.dumps(item, ensure_ascii=False) for item in entry[k]) + "\n   ]"
+            for k in ("texts", "chats")]
+        lines.append(",\n".join(scalars + blocks))
+        lines.append("  }" + ("," if n + 1 < len(out["files"]) else ""))
+    lines.append(" }")
+    lines.append("}")
+    with open(OUT, "w", encoding="utf-8") as f:
+        f.write("\n".join(lines) + "\n")
+
+
 def transformers_tokenizer(folder, name):
     from transformers import AutoTokenizer
     return AutoTokenizer.from_pretrained(folder, gguf_file=name)
@@ -174,9 +196,7 @@ def add_llama_cpp(model, folder):
         entry["llama_cpp_eog"] = [i for i in range(llm.n_vocab())
                                   if llama_cpp.llama_vocab_is_eog(vocab, i)]
     out["llama_cpp"] = llama_cpp.__version__
-    with open(OUT, "w", encoding="utf-8") as f:
-        json.dump(out, f, ensure_ascii=False, indent=1)
-        f.write("\n")
+    save(out)
     print(f"added llama.cpp's ids to {OUT}")
 
 
@@ -211,9 +231,7 @@ def main():
             entry = record(transformers_tokenizer(folder, name), key)
             entry["sha256"] = digest
             out["files"][key] = entry
-    with open(OUT, "w", encoding="utf-8") as f:
-        json.dump(out, f, ensure_ascii=False, indent=1)
-        f.write("\n")
+    save(out)
     print(f"wrote {OUT}")
 
 
