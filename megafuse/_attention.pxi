@@ -145,6 +145,91 @@ cdef enum:
     SPLIT_PART_FLOATS = 16384     # the parts of every range and head, on the caller's stack
 
 
+cdef struct OneTokenPlan:
+    # how the attention of one token at position P is cut into tasks (fixed by P, H, G, D, Da)
+    int kind                  # ONE_TOKEN_SPLIT, ONE_TOKEN_BLOCKS or ONE_TOKEN_TILES
+    Py_ssize_t tasks          # tasks of the first pass
+    Py_ssize_t n_chunks       # query-head chunks of a kv group
+    Py_ssize_t n_seg          # key ranges (split-KV; 1 otherwise)
+    Py_ssize_t seg_len        # keys a range
+    Py_ssize_t max_seg        # ranges the parts buffer holds
+
+cdef enum:
+    ONE_TOKEN_SPLIT = 0       # split-KV: (group, head chunk, key range) tasks, then a combine
+    ONE_TOKEN_BLOCKS = 1      # (group, head chunk) tasks through mf_attend_block_f32
+    ONE_TOKEN_TILES = 2       # head dims above 256: (group, 3 heads) tasks, attend_query_tile
+
+
+cdef inline OneTokenPlan one_token_plan(Py_ssize_t P, Py_ssize_t H, Py_ssize_t G, Py_ssize_t D,
+                                        Py_ssize_t Da) noexcept nogil:
+    cdef OneTokenPlan p
+    cdef Py_ssize_t group = H // G
+    p.max_seg = SPLIT_PART_FLOATS // (H * (Da + 2))
+    p.n_seg = min((P + SPLIT_MIN_KEYS) // SPLIT_MIN_KEYS, p.max_seg)
+    p.seg_len = P + 1
+    if D > MF_ATT_MAX_HEAD_DIM:
+        p.kind = ONE_TOKEN_TILES
+        p.n_seg = 1
+        p.n_chunks = (group + 2) // 3
+        p.tasks = G * p.n_chunks
+        return p
+    p.n_chunks = (group + MF_ATT_QUERIES - 1) // MF_ATT_QUERIES
+    if p.n_seg > 1:
+        p.kind = ONE_TOKEN_SPLIT
+        p.seg_len = (P + p.n_seg) // p.n_seg                  # ceil((P + 1) / n_seg)
+        p.tasks = G * p.n_chunks * p.n_seg
+    else:
+        p.kind = ONE_TOKEN_BLOCKS
+        p.n_seg = 1
+        p.tasks = G * p.n_chunks
+    return p
+
+
+cdef void one_token_task(
+        const OneTokenPlan *p, Py_ssize_t task,
+        const float *q,        # [H, Da]: the token's query heads (roped)
+        const float *kv_cache_k,   # [G, C, Da]: rows 0 .. P are read
+        const float *kv_cache_v,   # [G, C, Da]
+        Py_ssize_t P, Py_ssize_t H, Py_ssize_t G, Py_ssize_t D, Py_ssize_t Da, Py_ssize_t C,
+        float scale, Py_ssize_t kv_tile,
+        float *attn,           # [H, Da] out (ONE_TOKEN_BLOCKS / TILES)
+        float *parts) noexcept nogil:   # [max_seg, H, Da] sums, then m, l (ONE_TOKEN_SPLIT)
+    """Task `task` (< p.tasks) of one token's attention."""
+    cdef Py_ssize_t group = H // G, s, g, h
+    cdef float *part_m = parts + p.max_seg * H * Da        # [max_seg, H]
+    cdef float *part_l = part_m + p.max_seg * H            # [max_seg, H]
+    if p.kind == ONE_TOKEN_SPLIT:
+        s = task % p.n_seg
+        g = task // p.n_seg // p.n_chunks
+        h = g * group + (task // p.n_seg % p.n_chunks) * MF_ATT_QUERIES
+        mf_attend_range_f32(q + h * Da, Da, kv_cache_k + g * C * Da, kv_cache_v + g * C * Da,
+                            Da, P, 0, <int>min(<Py_ssize_t>MF_ATT_QUERIES, (g + 1) * group - h),
+                            D, scale, kv_tile, s * p.seg_len, min(P + 1, (s + 1) * p.seg_len),
+                            parts + (s * H + h) * Da, Da, part_m + s * H + h, part_l + s * H + h)
+    elif p.kind == ONE_TOKEN_BLOCKS:
+        g = task // p.n_chunks
+        h = g * group + (task % p.n_chunks) * MF_ATT_QUERIES
+        mf_attend_block_f32(q + h * Da, Da, kv_cache_k + g * C * Da, kv_cache_v + g * C * Da,
+                            Da, P, 0, <int>min(<Py_ssize_t>MF_ATT_QUERIES, (g + 1) * group - h),
+                            D, scale, kv_tile, attn + h * Da, Da)
+    else:
+        g = task // p.n_chunks
+        h = g * group + (task % p.n_chunks) * 3
+        attend_query_tile(q + h * Da, Da, kv_cache_k + g * C * Da, kv_cache_v + g * C * Da, P,
+                          0, min(<Py_ssize_t>3, (g + 1) * group - h), D, Da, scale, kv_tile,
+                          attn + h * Da, Da)
+
+
+cdef inline void one_token_combine(const OneTokenPlan *p, Py_ssize_t h, const float *parts,
+                                   Py_ssize_t H, Py_ssize_t D, Py_ssize_t Da,
+                                   float *attn) noexcept nogil:
+    """Head h of a split-KV pass: its n_seg parts combined into attn [H, Da]."""
+    cdef const float *part_m = parts + p.max_seg * H * Da
+    cdef const float *part_l = part_m + p.max_seg * H
+    mf_attend_combine_f32(parts + h * Da, H * Da, part_m + h, part_l + h, H, <int>p.n_seg, D,
+                          Da, attn + h * Da)
+
+
 cdef void attend_one_token(
         const float *q,        # [H, Da]: the token's query heads (roped)
         const float *kv_cache_k,   # [G, C, Da]: rows 0 .. pos are read
@@ -155,41 +240,11 @@ cdef void attend_one_token(
         float *attn,           # [H, Da] out: head h's attention output (dims >= D: 0)
         int num_threads) noexcept nogil:
     cdef float parts[SPLIT_PART_FLOATS]        # split-KV: [n_seg, H, Da] sums, then m, l
-    cdef Py_ssize_t max_seg = SPLIT_PART_FLOATS // (H * (Da + 2))
-    cdef float *part_acc = parts                            # [n_seg, H, Da]
-    cdef float *part_m = parts + max_seg * H * Da           # [n_seg, H]
-    cdef float *part_l = part_m + max_seg * H               # [n_seg, H]
-    cdef Py_ssize_t group = H // G, n_seg, seg_len, n_chunks, task, s, g, h
-    n_seg = min((P + SPLIT_MIN_KEYS) // SPLIT_MIN_KEYS, max_seg)
-    if D <= MF_ATT_MAX_HEAD_DIM and n_seg > 1:
-        seg_len = (P + n_seg) // n_seg                   # ceil((P + 1) / n_seg)
-        n_chunks = (group + MF_ATT_QUERIES - 1) // MF_ATT_QUERIES
-        for task in prange(G * n_chunks * n_seg, num_threads=num_threads, schedule='dynamic',
-                           nogil=True):
-            s = task % n_seg
-            g = task // n_seg // n_chunks
-            h = g * group + (task // n_seg % n_chunks) * MF_ATT_QUERIES
-            mf_attend_range_f32(q + h * Da, Da, kv_cache_k + g * C * Da, kv_cache_v + g * C * Da,
-                                Da, P, 0, <int>min(<Py_ssize_t>MF_ATT_QUERIES, (g + 1) * group - h),
-                                D, scale, kv_tile, s * seg_len, min(P + 1, (s + 1) * seg_len),
-                                part_acc + (s * H + h) * Da, Da, part_m + s * H + h,
-                                part_l + s * H + h)
+    cdef OneTokenPlan plan = one_token_plan(P, H, G, D, Da)
+    cdef Py_ssize_t task, h
+    for task in prange(plan.tasks, num_threads=num_threads, schedule='dynamic', nogil=True):
+        one_token_task(&plan, task, q, kv_cache_k, kv_cache_v, P, H, G, D, Da, C, scale, kv_tile,
+                       attn, parts)
+    if plan.kind == ONE_TOKEN_SPLIT:
         for h in prange(H, num_threads=num_threads, schedule='static', nogil=True):
-            mf_attend_combine_f32(part_acc + h * Da, H * Da, part_m + h, part_l + h, H,
-                                  <int>n_seg, D, Da, attn + h * Da)
-    elif D <= MF_ATT_MAX_HEAD_DIM:
-        n_chunks = (group + MF_ATT_QUERIES - 1) // MF_ATT_QUERIES
-        for task in prange(G * n_chunks, num_threads=num_threads, schedule='dynamic', nogil=True):
-            g = task // n_chunks
-            h = g * group + (task % n_chunks) * MF_ATT_QUERIES
-            mf_attend_block_f32(q + h * Da, Da, kv_cache_k + g * C * Da, kv_cache_v + g * C * Da,
-                                Da, P, 0, <int>min(<Py_ssize_t>MF_ATT_QUERIES, (g + 1) * group - h),
-                                D, scale, kv_tile, attn + h * Da, Da)
-    else:
-        n_chunks = (group + 2) // 3
-        for task in prange(G * n_chunks, num_threads=num_threads, schedule='dynamic', nogil=True):
-            g = task // n_chunks
-            h = g * group + (task % n_chunks) * 3
-            attend_query_tile(q + h * Da, Da, kv_cache_k + g * C * Da, kv_cache_v + g * C * Da, P,
-                              0, min(<Py_ssize_t>3, (g + 1) * group - h), D, Da, scale, kv_tile,
-                              attn + h * Da, Da)
+            one_token_combine(&plan, h, parts, H, D, Da, attn)

@@ -6,12 +6,90 @@
 # the thread count, which the boundary decides.  Dimension letters: E = embed_dim, Ea = aligned,
 # D = head_dim, Da = aligned, H = num_heads, G = num_kv_heads.
 
+from libc.stdint cimport int32_t, int64_t, uint32_t
+
 cdef extern from "megafuse/mf_simd.h" nogil:
     const char *MF_SIMD_NAME
 
+# The whole-model step (include/megafuse/mf_model.h, megafuse/_model_step.pxi) and the thread team
+# it runs on (include/megafuse/mf_team.h).
+cdef extern from "megafuse/mf_team.h" nogil:
+    ctypedef struct mf_team:
+        int n_threads
+    ctypedef void (*mf_team_fn)(void *ctx, mf_team *team, int thread_id,
+                                uint32_t gen) noexcept nogil
+    mf_team *mf_team_create(int n_threads)
+    void mf_team_destroy(mf_team *t)
+    int64_t mf_team_claim_gen(mf_team *t, uint32_t gen)
+    void mf_team_wait_done(mf_team *t, uint32_t target)
+    void mf_team_chunk_done(mf_team *t)
+    void mf_team_run(mf_team *t, uint32_t total, mf_team_fn fn, void *ctx)
+
+cdef extern from "megafuse/mf_model.h" nogil:
+    enum: MF_STEP_TOKENS
+    enum: MF_STEP_SPLIT_FLOATS
+    ctypedef struct mf_model_layer:
+        const float *ln1_gamma
+        const float *ln2_gamma
+        const void *wq
+        const void *wk
+        const void *wv
+        const void *wo
+        const void *w1
+        const void *w2
+        const float *bq
+        const float *bk
+        const float *bv
+        const float *bo
+        const float *b1
+        const float *b2
+        int wq_dt, wk_dt, wv_dt, wo_dt, w1_dt, w2_dt
+        float *k_cache
+        float *v_cache
+    ctypedef struct mf_model:
+        int n_layers, E, H, G, D, F, V, C
+        float eps
+        int int8
+        int q_tile, kv_tile
+        const mf_model_layer *layers
+        const void *embedding
+        int embedding_dt
+        const float *out_norm
+        const void *head
+        int head_dt
+        const float *rope_cos
+        const float *rope_sin
+    ctypedef struct mf_step_scratch:
+        size_t x, xn, xq, xqk, q, attn, attnq, act, actq, parts
+        size_t xq_row, xqk_row, attnq_row, actq_row
+        size_t total
+    mf_step_scratch mf_step_scratch_layout(size_t E, size_t HD, size_t F, size_t xq_row,
+                                           size_t xqk_row, size_t attnq_row, size_t actq_row)
+    ctypedef struct mf_phase:
+        int kind
+        int layer
+        uint32_t base
+        uint32_t n
+    size_t mf_step_max_phases(size_t n_layers)
+    ctypedef struct mf_step:
+        const mf_model *m
+        char *scratch
+        mf_step_scratch layout
+        mf_phase *phases
+        int n_phases
+        const int32_t *tokens
+        const float *x_in
+        float *x_out
+        float *hidden
+        size_t hidden_layer_stride
+        float *logits
+        int T, S, R, first_logit_row
+        int att_kind
+        Py_ssize_t att_tasks, att_n_chunks, att_n_seg, att_seg_len, att_max_seg
+
 # Bump when a field is added or a signature changes: a level module of another version is refused.
 cdef enum:
-    KERNEL_TABLE_VERSION = 2
+    KERNEL_TABLE_VERSION = 3
     MF_MAX_KV_TILE = 256      # upper bound of the KV tile (a tile of scores lives on the stack)
     MF_MAX_Q_TILE = 128       # upper bound of the query tile (its softmax state lives on the stack)
 
@@ -103,6 +181,18 @@ ctypedef void (*quantize_activations_fn)(   # test hook: the int8 path's activat
     void *dst,                    # [R, AB]
     Py_ssize_t rows, Py_ssize_t cols, int dt_of_weight, int num_threads) noexcept nogil
 
+ctypedef void (*model_forward_fn)(   # megafuse/_model_step.pxi
+    mf_step *st,                  # the model (st.m), its scratch and phase table
+    mf_team *team,
+    const int32_t *tokens,        # [T] token ids, or NULL (then x_in)
+    const float *x_in,            # [T, E] or NULL
+    int tokens_n, int start_pos,
+    float *logits,                # [T, V] (all_logits) or [V], or NULL
+    int all_logits,
+    float *x_out,                 # [T, E] or NULL
+    float *hidden,                # [L, T, E] or NULL
+    int num_threads) noexcept nogil
+
 ctypedef struct KernelTable:
     int version
     const char *simd_level
@@ -114,3 +204,4 @@ ctypedef struct KernelTable:
     dequantize_rows_fn dequantize_rows
     row_dot_fn row_dot
     quantize_activations_fn quantize_activations
+    model_forward_fn model_forward

@@ -10,7 +10,7 @@
 
 cimport numpy as cnp
 from cpython.pycapsule cimport PyCapsule_GetPointer
-from libc.stdlib cimport malloc, free
+from libc.stdlib cimport calloc, malloc, free
 from libc.math cimport NAN
 
 import importlib
@@ -1405,3 +1405,10 @@ def _quantize_activations(x, dtype):
     with nogil:
         _K.quantize_activations(px, pout, rows, cols, dt, nt)
     return out
+
+
+# --------------------------------------------------------------------------------------------
+# The whole-model step (megafuse.Model, megafuse.DecoderLayer)
+# --------------------------------------------------------------------------------------------
+
+include "_model_api.pxi"

@@ -9,8 +9,11 @@ from libc.math cimport sqrtf, expf, INFINITY
 from libc.string cimport memcpy, memset
 from cython.parallel cimport prange
 
+from libc.stdint cimport int32_t, int64_t, uint32_t
 from megafuse._kernel_table cimport (
-    KernelTable, KERNEL_TABLE_VERSION, MF_MAX_KV_TILE, MF_MAX_Q_TILE, MF_SIMD_NAME)
+    KernelTable, KERNEL_TABLE_VERSION, MF_MAX_KV_TILE, MF_MAX_Q_TILE, MF_SIMD_NAME,
+    mf_team, mf_team_claim_gen, mf_team_wait_done, mf_team_chunk_done, mf_team_run,
+    mf_model, mf_model_layer, mf_step, mf_phase, MF_STEP_TOKENS)
 
 cdef extern from "megafuse/mf_simd.h" nogil:
     float mf_dot_f32(const float *a, const float *b, Py_ssize_t n)
@@ -33,6 +36,7 @@ include "_decode.pxi"
 include "_gemm.pxi"
 include "_prefill.pxi"
 include "_mlp.pxi"
+include "_model_step.pxi"
 
 cdef KernelTable _TABLE
 _TABLE.version = KERNEL_TABLE_VERSION
@@ -45,6 +49,7 @@ _TABLE.quantize_rows = quantize_rows
 _TABLE.dequantize_rows = dequantize_rows
 _TABLE.row_dot = row_dot_kernel
 _TABLE.quantize_activations = quantize_activations_kernel
+_TABLE.model_forward = model_forward_kernel
 
 SIMD_LEVEL = (<bytes>MF_SIMD_NAME).decode()
 

@@ -1,0 +1,137 @@
+/*
+ * mf_model.h -- a whole decoder-only model (llama / qwen2 layout) as the native step sees it:
+ * pointers to every weight, each in its own format, the KV caches, the RoPE tables; and the
+ * layout of the step's scratch.  Filled and validated once by the Python boundary
+ * (megafuse/_model_api.pxi), run by the step kernel (megafuse/_model_step.pxi).
+ *
+ * Dimension letters: L = layers, E = embed dim, H / G = query / kv heads, D = head dim,
+ * F = intermediate (FFN) dim (I in the layer kernels; here a field, and I is a macro of
+ * <complex.h>), V = vocabulary, C = cache capacity (positions), T = tokens of a step (at
+ * most MF_STEP_TOKENS; longer inputs run as several steps).  No padding: every row stride is
+ * its dimension (Ea = E, Da = D, Ia = F).
+ */
+#ifndef MEGAFUSE_MF_MODEL_H
+#define MEGAFUSE_MF_MODEL_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "megafuse/mf_scratch.h"
+
+#define MF_STEP_TOKENS MF_MLP_TOKEN_TILE   /* tokens a step runs at once (the MLP's token tile) */
+#define MF_STEP_SPLIT_FLOATS 16384         /* split-KV parts of one-token attention */
+
+typedef struct {
+    const float *ln1_gamma;          /* [E] */
+    const float *ln2_gamma;          /* [E] */
+    const void *wq, *wk, *wv;        /* [H*D, E], [G*D, E], [G*D, E] in wq_dt, wk_dt, wv_dt */
+    const void *wo;                  /* [E, H*D] */
+    const void *w1;                  /* [2*F, E]: the gate rows, then the up rows */
+    const void *w2;                  /* [E, F] */
+    const float *bq, *bk, *bv;       /* [H*D], [G*D], [G*D] or NULL */
+    const float *bo, *b1, *b2;       /* [E], [2*F], [E] or NULL */
+    int wq_dt, wk_dt, wv_dt, wo_dt, w1_dt, w2_dt;
+    float *k_cache, *v_cache;        /* [G, C, D]: position p of kv head g is row [g, p] */
+} mf_model_layer;
+
+typedef struct {
+    int n_layers, E, H, G, D, F, V, C;
+    float eps;
+    int int8;                        /* 1: activations quantized (Q8_0 / Q8_K) for block-format
+                                        weights, as llama.cpp does; 0: float32 throughout */
+    int q_tile, kv_tile;             /* attention tiles (mega_fuse_get_optimal_tiles) */
+    const mf_model_layer *layers;    /* [L] */
+    const void *embedding;           /* [V, E] in embedding_dt, or NULL (hidden states in) */
+    int embedding_dt;
+    const float *out_norm;           /* [E], or NULL (no head: hidden states out) */
+    const void *head;                /* [V, E] in head_dt, or NULL */
+    int head_dt;
+    const float *rope_cos, *rope_sin;   /* [C, D/2], or NULL (no rotation) */
+} mf_model;
+
+/*
+ * Scratch of a step, for at most MF_STEP_TOKENS tokens (every region 64-byte aligned):
+ *   x      [T, E]  float32       the residual stream
+ *   xn     [T, E]  float32       a normalised copy of it (attention, MLP, final norm)
+ *   xq     [T, xq_row]           xn quantized for the 32-weight formats   (int8 mode)
+ *   xqk    [T, xqk_row]          xn quantized for the K-quants            (int8 mode)
+ *   q      [T, H*D] float32      queries (roped)
+ *   attn   [T, H*D] float32      attention output, token-major
+ *   attnq  [T, attnq_row]        attn quantized for wo                    (int8 mode)
+ *   act    [T, F]  float32       silu(gate) * up
+ *   actq   [T, actq_row]         act quantized for w2                     (int8 mode)
+ *   parts  [MF_STEP_SPLIT_FLOATS] float32   split-KV partial sums of one-token attention
+ * The quantized row sizes are the activation rows of the model's formats (the caller takes the
+ * largest, mf_activation_row_bytes); 0 where nothing is quantized.
+ */
+typedef struct {
+    size_t x, xn, xq, xqk, q, attn, attnq, act, actq, parts;
+    size_t xq_row, xqk_row, attnq_row, actq_row;
+    size_t total;
+} mf_step_scratch;
+
+static inline mf_step_scratch mf_step_scratch_layout(size_t E, size_t HD, size_t F,
+                                                     size_t xq_row, size_t xqk_row,
+                                                     size_t attnq_row, size_t actq_row)
+{
+    mf_step_scratch s;
+    size_t T = MF_STEP_TOKENS, at = 0;
+    s.xq_row = xq_row;
+    s.xqk_row = xqk_row;
+    s.attnq_row = attnq_row;
+    s.actq_row = actq_row;
+    s.x = at;      at = mf_round_up_64(at + T * E * sizeof(float));
+    s.xn = at;     at = mf_round_up_64(at + T * E * sizeof(float));
+    s.xq = at;     at = mf_round_up_64(at + T * xq_row);
+    s.xqk = at;    at = mf_round_up_64(at + T * xqk_row);
+    s.q = at;      at = mf_round_up_64(at + T * HD * sizeof(float));
+    s.attn = at;   at = mf_round_up_64(at + T * HD * sizeof(float));
+    s.attnq = at;  at = mf_round_up_64(at + T * attnq_row);
+    s.act = at;    at = mf_round_up_64(at + T * F * sizeof(float));
+    s.actq = at;   at = mf_round_up_64(at + T * actq_row);
+    s.parts = at;  at = mf_round_up_64(at + MF_STEP_SPLIT_FLOATS * sizeof(float));
+    s.total = at;
+    return s;
+}
+
+/*
+ * A step in flight (megafuse/_model_step.pxi): the model, its scratch, and the phases of the step
+ * being run.  Owned by the boundary (one per model, allocated once), filled by the step kernel;
+ * it is the context every thread of the team reads.
+ */
+typedef struct {
+    int kind;                        /* what the chunks of this phase do (_model_step.pxi) */
+    int layer;                       /* the layer it belongs to, or -1 */
+    uint32_t base;                   /* global number of its first chunk */
+    uint32_t n;                      /* its chunks */
+} mf_phase;
+
+#define MF_STEP_PHASES_PER_LAYER 10  /* at most, per layer; plus 3 for the model (load, head) */
+
+static inline size_t mf_step_max_phases(size_t n_layers)
+{
+    return n_layers * MF_STEP_PHASES_PER_LAYER + 3;
+}
+
+typedef struct {
+    const mf_model *m;
+    char *scratch;                   /* mf_step_scratch_layout(...).total bytes, 64-aligned */
+    mf_step_scratch layout;
+    mf_phase *phases;                /* [mf_step_max_phases(L)] */
+    int n_phases;
+    /* the step being run: T tokens at positions S .. S+T-1 */
+    const int32_t *tokens;           /* [T] token ids, or NULL (then x_in) */
+    const float *x_in;               /* [T, E], or NULL */
+    float *x_out;                    /* [T, E] the last layer's output, or NULL */
+    float *hidden;                   /* every layer's output: layer l's rows start at
+                                        hidden + l * hidden_layer_stride; or NULL */
+    size_t hidden_layer_stride;
+    float *logits;                   /* [R, V] */
+    int T, S;
+    int R;                           /* rows of logits: tokens first_logit_row .. +R-1 */
+    int first_logit_row;
+    /* one-token attention (T == 1): how its tasks are cut (_attention.pxi, OneTokenPlan) */
+    int att_kind;
+    ptrdiff_t att_tasks, att_n_chunks, att_n_seg, att_seg_len, att_max_seg;
+} mf_step;
+
+#endif /* MEGAFUSE_MF_MODEL_H */

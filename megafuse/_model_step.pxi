@@ -1,0 +1,365 @@
+# The whole-model step: embedding rows -> every decoder layer -> final norm -> output head, in
+# one call without the GIL, on a thread team (include/megafuse/mf_team.h) that persists across
+# steps.  Layouts and scratch: include/megafuse/mf_model.h.
+#
+# A step of T <= MF_STEP_TOKENS tokens is a list of phases; a phase is a number of independent
+# chunks (a head, 32 or 64 weight rows, a group of tokens, ...).  The team's threads claim chunks
+# in order; a chunk of a phase starts once every chunk of the phases before it is done.  The
+# phases of layer l:
+#
+#   NORM_ATTN   xn = rmsnorm(x, ln1_gamma)  (+ its quantized rows)       tokens, 8 a chunk
+#   QKV         q / k / v of one head for every token, RoPE; k, v into the cache      H + 2G
+#   ATTN        decode: (kv group, key range) tasks; prefill: (head, query tile)
+#   COMBINE     decode over long contexts: the key ranges of each head combined        H
+#   QUANT_ATTN  the attention rows quantized for wo (int8 mode, block-format wo)       tokens
+#   OUTPROJ     x += attn @ wo.T + bo                                    rows of wo, 32 or 64
+#   NORM_FFN    xn = rmsnorm(x, ln2_gamma)  (+ quantized)                               tokens
+#   GATEUP      act = silu(xn @ Wg.T + bg) * (xn @ Wu.T + bu)            64 intermediate rows
+#   QUANT_ACT   act quantized for w2 (int8 mode, block-format w2)                       tokens
+#   DOWN        x += act @ w2.T + b2  (the last layer may write x_out instead)  rows of w2
+#
+# then NORM_OUT (the rows that want logits) and HEAD (HEAD_ROWS vocabulary rows a chunk).
+#
+# Every chunk runs the building blocks of the per-layer kernels (linear_block, swiglu_block,
+# rmsnorm_row, the attention tasks) on the same token rows, so a step computes what the header
+# functions compute layer by layer; which thread runs a chunk never changes a result.
+
+cdef enum:
+    PHASE_LOAD = 0
+    PHASE_NORM_ATTN = 1
+    PHASE_QKV = 2
+    PHASE_ATTN = 3
+    PHASE_COMBINE = 4
+    PHASE_QUANT_ATTN = 5
+    PHASE_OUTPROJ = 6
+    PHASE_NORM_FFN = 7
+    PHASE_GATEUP = 8
+    PHASE_QUANT_ACT = 9
+    PHASE_DOWN = 10
+    PHASE_NORM_OUT = 11
+    PHASE_HEAD = 12
+    STEP_ROW_TOKENS = 8       # token rows a chunk of the norm / quantize / load phases
+    HEAD_ROWS = 256           # vocabulary rows a chunk of the head
+    SMALL_STEP_TOKENS = 4     # up to this many tokens, projections are cut into 32-row chunks
+
+
+cdef inline Py_ssize_t ceil_div(Py_ssize_t a, Py_ssize_t b) noexcept nogil:
+    return (a + b - 1) // b
+
+
+cdef inline Py_ssize_t proj_rows(const mf_step *st) noexcept nogil:
+    """Weight rows a chunk of OUTPROJ / DOWN: 32 for a few tokens (decode: more chunks than
+    threads, so a slow thread is not left with a large share), else a 64-row block."""
+    return 32 if st.T <= SMALL_STEP_TOKENS else GEMM_ROWS
+
+
+cdef inline void add_phase(mf_step *st, int kind, int layer, Py_ssize_t n,
+                           uint32_t *total) noexcept nogil:
+    cdef mf_phase *ph
+    if n <= 0:
+        return
+    ph = &st.phases[st.n_phases]
+    ph.kind = kind
+    ph.layer = layer
+    ph.base = total[0]
+    ph.n = <uint32_t>n
+    total[0] += <uint32_t>n
+    st.n_phases += 1
+
+
+cdef uint32_t plan_step(mf_step *st) noexcept nogil:
+    """Fill st.phases for the step described by st.T, st.S, st.R; return the chunk count."""
+    cdef const mf_model *m = st.m
+    cdef const mf_model_layer *ly
+    cdef Py_ssize_t T = st.T, rows_tokens = ceil_div(st.T, STEP_ROW_TOKENS)
+    cdef uint32_t total = 0
+    cdef OneTokenPlan att
+    cdef int l
+    st.n_phases = 0
+    if T == 1:
+        att = one_token_plan(st.S, m.H, m.G, m.D, m.D)
+        st.att_kind = att.kind
+        st.att_tasks = att.tasks
+        st.att_n_chunks = att.n_chunks
+        st.att_n_seg = att.n_seg
+        st.att_seg_len = att.seg_len
+        st.att_max_seg = att.max_seg
+    add_phase(st, PHASE_LOAD, -1, rows_tokens, &total)
+    for l in range(m.n_layers):
+        ly = &m.layers[l]
+        add_phase(st, PHASE_NORM_ATTN, l, rows_tokens, &total)
+        add_phase(st, PHASE_QKV, l, m.H + 2 * m.G, &total)
+        if T == 1:
+            add_phase(st, PHASE_ATTN, l, att.tasks, &total)
+            if att.kind == ONE_TOKEN_SPLIT:
+                add_phase(st, PHASE_COMBINE, l, m.H, &total)
+        else:
+            add_phase(st, PHASE_ATTN, l, m.H * ceil_div(T, m.q_tile), &total)
+        if m.int8 and uses_q8_activations(ly.wo_dt):
+            add_phase(st, PHASE_QUANT_ATTN, l, rows_tokens, &total)
+        add_phase(st, PHASE_OUTPROJ, l, ceil_div(m.E, proj_rows(st)), &total)
+        add_phase(st, PHASE_NORM_FFN, l, rows_tokens, &total)
+        add_phase(st, PHASE_GATEUP, l, ceil_div(m.F, GEMM_ROWS), &total)
+        if m.int8 and uses_q8_activations(ly.w2_dt):
+            add_phase(st, PHASE_QUANT_ACT, l, rows_tokens, &total)
+        add_phase(st, PHASE_DOWN, l, ceil_div(m.E, proj_rows(st)), &total)
+    if m.head != NULL and st.R > 0:
+        add_phase(st, PHASE_NORM_OUT, -1, ceil_div(st.R, STEP_ROW_TOKENS), &total)
+        add_phase(st, PHASE_HEAD, -1, ceil_div(m.V, HEAD_ROWS), &total)
+    return total
+
+
+cdef inline char *q8_rows_for(const mf_step *st, int dt, Py_ssize_t *row) noexcept nogil:
+    """The quantized copy of xn that weights of format dt read (NULL: float activations)."""
+    if not st.m.int8 or not uses_q8_activations(dt):
+        row[0] = 0
+        return NULL
+    if activation_format(dt) == DT_Q8_K:
+        row[0] = st.layout.xqk_row
+        return st.scratch + st.layout.xqk
+    row[0] = st.layout.xq_row
+    return st.scratch + st.layout.xq
+
+
+cdef void normalise_rows(const mf_step *st, const float *x, const float *gamma, Py_ssize_t t0,
+                         Py_ssize_t t1, int dt_a, int dt_b, int dt_c) noexcept nogil:
+    """xn[t] = rmsnorm(x[t], gamma) for t0 <= t < t1, and its quantized rows for each format
+    among dt_a, dt_b, dt_c that reads them (one Q8_0 and one Q8_K copy at most)."""
+    cdef const mf_model *m = st.m
+    cdef Py_ssize_t E = m.E, t, row
+    cdef float *xn = <float *>(st.scratch + st.layout.xn)
+    cdef char *dst
+    cdef int dts[3]
+    cdef int i, j, dt
+    cdef bint seen
+    dts[0] = dt_a
+    dts[1] = dt_b
+    dts[2] = dt_c
+    for t in range(t0, t1):
+        rmsnorm_row(x + t * E, gamma, E, E, m.eps, xn + t * E)
+        for i in range(3):
+            dt = dts[i]
+            dst = q8_rows_for(st, dt, &row)
+            if dst == NULL:
+                continue
+            seen = False
+            for j in range(i):                  # that copy was made already
+                if q8_rows_for(st, dts[j], &row) == dst:
+                    seen = True
+            if not seen:
+                quantize_activation_row(xn + t * E, dst + t * row, E, dt)
+
+
+cdef void qkv_head(const mf_step *st, const mf_model_layer *ly, Py_ssize_t hh) noexcept nogil:
+    """q, k or v of head hh (< H + 2G) for every token of the step: projected, biased, roped;
+    k and v straight into the cache at positions S .. S+T-1."""
+    cdef const mf_model *m = st.m
+    cdef Py_ssize_t E = m.E, H = m.H, G = m.G, D = m.D, C = m.C, S = st.S, T = st.T
+    cdef Py_ssize_t HD = H * D, row_bytes, ld, g, t, r0, xq_row
+    cdef const float *xn = <const float *>(st.scratch + st.layout.xn)
+    cdef float *q = <float *>(st.scratch + st.layout.q)
+    cdef const char *w
+    cdef const float *b
+    cdef float *out
+    cdef char *xq
+    cdef int dt
+    cdef bint rope
+    if hh < H:
+        dt, row_bytes = ly.wq_dt, ck_dtype_row_bytes(ly.wq_dt, E)
+        w = <const char *>ly.wq + hh * D * row_bytes
+        b = ly.bq + hh * D if ly.bq != NULL else NULL
+        out, ld, rope = q + hh * D, HD, True
+    elif hh < H + G:
+        g = hh - H
+        dt, row_bytes = ly.wk_dt, ck_dtype_row_bytes(ly.wk_dt, E)
+        w = <const char *>ly.wk + g * D * row_bytes
+        b = ly.bk + g * D if ly.bk != NULL else NULL
+        out, ld, rope = ly.k_cache + (g * C + S) * D, D, True
+    else:
+        g = hh - H - G
+        dt, row_bytes = ly.wv_dt, ck_dtype_row_bytes(ly.wv_dt, E)
+        w = <const char *>ly.wv + g * D * row_bytes
+        b = ly.bv + g * D if ly.bv != NULL else NULL
+        out, ld, rope = ly.v_cache + (g * C + S) * D, D, False
+    xq = q8_rows_for(st, dt, &xq_row)
+    r0 = 0
+    while r0 < D:
+        linear_block(r0, w, row_bytes, dt, E, b, D, D, xn, E, xq, xq_row, T, out, NULL, ld)
+        r0 += GEMM_ROWS
+    if rope and m.rope_cos != NULL:
+        for t in range(T):
+            rope_rotate_heads(out + t * ld, 1, D, D, m.rope_cos + (S + t) * (D // 2),
+                              m.rope_sin + (S + t) * (D // 2))
+
+
+cdef void attention_chunk(const mf_step *st, const mf_model_layer *ly,
+                          Py_ssize_t c) noexcept nogil:
+    cdef const mf_model *m = st.m
+    cdef Py_ssize_t H = m.H, G = m.G, D = m.D, C = m.C, HD = H * D, T = st.T
+    cdef Py_ssize_t n_qt, h, i0, nq, g
+    cdef const float *q = <const float *>(st.scratch + st.layout.q)
+    cdef float *attn = <float *>(st.scratch + st.layout.attn)
+    cdef float *parts = <float *>(st.scratch + st.layout.parts)
+    cdef float scale = 1.0 / sqrtf(<float>D)
+    cdef OneTokenPlan p
+    if T == 1:
+        p.kind, p.tasks, p.n_chunks = st.att_kind, st.att_tasks, st.att_n_chunks
+        p.n_seg, p.seg_len, p.max_seg = st.att_n_seg, st.att_seg_len, st.att_max_seg
+        one_token_task(&p, c, q, ly.k_cache, ly.v_cache, st.S, H, G, D, D, C, scale, m.kv_tile,
+                       attn, parts)
+        return
+    n_qt = ceil_div(T, m.q_tile)
+    h = c // n_qt
+    i0 = (c % n_qt) * m.q_tile
+    nq = min(<Py_ssize_t>m.q_tile, T - i0)
+    g = h // (H // G)
+    attend_query_rows(q + i0 * HD + h * D, HD, ly.k_cache + g * C * D, ly.v_cache + g * C * D,
+                      st.S + i0, nq, D, D, scale, m.kv_tile, attn + i0 * HD + h * D, HD)
+
+
+cdef void run_chunk(const mf_step *st, const mf_phase *ph, Py_ssize_t c) noexcept nogil:
+    """Chunk c (< ph.n) of phase ph."""
+    cdef const mf_model *m = st.m
+    cdef const mf_model_layer *ly = NULL
+    cdef Py_ssize_t E = m.E, H = m.H, D = m.D, I = m.F, V = m.V, T = st.T, HD = H * D
+    cdef Py_ssize_t t0 = c * STEP_ROW_TOKENS, t1, t, e0, rows, row_bytes, xq_row, rb
+    cdef float *x = <float *>(st.scratch + st.layout.x)
+    cdef float *xn = <float *>(st.scratch + st.layout.xn)
+    cdef float *attn = <float *>(st.scratch + st.layout.attn)
+    cdef char *attnq = st.scratch + st.layout.attnq
+    cdef float *act = <float *>(st.scratch + st.layout.act)
+    cdef char *actq = st.scratch + st.layout.actq
+    cdef float *out
+    cdef float *hid
+    cdef char *xq
+    cdef OneTokenPlan p
+    cdef int kind = ph.kind
+    if ph.layer >= 0:
+        ly = &m.layers[ph.layer]
+    t1 = min(t0 + STEP_ROW_TOKENS, T)
+
+    if kind == PHASE_LOAD:
+        for t in range(t0, t1):
+            if st.tokens != NULL:
+                row_bytes = ck_dtype_row_bytes(m.embedding_dt, E)
+                dequantize_row(<const char *>m.embedding + <Py_ssize_t>st.tokens[t] * row_bytes,
+                               x + t * E, E, m.embedding_dt)
+            else:
+                memcpy(x + t * E, st.x_in + t * E, E * sizeof(float))
+    elif kind == PHASE_NORM_ATTN:
+        normalise_rows(st, x, ly.ln1_gamma, t0, t1, ly.wq_dt, ly.wk_dt, ly.wv_dt)
+    elif kind == PHASE_QKV:
+        qkv_head(st, ly, c)
+    elif kind == PHASE_ATTN:
+        attention_chunk(st, ly, c)
+    elif kind == PHASE_COMBINE:
+        p.kind, p.tasks, p.n_chunks = st.att_kind, st.att_tasks, st.att_n_chunks
+        p.n_seg, p.seg_len, p.max_seg = st.att_n_seg, st.att_seg_len, st.att_max_seg
+        one_token_combine(&p, c, <const float *>(st.scratch + st.layout.parts), H, D, D, attn)
+    elif kind == PHASE_QUANT_ATTN:
+        for t in range(t0, t1):
+            quantize_activation_row(attn + t * HD, attnq + t * st.layout.attnq_row, HD, ly.wo_dt)
+    elif kind == PHASE_OUTPROJ:
+        rows = proj_rows(st)
+        e0 = c * rows
+        rb = ck_dtype_row_bytes(ly.wo_dt, HD)
+        linear_block(e0, <const char *>ly.wo, rb, ly.wo_dt, HD, ly.bo, E, min(E, e0 + rows),
+                     attn, HD, attnq if m.int8 and uses_q8_activations(ly.wo_dt) else NULL,
+                     st.layout.attnq_row, T, x, x, E)
+    elif kind == PHASE_NORM_FFN:
+        normalise_rows(st, x, ly.ln2_gamma, t0, t1, ly.w1_dt, ly.w1_dt, ly.w1_dt)
+    elif kind == PHASE_GATEUP:
+        xq = q8_rows_for(st, ly.w1_dt, &xq_row)
+        swiglu_block(c * GEMM_ROWS, <const char *>ly.w1, ck_dtype_row_bytes(ly.w1_dt, E),
+                     ly.w1_dt, E, ly.b1, xn, xq, xq_row, T, I, I, act)
+    elif kind == PHASE_QUANT_ACT:
+        for t in range(t0, t1):
+            quantize_activation_row(act + t * I, actq + t * st.layout.actq_row, I, ly.w2_dt)
+    elif kind == PHASE_DOWN:
+        rows = proj_rows(st)
+        e0 = c * rows
+        out = x
+        if st.x_out != NULL and ph.layer == m.n_layers - 1:
+            out = st.x_out                      # the last layer's result goes to the caller
+        linear_block(e0, <const char *>ly.w2, ck_dtype_row_bytes(ly.w2_dt, I), ly.w2_dt, I,
+                     ly.b2, E, min(E, e0 + rows), act, I,
+                     actq if m.int8 and uses_q8_activations(ly.w2_dt) else NULL,
+                     st.layout.actq_row, T, out, x, E)
+        if st.hidden != NULL:
+            hid = st.hidden + ph.layer * st.hidden_layer_stride
+            for t in range(T):
+                memcpy(hid + t * E + e0, out + t * E + e0,
+                       (min(E, e0 + rows) - e0) * sizeof(float))
+    elif kind == PHASE_NORM_OUT:
+        t1 = min(t0 + STEP_ROW_TOKENS, <Py_ssize_t>st.R)
+        for t in range(t0, t1):            # logit row t is token first_logit_row + t
+            rmsnorm_row(x + (st.first_logit_row + t) * E, m.out_norm, E, E, m.eps, xn + t * E)
+            xq = q8_rows_for(st, m.head_dt, &xq_row)
+            if xq != NULL:
+                quantize_activation_row(xn + t * E, xq + t * xq_row, E, m.head_dt)
+    elif kind == PHASE_HEAD:
+        xq = q8_rows_for(st, m.head_dt, &xq_row)
+        row_bytes = ck_dtype_row_bytes(m.head_dt, E)
+        e0 = c * HEAD_ROWS
+        while e0 < min(V, (c + 1) * HEAD_ROWS):
+            linear_block(e0, <const char *>m.head, row_bytes, m.head_dt, E, NULL, V,
+                         min(V, (c + 1) * HEAD_ROWS), xn, E, xq, xq_row, st.R, st.logits, NULL,
+                         V)
+            e0 += GEMM_ROWS
+
+
+cdef void step_job(void *ctx, mf_team *team, int thread_id, uint32_t gen) noexcept nogil:
+    """What every thread of the team runs for a step: claim, wait for the phase, run, count."""
+    cdef const mf_step *st
+    cdef const mf_phase *ph
+    cdef int64_t c
+    cdef int p = 0
+    while True:
+        c = mf_team_claim_gen(team, gen)
+        if c < 0:
+            return
+        st = <const mf_step *>ctx           # (read only after a successful claim)
+        while st.phases[p].base + st.phases[p].n <= <uint32_t>c:
+            p += 1
+        ph = &st.phases[p]
+        mf_team_wait_done(team, ph.base)
+        run_chunk(st, ph, c - ph.base)
+        mf_team_chunk_done(team)
+
+
+cdef void model_forward_kernel(
+        mf_step *st,               # the model, its scratch and phase table (the boundary's)
+        mf_team *team,
+        const int32_t *tokens,     # [T] token ids, or NULL (then x_in)
+        const float *x_in,         # [T, E] hidden states in, or NULL
+        int tokens_n,              # T
+        int start_pos,             # position of the first token
+        float *logits,             # [T, V] (all_logits) or [V] (the last token's), or NULL
+        int all_logits,
+        float *x_out,              # [T, E] hidden states out (no head), or NULL
+        float *hidden,             # [L, T, E] every layer's output, or NULL
+        int num_threads) noexcept nogil:
+    """Tokens (or hidden states) at positions start_pos .. start_pos+T-1 through the model, in
+    steps of at most MF_STEP_TOKENS tokens; their k, v are appended to the caches."""
+    cdef Py_ssize_t T = tokens_n, t0 = 0, nt
+    cdef uint32_t total
+    cdef const mf_model *m = st.m
+    st.hidden_layer_stride = T * m.E
+    while t0 < T:
+        nt = min(<Py_ssize_t>MF_STEP_TOKENS, T - t0)
+        st.T = <int>nt
+        st.S = start_pos + <int>t0
+        st.tokens = tokens + t0 if tokens != NULL else NULL
+        st.x_in = x_in + t0 * m.E if x_in != NULL else NULL
+        st.x_out = x_out + t0 * m.E if x_out != NULL else NULL
+        st.hidden = hidden + t0 * m.E if hidden != NULL else NULL
+        if logits == NULL:
+            st.R = 0
+        elif all_logits:
+            st.R, st.first_logit_row, st.logits = <int>nt, 0, logits + t0 * m.V
+        else:
+            st.R = 1 if t0 + nt == T else 0
+            st.first_logit_row, st.logits = <int>nt - 1, logits
+        total = plan_step(st)
+        mf_team_run(team, total, step_job, st)
+        t0 += nt
