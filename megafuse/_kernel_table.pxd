@@ -18,6 +18,8 @@ cdef extern from "megafuse/mf_team.h" nogil:
         int n_threads
     ctypedef void (*mf_team_fn)(void *ctx, mf_team *team, int thread_id,
                                 uint32_t gen) noexcept nogil
+    uint32_t mf_atomic_load32(uint32_t *p)
+    uint32_t mf_atomic_add32(uint32_t *p, uint32_t v)
     mf_team *mf_team_create(int n_threads)
     void mf_team_destroy(mf_team *t)
     int64_t mf_team_claim_gen(mf_team *t, uint32_t gen)

@@ -5,10 +5,11 @@
 # mf_model.h.  Letters: L layers, E embed dim, H / G heads / kv heads, D head dim, I FFN dim,
 # V vocabulary, C cache capacity, T tokens.
 
-from libc.stdint cimport int32_t, uint32_t
+from libc.stdint cimport int32_t, int64_t, uint32_t
 from libc.string cimport memset
 from megafuse._kernel_table cimport (
-    mf_team, mf_team_create, mf_team_destroy, mf_model, mf_model_layer, mf_step,
+    mf_team, mf_team_create, mf_team_destroy, mf_team_run, mf_team_claim_gen,
+    mf_team_wait_done, mf_team_chunk_done, mf_atomic_load32, mf_atomic_add32, mf_model, mf_model_layer, mf_step,
     mf_step_scratch, mf_step_scratch_layout, mf_phase, mf_step_max_phases, MF_STEP_TOKENS)
 
 _LAYER_WEIGHTS = ("wq", "wk", "wv", "wo", "w1", "w2")
@@ -365,3 +366,70 @@ def _check_separate(written, read):
             if (w or w2) and hi2 > lo and hi > lo:
                 raise ValueError(f"{name2}: expected memory of its own, got an array that "
                                  f"overlaps {name}")
+
+
+# ---- a test hook of the thread team (tests/test_model_step.py) --------------------------------
+
+cdef struct _TeamProbe:
+    int n_phases
+    int per_phase                 # chunks of each phase
+    uint32_t *runs                # [n_phases * per_phase]: times each chunk ran
+    uint32_t bad_order            # chunks that started before an earlier phase was complete
+    int spin                      # busy-work iterations per chunk (to interleave threads)
+
+
+cdef void _team_probe_job(void *ctx, mf_team *team, int thread_id, uint32_t gen) noexcept nogil:
+    cdef _TeamProbe *p
+    cdef int64_t c
+    cdef int phase, j, k
+    cdef volatile int sink = 0
+    while True:
+        c = mf_team_claim_gen(team, gen)
+        if c < 0:
+            return
+        p = <_TeamProbe *>ctx
+        phase = <int>(c // p.per_phase)
+        mf_team_wait_done(team, <uint32_t>(phase * p.per_phase))
+        for j in range(phase * p.per_phase):            # every earlier chunk must have run
+            if mf_atomic_load32(&p.runs[j]) == 0:
+                mf_atomic_add32(&p.bad_order, 1)
+                break
+        for k in range(p.spin):
+            sink = sink + k
+        mf_atomic_add32(&p.runs[c], 1)
+        mf_team_chunk_done(team)
+
+
+def _team_probe(int n_threads, int jobs, int n_phases, int per_phase, int spin=0,
+                bint new_team_each_job=False):
+    """Run `jobs` jobs of n_phases x per_phase chunks on a team of n_threads; return
+    (chunks that ran a number of times other than once, chunks that started early)."""
+    cdef _TeamProbe p
+    cdef mf_team *team = NULL
+    cdef int job, i, wrong = 0, early = 0
+    cdef int total = n_phases * per_phase
+    if n_threads < 1 or jobs < 0 or n_phases < 1 or per_phase < 1:
+        raise ValueError("_team_probe: expected positive counts")
+    p.runs = <uint32_t *>calloc(total, sizeof(uint32_t))
+    if p.runs == NULL:
+        raise MemoryError()
+    p.n_phases, p.per_phase, p.spin = n_phases, per_phase, spin
+    try:
+        with nogil:
+            for job in range(jobs):
+                if team == NULL:
+                    team = mf_team_create(n_threads)
+                memset(p.runs, 0, total * sizeof(uint32_t))
+                p.bad_order = 0
+                mf_team_run(team, <uint32_t>total, _team_probe_job, &p)
+                for i in range(total):
+                    if p.runs[i] != 1:
+                        wrong += 1
+                early += p.bad_order
+                if new_team_each_job:
+                    mf_team_destroy(team)
+                    team = NULL
+    finally:
+        mf_team_destroy(team)
+        free(p.runs)
+    return wrong, early

@@ -138,7 +138,11 @@ struct mf_team {
 #endif
 };
 
-typedef struct { mf_team *team; int id; } mf_team_start_arg;
+typedef struct {
+    mf_team *team;
+    int id;
+    uint32_t gen;                     /* the generation before the thread's first job */
+} mf_team_start_arg;
 
 static inline int64_t mf_team_now_ns(void)
 {
@@ -256,7 +260,7 @@ static void *mf_team_thread_main(void *arg)
 {
     mf_team_start_arg a = *(mf_team_start_arg *)arg;
     mf_team *t = a.team;
-    uint32_t seen = mf_atomic_load32(&t->gen);
+    uint32_t seen = a.gen;            /* (not read here: the thread may start jobs later) */
     free(arg);
     for (;;) {
         seen = mf_team_wait_change(t, &t->gen, seen, MF_TEAM_IDLE_SPIN_NS);
@@ -296,6 +300,7 @@ static inline void mf_team_start_threads(mf_team *t)
             break;
         a->team = t;
         a->id = i;
+        a->gen = mf_atomic_load32(&t->gen);
         if (pthread_create(&t->threads[i], &attr, mf_team_thread_main, a) != 0) {
             free(a);
             break;
