@@ -307,10 +307,11 @@ class Model:
 
     def end_of_generation_ids(self) -> Tuple[int, ...]:
         """The ids that end a generation: the tokenizer's end-of-generation set when the
-        tokenizer can be built, else the file's eos / eot / eom ids."""
+        tokenizer can be built, else the file's eos / eot / eom ids (none for a file without a
+        vocabulary)."""
         try:
             return tuple(sorted(self.tokenizer.eog_ids))
-        except ImportError:
+        except (ImportError, ValueError):       # no `tokenizers` package; no vocabulary
             pass
         from megafuse import gguf as _gguf
         ids = set()
@@ -383,6 +384,28 @@ class Model:
             logits = self.forward([token])
 
     # ---- checking ---------------------------------------------------------------------------
+
+    def reference(self, token_ids: TokenIds, *,
+                  quantize_activations: Optional[bool] = None) -> Tuple[F32Array, F32Array]:
+        """What ``forward(token_ids, logits="all")`` on an empty cache computes, by
+        ``megafuse.reference.model_forward`` (plain NumPy, float64 math on the same weights):
+        (logits [T, V], hidden [L, T, E]).  quantize_activations defaults to this model's mode
+        (True: the int8 path's emulation).  The model's own cache is not touched.  Slow: for
+        checking, not for running."""
+        import importlib
+        ref: Any = importlib.import_module("megafuse.reference")
+        ids = self._ids(token_ids)
+        if ids.size > self.cache_capacity:
+            raise ValueError(f"token_ids: {ids.size} tokens exceed cache_capacity = "
+                             f"{self.cache_capacity}")
+        if quantize_activations is None:
+            quantize_activations = self.activations == "int8"
+        c = self.config
+        return ref.model_forward(self._layers, self._embedding, int(self._embedding_dt),
+                                 self._out_norm, self._head, int(self._head_dt), ids,
+                                 c.embed_dim, c.num_heads, c.num_kv_heads, c.head_dim,
+                                 c.intermediate_dim, c.vocab_size, c.eps, self.rope_cos,
+                                 self.rope_sin, quantize_activations=bool(quantize_activations))
 
     def layer(self, index: int, *, cache_capacity: Optional[int] = None) -> Any:
         """Layer `index` as a ``megafuse.DecoderLayer`` sharing this model's weights (its own,

@@ -1265,6 +1265,52 @@ def mega_fuse_report_stats(hidden, num_layers, seq_len):
     return stats
 
 
+
+# ---------------------------------------------------------------------------------------------
+# The whole model (megafuse.Model): embedding -> layers -> final norm -> head
+# ---------------------------------------------------------------------------------------------
+
+def model_forward(layers, embedding, embedding_dt, out_norm, head, head_dt, token_ids,
+                  embed_dim, num_heads, num_kv_heads, head_dim, intermediate_dim, vocab_size,
+                  eps, rope_cos, rope_sin, *, quantize_activations=False):
+    """A decoder-only model on token_ids [T] (positions 0 .. T-1, an empty cache), the way
+    megafuse.Model runs it.  Returns (logits [T, V], hidden [L, T, E]), float32: hidden[l] is
+    layer l's output (the residual stream after it).
+
+    layers: one dict a layer of the layer functions' arrays (ln1_gamma, wq, bq, ... w2, b2,
+    ln2_gamma) and formats (wq_dt ... w2_dt); embedding / head [V, E] in embedding_dt /
+    head_dt (only the rows of token_ids are dequantized); out_norm [E]; rope tables [>= T, D/2]
+    or None.  quantize_activations: the int8 path's emulation (False: pure float math).
+    Each layer is mega_fused_attention_prefill(_q8_0) then mega_fused_mlp_prefill, in float64.
+    """
+    E, H, G, D, I, V = (embed_dim, num_heads, num_kv_heads, head_dim, intermediate_dim,
+                        vocab_size)
+    ids = np.asarray(token_ids, dtype=np.int64).reshape(-1)
+    T = ids.size
+    row_bytes = ck_dtype_row_bytes(embedding_dt, E)
+    emb = np.asarray(embedding).reshape(V, -1)
+    x = dequantize(np.ascontiguousarray(emb[ids]), embedding_dt, (T, E)).astype(np.float32)
+    assert emb.shape[1] * emb.dtype.itemsize == row_bytes
+    attention_layer = (mega_fused_attention_prefill_q8_0 if quantize_activations
+                       else mega_fused_attention_prefill)
+    hidden = np.zeros((len(layers), T, E), np.float32)
+    for n, ly in enumerate(layers):
+        cache_k = np.zeros((G, T, D), np.float32)
+        cache_v = np.zeros((G, T, D), np.float32)
+        h = np.zeros((T, E), np.float32)
+        attention_layer(h, x, x, ly["ln1_gamma"], ly["wq"], ly.get("bq"), ly["wq_dt"],
+                        ly["wk"], ly.get("bk"), ly["wk_dt"], ly["wv"], ly.get("bv"),
+                        ly["wv_dt"], ly["wo"], ly.get("bo"), ly["wo_dt"], cache_k, cache_v,
+                        rope_cos, rope_sin, 0, T, T, E, E, H, G, D, D, eps, None)
+        mega_fused_mlp_prefill(hidden[n], h, h, ly["ln2_gamma"], ly["w1"], ly.get("b1"),
+                               ly["w1_dt"], ly["w2"], ly.get("b2"), ly["w2_dt"], T, E, E, I, I,
+                               eps, None, quantize_activations=quantize_activations)
+        x = hidden[n]
+    z = rmsnorm(x, out_norm, eps)
+    logits = _project(z, head, head_dt, V, E, quantize_activations)
+    return logits.astype(np.float32), hidden
+
+
 __all__ = [
     'CKDataType', 'FLOAT_FORMATS', 'BLOCK32_FORMATS', 'KQUANT_FORMATS', 'BLOCK_LAYOUT',
     'ck_dtype_row_bytes', 'float_to_bf16_bits',
@@ -1278,5 +1324,5 @@ __all__ = [
     'mega_fused_mlp_prefill', 'mega_fused_mlp_prefill_scratch_size',
     'mega_fuse_rmsnorm_qkv', 'mega_fuse_rmsnorm_qkv_rope',
     'mega_fuse_get_optimal_tiles', 'optimal_tiles_from_cache_sizes', 'cpu_cache_sizes',
-    'floor_pow2', 'mega_fuse_report_stats',
+    'floor_pow2', 'mega_fuse_report_stats', 'model_forward',
 ]
