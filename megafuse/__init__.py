@@ -46,6 +46,7 @@ from megafuse._kernels import (  # noqa: F401
 )
 
 from megafuse.layer import DecoderLayer, rope_tables  # noqa: E402,F401  (pure Python)
+from megafuse.model import Model, ModelConfig  # noqa: E402,F401  (pure Python)
 from megafuse.memory import empty, zeros, empty_like  # noqa: E402,F401  (2 MiB pages)
 
 
@@ -92,6 +93,8 @@ __all__ = [
     "set_num_threads", "get_num_threads", "simd_level", "get_include", "show_config",
     # a whole decoder layer (megafuse.layer); GGUF weights: the megafuse.gguf module (lazy)
     "DecoderLayer", "rope_tables",
+    # a whole GGUF model, tokens in and logits / text out (megafuse.model, megafuse.sampling)
+    "Model", "ModelConfig",
     # text <-> token ids from a GGUF vocabulary (megafuse.tokenizer, imported on first use)
     "Tokenizer",
     # arrays on 2 MiB pages for weights and caches (megafuse.memory)

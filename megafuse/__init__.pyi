@@ -13,6 +13,10 @@ from megafuse import layer as layer
 from megafuse._dtype import CKDataType as CKDataType
 from megafuse.layer import DecoderLayer as DecoderLayer
 from megafuse.layer import rope_tables as rope_tables
+from megafuse import model as model
+from megafuse import sampling as sampling
+from megafuse.model import Model as Model
+from megafuse.model import ModelConfig as ModelConfig
 from megafuse import memory as memory
 from megafuse import models as models
 from megafuse import tokenizer as tokenizer

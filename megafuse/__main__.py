@@ -1,17 +1,27 @@
-"""The ``megafuse`` command (also ``python -m megafuse``).
+"""The ``megafuse`` command (also ``python -m megafuse``): one small function per subcommand.
 
-    megafuse [bench] [--dtype q8_0] [--tokens 128] [--decode 32] [--repeat 5] [--threads N]
-                     [--model file.gguf --layer N] [--json out.json] [--seed 0] [--no-check]
+    megafuse run [--model FILE.gguf] -p PROMPT [--chat] [-n 128] [--temperature T --top-k K
+                 --top-p P --min-p M --repeat-penalty R --seed S] [--activations float|int8]
+                 [--threads N] [--ctx N]
+    megafuse bench [--dtype q8_0] [--tokens 128] [--decode 32] [--repeat 5] [--threads N]
+                   [--model FILE.gguf [--layer N] [--pp 128] [--tg 64] [--activations int8]]
+                   [--json out.json] [--seed 0] [--no-check]
     megafuse info                                  # megafuse.show_config()
 
-``bench`` (the default) builds one decoder layer -- a Qwen2-0.5B-shaped one (embed 896, 14
-heads, 2 kv heads, head_dim 64, ffn 4864, seeded random weights in --dtype), or layer N of a
+``run`` generates text with a GGUF model (default: SmolLM2-135M-Instruct, fetched once into the
+user cache, see megafuse.models): the text streams to stdout, the token counts and rates go to
+stderr.  Its default is ``--activations float`` (exact float32 activations); ``int8`` is
+llama.cpp's scheme.
+
+``bench`` (the default command) builds one decoder layer -- a Qwen2-0.5B-shaped one (embed 896,
+14 heads, 2 kv heads, head_dim 64, ffn 4864, seeded random weights in --dtype), or layer N of a
 llama / qwen2 GGUF file -- runs a prefill of --tokens tokens (median of --repeat runs), then
 --decode single-token steps, checks every output against the float64 NumPy reference
 (megafuse.reference, pure float math on the same weights) and prints a table: phase, median ms,
 tokens/s, GB/s, GFLOP/s, max relative error.  The error must be at most 1e-4 with float weights
 (FP32 / FP16 / BF16) and 2e-2 when activations are quantized (any block-quantized weight); the
-exit status is 1 otherwise.
+exit status is 1 otherwise.  With --model it also times the whole model, in the rows llama-bench
+prints: ppN (a prefill of N tokens from an empty cache) and tgN (N single-token steps).
 """
 import argparse
 import json
@@ -225,46 +235,97 @@ def print_report(report, out):
               f"{'<=' if report['ok'] else '>'} {report['tolerance']:.0e} ({kind})", file=out)
 
 
-def build_parser():
-    parser = argparse.ArgumentParser(
-        prog="megafuse",
-        description="megafuse: fused transformer-layer kernels for the CPU. 'bench' (the "
-                    "default) times and checks one decoder layer; 'info' prints the build and "
-                    "runtime configuration.")
-    parser.add_argument("command", nargs="?", default="bench", choices=["bench", "info"],
-                        help="bench (default) or info")
+def add_bench_arguments(parser):
     parser.add_argument("--dtype", default="q8_0", type=str.lower, choices=FORMATS,
                         help="weight format of the random layer (default q8_0); K-quants fall "
                              "back as llama.cpp does for 896-column weights")
-    parser.add_argument("--model", help="a llama / qwen2 GGUF file: use its weights")
+    parser.add_argument("--model", help="a llama / qwen2 GGUF file: use its weights, and time "
+                                        "the whole model too (ppN, tgN)")
     parser.add_argument("--layer", type=int, default=0, help="layer of --model (default 0)")
     parser.add_argument("--tokens", type=int, default=128, help="prefill tokens (128)")
     parser.add_argument("--decode", type=int, default=32, help="decode steps (32)")
-    parser.add_argument("--repeat", type=int, default=5, help="timed prefill runs (5)")
+    parser.add_argument("--repeat", type=int, default=5, help="timed runs (5)")
+    parser.add_argument("--pp", type=int, default=128,
+                        help="whole model: tokens of the prefill row ppN (128; 0: none)")
+    parser.add_argument("--tg", type=int, default=64,
+                        help="whole model: single-token steps of the row tgN (64; 0: none)")
+    parser.add_argument("--activations", default="int8", choices=["int8", "float"],
+                        help="whole model: activation mode (int8, llama.cpp's scheme)")
     parser.add_argument("--threads", type=int, default=0, help="threads (default: all)")
     parser.add_argument("--seed", type=int, default=0, help="random seed (0)")
     parser.add_argument("--json", metavar="FILE", help="also write the report as JSON")
     parser.add_argument("--no-check", dest="check", action="store_false",
                         help="skip the comparison with the NumPy reference")
+
+
+def add_run_arguments(parser):
+    parser.add_argument("--model", help="a llama / qwen2 GGUF file (default: "
+                                        "SmolLM2-135M-Instruct, fetched once)")
+    parser.add_argument("-p", "--prompt", required=True, help="the prompt (or the user's "
+                                                              "message with --chat)")
+    parser.add_argument("--chat", action="store_true",
+                        help="wrap the prompt in the model's chat template (a user message)")
+    parser.add_argument("--system", help="with --chat: a system message")
+    parser.add_argument("-n", "--max-tokens", type=int, default=128,
+                        help="new tokens at most (128)")
+    parser.add_argument("--temperature", type=float, default=0.0,
+                        help="0 (default): greedy; else sampling at this temperature")
+    parser.add_argument("--top-k", type=int, default=0, help="top-k sampling (0: off)")
+    parser.add_argument("--top-p", type=float, default=1.0, help="top-p sampling (1.0: off)")
+    parser.add_argument("--min-p", type=float, default=0.0, help="min-p sampling (0.0: off)")
+    parser.add_argument("--repeat-penalty", type=float, default=1.0,
+                        help="llama.cpp's repetition penalty (1.0: off)")
+    parser.add_argument("--seed", type=int, default=None, help="sampling seed")
+    parser.add_argument("--activations", default="float", choices=["float", "int8"],
+                        help="float (default: float32 activations, exact) or int8 "
+                             "(llama.cpp's quantized activations)")
+    parser.add_argument("--threads", type=int, default=0, help="threads (default: all)")
+    parser.add_argument("--ctx", type=int, default=4096,
+                        help="KV-cache positions (default 4096, at most the model's context)")
+
+
+def build_parser():
+    parser = argparse.ArgumentParser(
+        prog="megafuse",
+        description="megafuse: fused transformer kernels for the CPU. 'run' generates text with "
+                    "a GGUF model; 'bench' (the default) times and checks a decoder layer and, "
+                    "with --model, the whole model; 'info' prints the build and runtime "
+                    "configuration.")
+    sub = parser.add_subparsers(dest="command", metavar="{run,bench,info}")
+    add_run_arguments(sub.add_parser("run", help="generate text with a GGUF model"))
+    add_bench_arguments(sub.add_parser("bench", help="time and check a layer (and a model)"))
+    sub.add_parser("info", help="print the build and runtime configuration")
     return parser
 
 
 def main(argv=None):
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or (argv[0].startswith("-") and argv[0] not in ("-h", "--help")):
+        argv.insert(0, "bench")                  # bench is the default command
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command == "info":
         import megafuse
         megafuse.show_config()
         return 0
+    if args.threads < 0:
+        parser.error(f"--threads: expected a positive value, got {args.threads}")
+    if args.command == "run":
+        return cmd_run(args, parser)
+    return cmd_bench(args, parser)
+
+
+def cmd_bench(args, parser):
     for name in ("tokens", "repeat"):
         if getattr(args, name) < 1:
             parser.error(f"--{name}: expected a positive value, got {getattr(args, name)}")
-    if args.decode < 0:
-        parser.error(f"--decode: expected a value >= 0, got {args.decode}")
-    if args.threads < 0:
-        parser.error(f"--threads: expected a positive value, got {args.threads}")
+    for name in ("decode", "pp", "tg"):
+        if getattr(args, name) < 0:
+            parser.error(f"--{name}: expected a value >= 0, got {getattr(args, name)}")
     try:
         report = run_bench(args)
+        if args.model and (args.pp or args.tg):
+            report["model"] = run_model_bench(args)
     except (ImportError, NotImplementedError, ValueError, OSError, KeyError) as exc:
         print(f"megafuse bench: {exc}", file=sys.stderr)
         return 2
@@ -273,6 +334,118 @@ def main(argv=None):
             json.dump(report, f, indent=2)
             f.write("\n")
     return 0 if report["ok"] in (True, None) else 1
+
+
+def run_model_bench(args, out=None):
+    """The whole model of --model, timed as llama-bench does: ppN = a prefill of N tokens
+    from an empty cache, tgN = N single-token steps from an empty cache (each row: median of
+    --repeat runs after a warm-up, tokens/s and its standard deviation)."""
+    import megafuse
+    from megafuse.model import Model
+
+    from megafuse import gguf as _gguf
+
+    out = out if out is not None else sys.stdout
+    reader = _gguf.open_reader(args.model)
+    if "token_embd.weight" not in {t.name for t in reader.tensors}:
+        print("  (no whole-model rows: the file has no token_embd.weight)", file=out)
+        return None
+    progress = Progress()
+    progress(f"megafuse bench: loading the model {args.model}")
+    model = Model.from_gguf(reader, cache_capacity=max(args.pp, args.tg, 1),
+                            activations=args.activations)
+    rng = np.random.default_rng(args.seed + 2)
+    ids = rng.integers(0, model.vocab_size, max(args.pp, args.tg, 1))
+    rows = []
+    for name, n in (("pp", args.pp), ("tg", args.tg)):
+        if n == 0:
+            continue
+        rates = []
+        for i in range(args.repeat + 1):
+            progress(f"megafuse bench: {name}{n} {i}/{args.repeat}")
+            model.reset()
+            t = time.perf_counter()
+            if name == "pp":
+                model.forward(ids[:n])
+            else:
+                for j in range(n):
+                    model.forward(ids[j:j + 1])
+            if i:                              # (the first run warms up)
+                rates.append(n / (time.perf_counter() - t))
+        rows.append({"test": f"{name}{n}", "tokens": n,
+                     "tokens_per_s": statistics.median(rates),
+                     "stddev": statistics.stdev(rates) if len(rates) > 1 else 0.0})
+    progress.done()
+    c = model.config
+    report = {"model": args.model, "name": c.name, "layers": c.n_layers,
+              "formats": model.formats, "weight_bytes": model.weight_bytes,
+              "activations": model.activations, "threads": megafuse.get_num_threads(),
+              "repeats": args.repeat, "results": rows}
+    print(f"  whole model: {c.name or c.architecture}, {c.n_layers} layers, "
+          f"{model.weight_bytes / 1e6:.1f} MB of weights ({', '.join(model.formats)}), "
+          f"{model.activations} activations, {report['threads']} threads", file=out)
+    print(f"  {'test':<8} {'t/s':>10} {'+/-':>8}", file=out)
+    for r in rows:
+        print(f"  {r['test']:<8} {r['tokens_per_s']:>10.2f} {r['stddev']:>8.2f}", file=out)
+    return report
+
+
+def cmd_run(args, parser):
+    """Generate: the text to stdout as it comes, the figures to stderr."""
+    import megafuse
+    from megafuse import models
+    from megafuse.model import Model
+
+    if args.max_tokens < 0:
+        parser.error(f"--max-tokens: expected a value >= 0, got {args.max_tokens}")
+    if args.ctx < 1:
+        parser.error(f"--ctx: expected a positive value, got {args.ctx}")
+    if args.threads:
+        megafuse.set_num_threads(args.threads)
+    err = sys.stderr
+    try:
+        path = args.model or models.default_model_path(file=err)
+        t0 = time.perf_counter()
+        model = Model.from_gguf(path, cache_capacity=args.ctx, activations=args.activations)
+        tok = model.tokenizer
+        if args.chat:
+            messages = ([{"role": "system", "content": args.system}] if args.system else [])
+            messages.append({"role": "user", "content": args.prompt})
+            ids = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        else:
+            ids = tok.encode(args.prompt)
+        load_s = time.perf_counter() - t0
+        print(f"megafuse run: {model.config.name or path} ({model.activations} activations, "
+              f"{megafuse.get_num_threads()} threads, SIMD {megafuse.simd_level()}), loaded in "
+              f"{load_s:.2f} s; prompt: {len(ids)} tokens", file=err, flush=True)
+        stream = tok.stream_decoder(skip_special=True, at_start=False)
+        gen = model.generate(ids, args.max_tokens, temperature=args.temperature,
+                             top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
+                             repeat_penalty=args.repeat_penalty, seed=args.seed)
+        t_start = time.perf_counter()
+        t_first = None
+        count = 0
+        for token in gen:
+            if t_first is None:
+                t_first = time.perf_counter()
+            count += 1
+            sys.stdout.write(stream.push(token))
+            sys.stdout.flush()
+        t_end = time.perf_counter()
+        sys.stdout.write(stream.flush() + "\n")
+        sys.stdout.flush()
+    except (models.ModelFetchError, ImportError, NotImplementedError, ValueError,
+            OSError) as exc:
+        print(f"megafuse run: {exc}", file=err)
+        return 2
+    prefill_s = (t_first if t_first is not None else t_end) - t_start
+    decode_s = t_end - t_first if t_first is not None else 0.0
+    decode_n = max(count - 1, 0)
+    rate = f"{decode_n / decode_s:.1f} tokens/s" if decode_n and decode_s > 0 else "-"
+    print(f"megafuse run: prompt {len(ids)} tokens, prefill {len(ids) / prefill_s:.1f} "
+          f"tokens/s; {count} tokens generated, decode {rate}; stopped: "
+          f"{model.stop_reason}", file=err)
+    return 0
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Set, Tuple, Union
 
 import numpy as np
 import numpy.typing as npt
@@ -314,7 +314,7 @@ class Model:
         except (ImportError, ValueError):       # no `tokenizers` package; no vocabulary
             pass
         from megafuse import gguf as _gguf
-        ids = set()
+        ids: Set[int] = set()
         for key in ("eos", "eot", "eom"):
             value = _gguf._field(self._source, f"tokenizer.ggml.{key}_token_id")
             if value is not None:
@@ -341,7 +341,8 @@ class Model:
                           repeat_penalty=repeat_penalty, seed=seed)
         ids = self._ids(prompt_ids, "prompt_ids")
         self._check_room(int(ids.size), "generate")
-        stop_ids, stop_texts = set(), []
+        stop_ids: Set[int] = set()
+        stop_texts: List[str] = []
         for item in stop or ():
             if isinstance(item, str):
                 stop_texts.append(item)
@@ -350,8 +351,8 @@ class Model:
         eog = set(self.end_of_generation_ids())
         return self._generate(ids, n_new, sampler, eog, stop_ids, stop_texts)
 
-    def _generate(self, ids: npt.NDArray[np.int32], n_new: int, sampler: Any, eog: set,
-                  stop_ids: set, stop_texts: List[str]) -> Iterator[int]:
+    def _generate(self, ids: npt.NDArray[np.int32], n_new: int, sampler: Any, eog: Set[int],
+                  stop_ids: Set[int], stop_texts: List[str]) -> Iterator[int]:
         self.stop_reason = None
         history = [int(i) for i in ids]
         if n_new == 0:
@@ -359,7 +360,7 @@ class Model:
             return
         logits = self.forward(ids)
         text = ""
-        decoder = self.tokenizer.stream_decoder() if stop_texts else None
+        decoder = self.tokenizer.stream_decoder(at_start=False) if stop_texts else None
         for count in range(n_new):
             token = sampler.sample(logits, history)
             if token in eog:

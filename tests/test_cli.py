@@ -120,7 +120,10 @@ def test_python_dash_m_megafuse():
     assert done.returncode == 0 and "simd_level" in done.stdout
     done = subprocess.run([sys.executable, "-m", "megafuse", "--help"], capture_output=True,
                           text=True, env=_env(), timeout=120)
-    assert done.returncode == 0 and "bench" in done.stdout and "--dtype" in done.stdout
+    assert done.returncode == 0 and "bench" in done.stdout and "run" in done.stdout
+    done = subprocess.run([sys.executable, "-m", "megafuse", "run", "--help"],
+                          capture_output=True, text=True, env=_env(), timeout=120)
+    assert done.returncode == 0 and "--chat" in done.stdout and "--activations" in done.stdout
 
 
 def test_console_script():
@@ -129,3 +132,47 @@ def test_console_script():
         pytest.skip("the megafuse console script is not installed (pip install -e .)")
     done = subprocess.run([exe, "info"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and "simd_level" in done.stdout
+
+
+def test_bench_model_rows_pp_and_tg(tmp_path, capsys):
+    """--model adds the whole-model rows of llama-bench: ppN and tgN, in the JSON too."""
+    pytest.importorskip("gguf")
+    from test_model import write_model
+    path = write_model(tmp_path / "m.gguf", "llama", "Q4_1", n_layers=2)
+    out_json = tmp_path / "r.json"
+    status, out, err = run(["bench", "--model", str(path), "--tokens", "8", "--decode", "2",
+                            "--repeat", "2", "--pp", "16", "--tg", "4", "--json",
+                            str(out_json)], capsys)
+    assert status == 0, out + err
+    assert "pp16" in out and "tg4" in out and "t/s" in out
+    report = json.loads(out_json.read_text())["model"]
+    assert [r["test"] for r in report["results"]] == ["pp16", "tg4"]
+    assert all(r["tokens_per_s"] > 0 for r in report["results"])
+    assert report["formats"]["Q4_1"] == "12" and report["activations"] == "int8"
+
+
+def test_run_answers_the_france_question(smollm2_path, capsys):
+    pytest.importorskip("tokenizers")
+    status, out, err = run(["run", "--model", smollm2_path, "--chat", "-p",
+                            "What is the capital of France?", "-n", "16"], capsys)
+    assert status == 0, err
+    assert "Paris" in out
+    assert "prompt 37 tokens" in err and "prefill" in err and "decode" in err
+    assert "tokens/s" in err and "stopped: eog" in err
+
+
+def test_run_samples_reproducibly_and_reports_bad_input(smollm2_path, capsys):
+    pytest.importorskip("tokenizers")
+    argv = ["run", "--model", smollm2_path, "-p", "Once upon a time", "-n", "6",
+            "--temperature", "0.8", "--top-k", "40", "--seed", "3", "--activations", "int8"]
+    first = run(argv, capsys)
+    second = run(argv, capsys)
+    assert first[0] == second[0] == 0 and first[1] == second[1] and first[1].strip()
+    status, _, err = run(["run", "--model", smollm2_path, "-p", "x" * 40, "--ctx", "4"], capsys)
+    assert status == 2 and "cache_capacity is 4" in err
+
+
+def test_run_needs_a_prompt(capsys):
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["run"])
+    assert exc.value.code == 2

@@ -355,3 +355,34 @@ def test_smollm2_errors_leave_it_usable(smollm2):
     smollm2.reset()
     np.testing.assert_array_equal(smollm2.forward([1, 2, 3]), first)
     smollm2.reset()
+
+
+# ---- the step itself --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("fmt", ["Q4_1", "Q6_K", {"wq": "Q8_0", "wk": "Q5_0", "wv": "Q4_1",
+                                                 "wo": "F16", "gate": "Q4_K", "up": "Q4_K",
+                                                 "w2": "F32"}])
+def test_the_step_computes_what_the_header_functions_compute(tmp_path, fmt):
+    """Model's one native call equals a chain of the header functions (DecoderLayer.prefill:
+    mega_fused_attention_prefill_q8_0 + mega_fused_mlp_prefill) bit for bit, layer by layer,
+    for a prefill and then a decode step."""
+    path = write_model(tmp_path / "m.gguf", "qwen2" if isinstance(fmt, dict) else "llama", fmt,
+                       n_layers=3)
+    model = Model.from_gguf(path, cache_capacity=32)
+    ids = [7, 3, 250, 11, 42, 5, 6, 99, 100]
+    hidden = model.hidden_states(ids)
+    step = model.hidden_states([17])
+    layers = [model.layer(n, cache_capacity=32) for n in range(3)]
+    x, x1 = model.embed(ids), model.embed([17])[0]
+    for n, layer in enumerate(layers):
+        x, x1 = layer.prefill(x), layer.decode(x1)
+        np.testing.assert_array_equal(hidden[n], x)
+        np.testing.assert_array_equal(step[n, 0], x1)
+
+
+@pytest.mark.parametrize("n_threads", [1, 2, 3, 5])
+def test_the_thread_team_runs_every_chunk_once_and_phases_in_order(n_threads):
+    from megafuse import _kernels
+    assert _kernels._team_probe(n_threads, 200, 6, 5, spin=300) == (0, 0)
+    assert _kernels._team_probe(n_threads, 50, 4, 1, spin=0, new_team_each_job=True) == (0, 0)
+    assert _kernels._team_probe(n_threads, 2000, 1, 1) == (0, 0)
