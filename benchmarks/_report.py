@@ -16,6 +16,7 @@ from _timing import WAITED
 
 RESULTS = []        # layer rows: see record()
 CONTENTION = []     # contention rows: see record_contention()
+MODEL = []          # whole-model rows: see record_model()
 
 
 # ---- recording ----------------------------------------------------------------------------------
@@ -59,6 +60,38 @@ def record_contention(benchmark, *, shape, label, mode, median, other, competito
     if ratio is not None:
         info["busy_over_quiet"] = ratio
     return row
+
+
+def record_model(benchmark, *, test, mode, impl, tokens, median, other, competitor):
+    """One whole-model row (bench_model.py): test "pp128" / "tg64", mode "quiet" / "busy"."""
+    row = dict(test=test, mode=mode, impl=impl, tokens=tokens, median=median, other=other,
+               competitor=competitor)
+    MODEL.append(row)
+    benchmark.extra_info.update(test=test, mode=mode, impl=impl, median_s=median,
+                                tokens_per_s=tokens / median if median else None,
+                                competitor_cpu_share=competitor)
+    return row
+
+
+def _model_lines():
+    head = (f"{'model':<8} {'mode':<6} {'impl':<15} {'t/s':>9} {'ms':>9} {'/llama.cpp':>10} "
+            f"{'busy/quiet':>10} {'other':>5}")
+    lines = [head, "-" * len(head)]
+    def find(test, mode, impl):
+        return next((r for r in MODEL if (r["test"], r["mode"], r["impl"]) == (test, mode, impl)),
+                    None)
+    for r in MODEL:
+        peer = find(r["test"], r["mode"], "llama.cpp")
+        quiet = find(r["test"], "quiet", r["impl"])
+        ratio = peer["median"] / r["median"] if peer and r is not peer else None
+        slow = r["median"] / quiet["median"] if r["mode"] == "busy" and quiet else None
+        lines.append(
+            f"{r['test']:<8} {r['mode']:<6} {r['impl']:<15} "
+            f"{_cell(r['tokens'] / r['median'], '9.1f', 9)} {_cell(r['median'] * 1e3, '9.1f', 9)} "
+            f"{_cell(ratio, '9.2f', 9)}{'x' if ratio else ' '} "
+            f"{_cell(slow, '9.2f', 9)}{'x' if slow else ' '} "
+            f"{_cell(None if r['other'] is None else 100 * r['other'], '4.0f', 4)}%")
+    return lines
 
 
 def speedup(mrow, prow):
@@ -202,7 +235,7 @@ def _contention_lines():
 def table_lines():
     """The summary table: header lines, one line per (case, implementation), then the
     contention rows."""
-    if not RESULTS and not CONTENTION:
+    if not RESULTS and not CONTENTION and not MODEL:
         return []
     lines = _header_lines()
     if RESULTS:
@@ -222,6 +255,14 @@ def table_lines():
                      "competitor = its share of one core while timed; other = machine share of "
                      "other processes (quiet / busy)")
         lines += _contention_lines()
+    if MODEL:
+        if RESULTS or CONTENTION:
+            lines.append("")
+        lines.append("whole model (bench_model.py): pp128 = prefill of 128 tokens, tg64 = 64 "
+                     "single-token steps, both from an empty cache; t/s = tokens / median; "
+                     "/llama.cpp = llama.cpp's median / this row's (>1: faster); busy = a "
+                     "spinning process pinned to one core; busy/quiet = slowdown")
+        lines += _model_lines()
     return lines
 
 
@@ -255,8 +296,12 @@ def report_dict():
                        weight_bytes_per_layer=r["weight_bytes"],
                        busy_over_quiet=contention_ratio(r["shape"], r["label"]))
                   for r in CONTENTION]
+    model = [dict(test=r["test"], mode=r["mode"], impl=r["impl"], median_s=r["median"],
+                  tokens_per_s=r["tokens"] / r["median"], other_cpu_share=r["other"],
+                  competitor_cpu_share=r["competitor"]) for r in MODEL]
     return dict(versions=_versions(), cpu=platform.processor() or platform.machine(),
-                cores=os.cpu_count(), machine=MACHINE, rows=rows, contention=contention)
+                cores=os.cpu_count(), machine=MACHINE, rows=rows, contention=contention,
+                model=model)
 
 
 def write_json(path):

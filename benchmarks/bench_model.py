@@ -1,0 +1,145 @@
+"""The whole model, as llama-bench measures it, beside llama.cpp on the same GGUF file.
+
+    pytest benchmarks/bench_model.py --benchmark-only [-k "tg64 and int8"]
+
+- pp128: a prefill of 128 tokens from an empty cache (Model.forward of 128 ids; llama.cpp:
+  llm.eval of the same count);
+- tg64: 64 single-token steps from an empty cache;
+- busy: tg64 again while a spinning process pinned to one core holds it (issue 13: a step must
+  not collapse when another process holds a core).
+
+The model is SmolLM2-135M-Instruct (Q4_1 layers, Q8_0 tied embedding: the default model,
+megafuse.models.default_model_path(), fetched once), or $MEGAFUSE_BENCH_MODEL.  megafuse runs
+in both activation modes; llama.cpp (llama-cpp-python==0.3.36, which builds llama.cpp from
+source with -march=native, OpenMP and CPU_REPACK) runs in its own process
+(benchmarks/_llama_peer.py) with the interpreter $MEGAFUSE_BENCH_LLAMA_PYTHON (default: this
+one), on the same thread count.  Its rows skip, with the reason, when llama_cpp cannot be
+imported there.  Each row: median of the timed rounds (at least 5); the summary table gives
+tokens/s and megafuse / llama.cpp in the same run.
+"""
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+import megafuse as mf
+
+import _report
+from _config import PAUSE, THREADS
+from _timing import measure, wait_quiet
+from bench_contention import Spinner
+
+MODEL_ROWS = (("pp", 128), ("tg", 64))
+MIN_ROUNDS = 5
+BUDGET = 6.0                     # seconds of timed calls per row
+
+
+def model_path():
+    path = os.environ.get("MEGAFUSE_BENCH_MODEL")
+    if path:
+        return path
+    from megafuse import models
+    try:
+        return models.default_model_path()
+    except models.ModelFetchError as exc:
+        pytest.skip(f"the default model could not be fetched: {exc}")
+
+
+_MODELS = {}
+
+
+def megafuse_model(activations):
+    key = activations
+    if key not in _MODELS:
+        _MODELS.clear()
+        _MODELS[key] = mf.Model.from_gguf(model_path(), cache_capacity=512,
+                                          activations=activations)
+    return _MODELS[key]
+
+
+class LlamaPeer:
+    """llama.cpp in a process of its own, timing what it is told to (see _llama_peer.py)."""
+
+    def __init__(self, path):
+        python = os.environ.get("MEGAFUSE_BENCH_LLAMA_PYTHON", sys.executable)
+        probe = subprocess.run([python, "-c", "import llama_cpp; print(llama_cpp.__version__)"],
+                               capture_output=True, text=True)
+        if probe.returncode != 0:
+            pytest.skip(f"llama.cpp peer: llama_cpp is not importable by {python} (pip install "
+                        f"llama-cpp-python==0.3.36, or set MEGAFUSE_BENCH_LLAMA_PYTHON)")
+        self.version = probe.stdout.strip()
+        script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_llama_peer.py")
+        env = dict(os.environ, OMP_NUM_THREADS=str(THREADS))
+        self.proc = subprocess.Popen([python, script, path, str(THREADS)], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True, env=env)
+        if self.proc.stdout.readline().strip() != "ready":
+            raise RuntimeError("llama.cpp peer: did not start")
+
+    def run(self, kind, n):
+        self.proc.stdin.write(f"{kind} {n}\n")
+        self.proc.stdin.flush()
+        return float(self.proc.stdout.readline())
+
+    def close(self):
+        if self.proc.poll() is None:
+            self.proc.stdin.write("quit\n")
+            self.proc.stdin.flush()
+            self.proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def llama_peer():
+    peer = LlamaPeer(model_path())
+    yield peer
+    peer.close()
+
+
+def _work(model, kind, n, ids):
+    def fn():
+        if kind == "pp":
+            model.forward(ids[:n])
+        else:
+            for j in range(n):
+                model.forward(ids[j:j + 1])
+    return fn
+
+
+def _params():
+    out = []
+    for kind, n in MODEL_ROWS:
+        for mode in ("quiet", "busy") if kind == "tg" else ("quiet",):
+            for impl in ("megafuse-int8", "megafuse-float", "llama.cpp"):
+                out.append(pytest.param(kind, n, mode, impl,
+                                        id=f"smollm2-model-{kind}{n}-{mode}-{impl}"))
+    return out
+
+
+@pytest.mark.parametrize("kind,n,mode,impl", _params())
+def test_model(benchmark, request, kind, n, mode, impl):
+    mf.set_num_threads(THREADS)
+    benchmark.group = f"model {kind}{n} {mode}"
+    ids = np.random.default_rng(2).integers(0, 49152, 512)
+    setup = None
+    if impl == "llama.cpp":           # (one call: a command to the peer process and its reply;
+        peer = request.getfixturevalue("llama_peer")        # the pipe adds ~0.1 ms a call)
+        fn = lambda: peer.run(kind, n)                       # noqa: E731
+    else:
+        model = megafuse_model(impl.split("-")[1])
+        fn, setup = _work(model, kind, n, ids), model.reset
+    spin = None
+    if mode == "busy":
+        wait_quiet()
+        spin = Spinner()
+    try:
+        med, other = measure(benchmark, fn, setup=setup, budget=BUDGET, min_rounds=MIN_ROUNDS,
+                             quiet=mode == "quiet")
+        competitor = spin.share() if spin else None
+    finally:
+        if spin:
+            spin.stop()
+    time.sleep(PAUSE)
+    _report.record_model(benchmark, test=f"{kind}{n}", mode=mode, impl=impl, tokens=n,
+                         median=med, other=other, competitor=competitor)
