@@ -386,3 +386,26 @@ def test_the_thread_team_runs_every_chunk_once_and_phases_in_order(n_threads):
     assert _kernels._team_probe(n_threads, 200, 6, 5, spin=300) == (0, 0)
     assert _kernels._team_probe(n_threads, 50, 4, 1, spin=0, new_team_each_job=True) == (0, 0)
     assert _kernels._team_probe(n_threads, 2000, 1, 1) == (0, 0)
+
+
+def _forward_in_child(model, ids, queue):
+    queue.put(model.forward(ids, logits="all"))
+
+
+def test_a_forked_child_runs_the_model(tmp_path):
+    """The team's threads do not survive fork(): the child starts its own (no hang, as an
+    OpenMP runtime would after its parent used it)."""
+    import multiprocessing
+    if "fork" not in multiprocessing.get_all_start_methods():
+        pytest.skip("no fork() on this platform")
+    model = Model.from_gguf(write_model(tmp_path / "m.gguf", "llama", "Q4_0"), cache_capacity=32)
+    want = model.forward([1, 2, 3, 4], logits="all")      # the parent's threads exist now
+    model.reset()
+    ctx = multiprocessing.get_context("fork")
+    queue = ctx.Queue()
+    child = ctx.Process(target=_forward_in_child, args=(model, [1, 2, 3, 4], queue))
+    child.start()
+    got = queue.get(timeout=120)
+    child.join(timeout=60)
+    assert child.exitcode == 0
+    np.testing.assert_array_equal(got, want)
