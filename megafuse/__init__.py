@@ -1,7 +1,7 @@
 """megafuse: fused transformer-layer kernels for the CPU over NumPy buffers.
 
 Every function of the C header ``mega_fused_attention.h`` is a function here with the same name
-and parameters (see ``megafuse.get_include()`` for the header, SPEC for the contract):
+and parameters (see ``megafuse.get_include()`` for the header, docs/contract.md for the contract):
 RMSNorm -> Q/K/V projection -> RoPE -> flash attention over a KV cache -> output projection +
 residual, for one token (decode) and many (prefill), plus the post-attention MLP block.
 

@@ -1,7 +1,7 @@
 # Type stubs of megafuse's public API (the compiled functions of megafuse._kernels, re-exported
 # here, plus the pure-Python layer and GGUF modules).  Buffers are NumPy arrays: float32 for
 # activations, caches, biases and FP32 weights; uint8 / uint16 / float16 for the other weight
-# formats; any dtype for scratch.  The run-time checks (SPEC section 5) are stricter than these
+# formats; any dtype for scratch.  The run-time checks (docs/contract.md §5) are stricter than these
 # types can say: sizes, contiguity and writeability are checked when called.
 from typing import IO, Any, Dict, List, Literal, Optional, Sequence, SupportsIndex, Tuple, Union
 

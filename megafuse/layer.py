@@ -8,7 +8,7 @@ Pure Python over the header's functions -- no second implementation of any math:
     decode(x):   mega_fused_attention_decode_workspace (all four attention weights FP32),
                  else the prefill path with tokens = 1; then mega_fused_mlp_prefill.
 
-Dimension letters (SPEC section 3): E = embed_dim, H = num_heads, G = num_kv_heads,
+Dimension letters (docs/contract.md §3): E = embed_dim, H = num_heads, G = num_kv_heads,
 D = head_dim, I = intermediate_dim, T = tokens, C = cache_capacity.  The layer uses no padding
 (Ea = E, Da = D, Ia = I).
 """
@@ -65,7 +65,7 @@ def rope_tables(head_dim: int, max_seq: int, theta: float = 10000.0, *,
                 freq_factors: Optional[npt.ArrayLike] = None,
                 position_scale: float = 1.0) -> Tuple[F32Array, F32Array]:
     """RoPE tables (cos, sin), each float32 [max_seq, head_dim/2], in the rotate-half convention
-    of HF Llama / Qwen2 (SPEC section 4):
+    of HF Llama / Qwen2 (docs/contract.md §4):
 
         angle[p, i] = p * position_scale * theta ** (-2i / head_dim) / freq_factors[i]
 
@@ -466,7 +466,7 @@ class DecoderLayer:
         """Run the layer on one token x [embed_dim] at position ``position``; returns the new
         hidden state [embed_dim].  FP32 attention weights take the allocation-free decode kernel
         (mega_fused_attention_decode_workspace), other formats the prefill path with one
-        token.  Equal to row N of a prefill of N+1 tokens (SPEC section 4)."""
+        token.  Equal to row N of a prefill of N+1 tokens (docs/contract.md §4)."""
         xa = self._input(x, 1, "decode")
         self._check_room(1, "decode")
         if not self._fp32_decode:

@@ -1,4 +1,4 @@
-"""megafuse.reference -- the executable form of SPEC.md.
+"""megafuse.reference -- the executable form of docs/contract.md.
 
 A plain NumPy implementation of every kernel in ``mega_fused_attention.h``, written to be
 read, not to be fast.  Tests compare each compiled kernel with the function of the same name
@@ -16,14 +16,14 @@ Conventions (the same for every function):
   depends on is read before the output is written, so ``output`` may be the same array as
   ``input`` or ``residual``.
 * Weights are dequantized exactly as GGML does (bit for bit, in float32), then used in float64.
-* Validation (SPEC section 5) is NOT done here: the only ``assert``s are there to make a
+* Validation (docs/contract.md §5) is NOT done here: the only ``assert``s are there to make a
   mistake in a test obvious.
 
 This module imports only NumPy and the standard library; it never imports the compiled
 megafuse modules (its ``CKDataType`` is its own IntEnum with the upstream values, so it
 compares equal, by int value, with ``megafuse.CKDataType``).
 
-Dimension letters used throughout (SPEC section 3):
+Dimension letters used throughout (docs/contract.md §3):
 
     E  = embed_dim           Ea = aligned_embed_dim
     D  = head_dim            Da = aligned_head_dim
@@ -41,7 +41,7 @@ import numpy as np
 
 
 class CKDataType(IntEnum):
-    """The upstream ``ckernel_dtype.h`` enum (SPEC section 2), same values."""
+    """The upstream ``ckernel_dtype.h`` enum (docs/contract.md §2), same values."""
     FP32 = 0
     BF16 = 1
     FP16 = 2
@@ -83,7 +83,7 @@ BLOCK_LAYOUT = {
 
 
 def ck_dtype_row_bytes(dt, n):
-    """Bytes of one row of ``n`` values stored as ``dt`` (SPEC section 2)."""
+    """Bytes of one row of ``n`` values stored as ``dt`` (docs/contract.md §2)."""
     dt = DT(int(dt))
     if dt == DT.FP32:
         return 4 * n
@@ -94,6 +94,21 @@ def ck_dtype_row_bytes(dt, n):
         assert n % block == 0, f'{dt.name} row of {n} values is not whole blocks of {block}'
         return n // block * nbytes
     raise ValueError(f'{dt.name} is not a storage format with a row size')
+
+
+# ---------------------------------------------------------------------------------------------
+# Comparing with the reference
+# ---------------------------------------------------------------------------------------------
+
+def rel_err(got, want):
+    """max |got - want| / max |want|, in float64 over every element: the error measure of every
+    comparison with this reference (the tests, ``megafuse bench``).  The scale is 1 where
+    ``want`` is all zeros; a NaN in either array gives NaN (which fails any ``<`` bound).
+    """
+    got = np.asarray(got, dtype=np.float64)
+    want = np.asarray(want, dtype=np.float64)
+    scale = float(np.max(np.abs(want)))
+    return float(np.max(np.abs(got - want))) / (scale if scale != 0 else 1.0)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -349,10 +364,10 @@ def dequantize(blob, dtype, shape):
 
 
 # ---------------------------------------------------------------------------------------------
-# Activations: Q8_0 / Q8_K quantization (emulates the int8 path, SPEC section 4)
+# Activations: Q8_0 / Q8_K quantization (emulates the int8 path, docs/contract.md §4)
 # ---------------------------------------------------------------------------------------------
 # A block holding NaN or Inf gets d = NaN (and q = 0): it dequantizes to NaN, so non-finite
-# activations propagate to the output (SPEC section 5).  GGML's own result there depends on
+# activations propagate to the output (docs/contract.md §5).  GGML's own result there depends on
 # the order of its comparisons; this is the reference's definition.
 
 def quantize_q8_0(x):
@@ -679,7 +694,7 @@ def mega_fused_attention_prefill_q8_0(output, input, residual, ln1_gamma,
                                       aligned_embed_dim, num_heads, num_kv_heads, head_dim,
                                       aligned_head_dim, eps, scratch):
     """The int8 path: as ``mega_fused_attention_prefill``, but for block-quantized weights the
-    activations are quantized first (SPEC section 4): the normalised input rows for the Q/K/V
+    activations are quantized first (docs/contract.md §4): the normalised input rows for the Q/K/V
     projections and the attention output rows for the out-projection, to Q8_0 (32-weight
     formats) or Q8_K (K-quants).  FP32/FP16/BF16 weights keep float activations, so with only
     float weights this equals the plain prefill.
@@ -718,7 +733,7 @@ def mega_fused_outproj_mlp_prefill(output, attn_out, residual, ln2_gamma,
     token-major [T, H*Da];  h1 = attn @ wo.T + bo + residual (residual None: not added);
     z = rmsnorm(h1[:, :E], ln2_gamma);
     output = h1 + (silu(z@Wg.T+bg) * (z@Wu.T+bu)) @ w2.T + b2, columns E..Ea-1 written as 0.
-    With ``quantize_activations`` (the default: the kernel quantizes per SPEC), every
+    With ``quantize_activations`` (the default: the kernel quantizes per docs/contract.md §4), every
     projection whose weight is block-quantized gets Q8_0/Q8_K activations (the attention
     rows, z, and the SwiGLU activation).  ``scratch`` is not used by the reference.
     Note: the header gives no head_dim here, so attn_out's head padding dims (D..Da-1) are
@@ -925,7 +940,7 @@ def mega_fuse_report_stats(hidden, num_layers, seq_len):
 
 __all__ = [
     'CKDataType', 'FLOAT_FORMATS', 'BLOCK32_FORMATS', 'KQUANT_FORMATS', 'BLOCK_LAYOUT',
-    'ck_dtype_row_bytes', 'float_to_bf16_bits',
+    'ck_dtype_row_bytes', 'float_to_bf16_bits', 'rel_err',
     'dequantize', 'quantize_q8_0', 'quantize_q8_K', 'dequantize_q8_0', 'dequantize_q8_K',
     'quantized_activations',
     'rmsnorm', 'rope', 'rope_tables_rows', 'attention', 'silu',

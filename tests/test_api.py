@@ -46,7 +46,7 @@ def test_shipped_header_declares_every_seed_function():
 def test_signature_matches_header(name):
     want = header_declarations()[name]
     if name == "mega_fuse_get_optimal_tiles":
-        want = ["head_dim"]   # SPEC section 1: the two int* become the return value
+        want = ["head_dim"]   # docs/contract.md §1: the two int* become the return value
     got = list(inspect.signature(getattr(megafuse, name)).parameters)
     assert got == want
 

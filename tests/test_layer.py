@@ -9,7 +9,6 @@ from helpers import TOL, assert_q8_close, rel_err
 
 # (E, H, G, D, I): small, GQA; K-quants need E, H*D and I to be multiples of 256
 SHAPE = (256, 4, 2, 64, 512)
-FLOAT = {"FP32", "FP16", "BF16"}
 
 
 def float_weights(shape=SHAPE, seed=0, bias=True, all_biases=False):

@@ -5,7 +5,7 @@ import pytest
 
 import megafuse
 from megafuse import reference
-from helpers import (BLOCK32, KQUANTS, TOL, WEIGHT_FORMATS, assert_q8_close, copy_args,
+from helpers import (FLOAT_FORMATS, TOL, WEIGHT_FORMATS, assert_q8_close, copy_args,
                      encode_weight, prefill_case, rel_err)
 
 # (name, E, Ea, H, Da, I, Ia)
@@ -13,7 +13,6 @@ QWEN2_05B = ("qwen2-0.5b", 896, 896, 14, 64, 4864, 4864)
 LLAMA_STYLE = ("llama-style", 2048, 2048, 32, 64, 8192, 8192)
 SMALL_256 = ("small-256", 512, 512, 8, 64, 1024, 1024)
 PADDED = ("padded", 200, 256, 6, 48, 300, 320)
-FLOAT_FORMATS = {"FP32", "FP16", "BF16"}
 
 
 def mlp_weights(shape, formats, rng):
@@ -92,16 +91,11 @@ def run_mlp(args):
 def check(got, want, pure, formats):
     """Float weights: 1e-5; block formats (quantized activations): see assert_q8_close, and
     within 2e-2 of pure float math."""
-    if set(formats.values()) <= FLOAT_FORMATS:
+    if set(formats.values()) <= set(FLOAT_FORMATS):
         assert rel_err(got["output"], want["output"]) < TOL["float"]
     else:
         assert_q8_close(got["output"], want["output"], pure["output"])
         assert rel_err(got["output"], pure["output"]) < TOL["q8_vs_float"]
-
-
-def fits(fmt, cols):
-    block = 256 if fmt in KQUANTS else (32 if fmt in BLOCK32 else 1)
-    return cols % block == 0
 
 
 @pytest.mark.parametrize("fmt", WEIGHT_FORMATS)

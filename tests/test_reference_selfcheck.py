@@ -2,7 +2,7 @@
 
 The reference is what every kernel is compared with, so it is checked here against
 independent computations: gguf's dequantizers and Q8_0 quantizer, small hand-written
-formulas, and the identities SPEC section 4 states (decode after prefill equals a longer
+formulas, and the identities docs/contract.md §4 states (decode after prefill equals a longer
 prefill, split prefills equal one prefill, RoPE is a rotation, ...).
 """
 import ast
@@ -101,7 +101,7 @@ def rope_tables(rows, D, base=10000.0):
 
 
 def make_layer(rng, E=24, Ea=32, H=4, G=2, D=6, Da=8, C=16, bias=True, rope=True):
-    """An FP32 attention layer with zero padding rows/columns, as SPEC section 3 expects."""
+    """An FP32 attention layer with zero padding rows/columns, as docs/contract.md §3 expects."""
     def weight(heads, rows_per_head, cols, rows_used, cols_used):
         w = np.zeros((heads, rows_per_head, cols), dtype=np.float32)
         w[:, :rows_used, :cols_used] = rng.standard_normal((heads, rows_used, cols_used)) * 0.3
@@ -562,7 +562,7 @@ def test_padding_and_aliasing():
     res2[:, E:] = -1e6
     np.testing.assert_array_equal(run_prefill(L, x2, res2, empty_cache(L), 0), base)
 
-    # SPEC expects zero weight padding; the reference does not even depend on it (it zeroes
+    # docs/contract.md §3 expects zero weight padding; the reference does not even depend on it (it zeroes
     # the padding of every activation: normed input, q/k/v head dims, attention output).
     Lg = dict(L)
     H, G, Da = L['dims']['H'], L['dims']['G'], L['dims']['Da']

@@ -1,4 +1,4 @@
-"""SPEC section 5 for the decode and rmsnorm_qkv entry points: each rule has a test; every
+"""docs/contract.md §5 for the decode and rmsnorm_qkv entry points: each rule has a test; every
 rejected call leaves output, caches and workspaces byte-identical."""
 import numpy as np
 import pytest
@@ -286,8 +286,9 @@ PREFILL_RULES = [
     ("kquant-896-columns", lambda a: a.update(wq_dt=megafuse.CK_DT_Q4_K,
                                               wq=np.zeros(10, np.uint8)), ValueError,
      ["wq", "Q4_K", "blocks of 256", "896"]),
-    ("block-byte-count", lambda a: a.update(wq_dt=megafuse.CK_DT_Q8_0,
-                                            wq=np.zeros(896 // 32 * 34 * 896 - 1, np.uint8)),
+    ("block-byte-count", lambda a: a.update(
+        wq_dt=megafuse.CK_DT_Q8_0,
+        wq=np.zeros(896 * megafuse.ck_dtype_row_bytes(megafuse.CK_DT_Q8_0, 896) - 1, np.uint8)),
      ValueError, ["wq", "Q8_0", "bytes"]),
     ("scratch-small", lambda a: a.update(scratch=a["scratch"][:-1].copy()), ValueError,
      ["scratch", "at least"]),
