@@ -1,4 +1,10 @@
-"""megafuse.CKDataType: the data types of weights and activations (upstream's enum values)."""
+"""megafuse.CKDataType: the data types of weights and activations (upstream's enum values).
+
+The one Python definition of the enum: megafuse, its layer and GGUF modules and megafuse.reference
+(which needs no compiled code) all import it from here; Cython code uses the C enum of
+include/megafuse/ckernel_dtype.h (megafuse/_ckernel_dtype.pxd), and importing megafuse._kernels
+checks that the two agree value for value.
+"""
 from enum import IntEnum
 
 

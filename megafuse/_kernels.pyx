@@ -30,7 +30,9 @@ import numpy as np
 
 from megafuse import _simd
 from megafuse._kernel_table cimport (
-    KernelTable, KERNEL_TABLE_VERSION, MF_MAX_KV_TILE, MF_MAX_Q_TILE)
+    KernelTable, KERNEL_TABLE_VERSION, MF_ATT_MAX_KV_TILE, MF_MAX_Q_TILE,
+    mega_fused_attention_prefill_fn)
+from megafuse._ckernel_dtype cimport CKDataType
 from megafuse cimport _mf_scratch as scr
 
 cnp.import_array()
@@ -79,6 +81,8 @@ def mega_fuse_get_optimal_tiles(head_dim):
     Derived from the L1d / L2 cache sizes the OS reports (see megafuse.show_config()); the
     attention kernels use exactly these tiles.  The C header writes them through two int
     pointers; here they are the return value (docs/contract.md §1).
+
+    Kernel: none; the formula is megafuse/_kernels_threads.pxi (_tiles_from_cache_sizes).
     """
     head_dim = _int_arg(head_dim, "head_dim")
     _positive(head_dim, "head_dim")
@@ -92,9 +96,9 @@ def mega_fuse_get_optimal_tiles(head_dim):
 # --------------------------------------------------------------------------------------------
 
 cdef object _check_decode(output, input, residual, ln1_gamma, wq, bq, wk, bk, wv, bv, wo, bo,
-                         kv_cache_k, kv_cache_v, rope_cos, rope_sin, int pos, int embed_dim,
-                         int aligned_embed_dim, int num_heads, int num_kv_heads, int head_dim,
-                         int aligned_head_dim, int cache_capacity, tuple workspaces):
+                          kv_cache_k, kv_cache_v, rope_cos, rope_sin, int pos, int embed_dim,
+                          int aligned_embed_dim, int num_heads, int num_kv_heads, int head_dim,
+                          int aligned_head_dim, int cache_capacity, tuple workspaces):
     """Every check of the decode entry points; returns nothing, raises on the first problem."""
     cdef Py_ssize_t E = embed_dim, Ea = aligned_embed_dim, H = num_heads, G = num_kv_heads
     cdef Py_ssize_t D = head_dim, Da = aligned_head_dim, C = cache_capacity
@@ -132,7 +136,8 @@ cdef void _run_decode(output, input, residual, ln1_gamma, wq, bq, wk, bk, wv, bv
                       kv_cache_k, kv_cache_v, rope_cos, rope_sin, int pos, int embed_dim,
                       int aligned_embed_dim, int num_heads, int num_kv_heads, int head_dim,
                       int aligned_head_dim, int cache_capacity, float eps,
-                      q_output_workspace, kv_workspace):
+                      q_output_workspace, size_t q_output_workspace_bytes, kv_workspace,
+                      size_t kv_workspace_bytes):
     cdef int q_tile, kv_tile
     _tiles(head_dim, &q_tile, &kv_tile)
     cdef float *p_out = _wp(output)
@@ -155,10 +160,11 @@ cdef void _run_decode(output, input, residual, ln1_gamma, wq, bq, wk, bk, wv, bv
     cdef float *p_kvws = _wp(kv_workspace)
     cdef int nt = _num_threads
     with nogil:
-        _K.attention_decode(p_out, p_in, p_res, p_g, p_wq, p_bq, p_wk, p_bk, p_wv, p_bv, p_wo,
-                            p_bo, p_kc, p_vc, p_cos, p_sin, pos, embed_dim, aligned_embed_dim,
-                            num_heads, num_kv_heads, head_dim, aligned_head_dim, cache_capacity,
-                            eps, p_qws, p_kvws, kv_tile, nt)
+        _K.mega_fused_attention_decode_workspace(
+            p_out, p_in, p_res, p_g, p_wq, p_bq, p_wk, p_bk, p_wv, p_bv, p_wo, p_bo, p_kc, p_vc,
+            p_cos, p_sin, pos, embed_dim, aligned_embed_dim, num_heads, num_kv_heads, head_dim,
+            aligned_head_dim, cache_capacity, eps, p_qws, q_output_workspace_bytes, p_kvws,
+            kv_workspace_bytes, kv_tile, nt)
 
 
 def mega_fused_attention_decode(output, input, residual, ln1_gamma, wq, bq, wk, bk, wv, bv,
@@ -175,6 +181,9 @@ def mega_fused_attention_decode(output, input, residual, ln1_gamma, wq, bq, wk, 
     kv_cache_k, kv_cache_v [G, cache_capacity, Da]; rope_cos, rope_sin [rows > pos, D/2].
     residual, biases and the rope tables (both or neither) may be None.  output may be input or
     residual itself.  Query head h reads kv head h // (H // G).
+
+    Kernel: megafuse/_decode.pxi (mega_fused_attention_decode_workspace_kernel, on workspaces
+    allocated here), include/megafuse/mf_attention.h.
     """
     pos = _int_arg(pos, "pos")
     embed_dim = _int_arg(embed_dim, "embed_dim")
@@ -193,7 +202,7 @@ def mega_fused_attention_decode(output, input, residual, ln1_gamma, wq, bq, wk, 
     _run_decode(output, input, residual, ln1_gamma, wq, bq, wk, bk, wv, bv, wo, bo,
                 kv_cache_k, kv_cache_v, rope_cos, rope_sin, pos, embed_dim, aligned_embed_dim,
                 num_heads, num_kv_heads, head_dim, aligned_head_dim, cache_capacity, eps,
-                q_ws, kv_ws)
+                q_ws, q_ws.nbytes, kv_ws, kv_ws.nbytes)
 
 
 def mega_fused_attention_decode_workspace(output, input, residual, ln1_gamma, wq, bq, wk, bk,
@@ -211,6 +220,9 @@ def mega_fused_attention_decode_workspace(output, input, residual, ln1_gamma, wq
     kv_workspace: at least 2*G*Da floats (k, then v).  The *_bytes arguments are the sizes the
     caller vouches for: each must cover what the kernel needs and fit inside its array.
     The result is bitwise that of mega_fused_attention_decode.
+
+    Kernel: megafuse/_decode.pxi (mega_fused_attention_decode_workspace_kernel),
+    include/megafuse/mf_attention.h.
     """
     pos = _int_arg(pos, "pos")
     embed_dim = _int_arg(embed_dim, "embed_dim")
@@ -247,7 +259,7 @@ def mega_fused_attention_decode_workspace(output, input, residual, ln1_gamma, wq
     _run_decode(output, input, residual, ln1_gamma, wq, bq, wk, bk, wv, bv, wo, bo,
                 kv_cache_k, kv_cache_v, rope_cos, rope_sin, pos, embed_dim, aligned_embed_dim,
                 num_heads, num_kv_heads, head_dim, aligned_head_dim, cache_capacity, eps,
-                q_output_workspace, kv_workspace)
+                q_output_workspace, q_output_workspace_bytes, kv_workspace, kv_workspace_bytes)
 
 
 # --------------------------------------------------------------------------------------------
@@ -288,16 +300,26 @@ cdef void _rmsnorm_qkv(q_out, k_out, v_out, input, gamma, W_qkv, b_qkv, rope_cos
     cdef const float *p_cos = _fp(rope_cos)
     cdef const float *p_sin = _fp(rope_sin)
     cdef int nt = _num_threads
+    if not has_pos:
+        with nogil:
+            _K.mega_fuse_rmsnorm_qkv(p_q, p_k, p_v, p_in, p_g, p_w, p_b, hidden, num_heads,
+                                     num_kv_heads, head_dim, eps, nt)
+        return
     with nogil:
-        _K.rmsnorm_qkv_rope(p_q, p_k, p_v, p_in, p_g, p_w, p_b, p_cos, p_sin, pos, hidden,
-                            num_heads, num_kv_heads, head_dim, eps, nt)
+        _K.mega_fuse_rmsnorm_qkv_rope(p_q, p_k, p_v, p_in, p_g, p_w, p_b, p_cos, p_sin, pos,
+                                      hidden, num_heads, num_kv_heads, head_dim, max_seq, eps,
+                                      nt)
 
 
 def mega_fuse_rmsnorm_qkv(q_out, k_out, v_out, input, gamma, W_qkv, b_qkv, hidden,
                           num_heads, num_kv_heads, head_dim, float eps):
     """q, k, v of one token: rmsnorm(input) @ W_qkv.T + b_qkv, split into q_out [H*D],
     k_out [G*D], v_out [G*D].  W_qkv is [(H+2G)*D, hidden] (q rows, then k, then v), b_qkv
-    [(H+2G)*D] or None; no padding anywhere."""
+    [(H+2G)*D] or None; no padding anywhere.
+
+    Kernel: megafuse/_norm_qkv_rope.pxi (mega_fuse_rmsnorm_qkv_kernel),
+    include/megafuse/mf_simd.h.
+    """
     hidden = _int_arg(hidden, "hidden")
     num_heads = _int_arg(num_heads, "num_heads")
     num_kv_heads = _int_arg(num_kv_heads, "num_kv_heads")
@@ -310,7 +332,11 @@ def mega_fuse_rmsnorm_qkv_rope(q_out, k_out, v_out, input, gamma, W_qkv, b_qkv, 
                                rope_sin, pos, hidden, num_heads, num_kv_heads,
                                head_dim, max_seq, float eps):
     """mega_fuse_rmsnorm_qkv, then rotate-half RoPE of q and k at position pos
-    (0 <= pos < max_seq; rope_cos / rope_sin [rows > pos, D/2], or both None: no rotation)."""
+    (0 <= pos < max_seq; rope_cos / rope_sin [rows > pos, D/2], or both None: no rotation).
+
+    Kernel: megafuse/_norm_qkv_rope.pxi (mega_fuse_rmsnorm_qkv_rope_kernel),
+    include/megafuse/mf_simd.h.
+    """
     pos = _int_arg(pos, "pos")
     hidden = _int_arg(hidden, "hidden")
     num_heads = _int_arg(num_heads, "num_heads")
@@ -346,6 +372,8 @@ def mega_fused_attention_prefill_scratch_size(tokens, aligned_embed_dim, num_hea
       A [T, H*Da] float32      q;
       B [T, max(Ea, H*Da)] f32 the normalised input, then the attention output.
     k and v go straight into the KV cache; no [T, T] or [T, cache] array exists.
+
+    Kernel: none; the layout is include/megafuse/mf_scratch.h (mf_prefill_scratch_layout).
     """
     return _prefill_scratch_bytes(tokens, aligned_embed_dim, num_heads, aligned_head_dim, False)
 
@@ -355,9 +383,11 @@ def mega_fused_attention_prefill_q8_0_scratch_size(tokens, aligned_embed_dim, nu
     """Bytes of scratch mega_fused_attention_prefill_q8_0 uses (exactly).
 
     The regions A and B of the float prefill (A later holds the quantized attention rows), then
-    C: the normalised input quantized to Q8_0 ([T] rows of Ea/32 blocks of 34 bytes, when
-    Ea % 32 == 0) and to Q8_K ([T] rows of Ea/256 blocks of 292 bytes, when Ea % 256 == 0) -- the
-    helper takes no dtypes, so room is made for both formats a mix of weights can need.
+    C: the normalised input quantized to Q8_0 ([T] rows of Ea/32 blocks, when Ea % 32 == 0) and
+    to Q8_K ([T] rows of Ea/256 blocks, when Ea % 256 == 0) -- the helper takes no dtypes, so
+    room is made for both formats a mix of weights can need.
+
+    Kernel: none; the layout is include/megafuse/mf_scratch.h (mf_prefill_scratch_layout).
     """
     return _prefill_scratch_bytes(tokens, aligned_embed_dim, num_heads, aligned_head_dim, True)
 
@@ -440,11 +470,13 @@ cdef object _prefill(output, input, residual, ln1_gamma, wq, bq, wq_dt, wk, bk, 
     cdef int sp = start_pos, nt = tokens, cap = cache_capacity, e_ = embed_dim
     cdef int ea = aligned_embed_dim, h_ = num_heads, g_ = num_kv_heads, d_ = head_dim
     cdef int da = aligned_head_dim, threads = _num_threads
+    cdef mega_fused_attention_prefill_fn kernel = (
+        _K.mega_fused_attention_prefill_q8_0 if int8_path else _K.mega_fused_attention_prefill)
     with nogil:
-        _K.attention_prefill(p_out, p_in, p_res, p_g, p_wq, p_bq, q_dt, p_wk, p_bk, k_dt, p_wv,
-                             p_bv, v_dt, p_wo, p_bo, o_dt, p_kc, p_vc, p_cos, p_sin, sp, nt,
-                             cap, e_, ea, h_, g_, d_, da, eps, p_scratch, int8_path, q_tile,
-                             kv_tile, threads)
+        kernel(p_out, p_in, p_res, p_g, p_wq, p_bq, <CKDataType>q_dt, p_wk, p_bk,
+               <CKDataType>k_dt, p_wv, p_bv, <CKDataType>v_dt, p_wo, p_bo, <CKDataType>o_dt,
+               p_kc, p_vc, p_cos, p_sin, sp, nt, cap, e_, ea, h_, g_, d_, da, eps, p_scratch,
+               q_tile, kv_tile, threads)
 
 
 def mega_fused_attention_prefill(output, input, residual, ln1_gamma, wq, bq, wq_dt, wk, bk,
@@ -463,6 +495,9 @@ def mega_fused_attention_prefill(output, input, residual, ln1_gamma, wq, bq, wq_
     [G, cache_capacity, Da]; rope tables [>= start_pos+T rows, D/2] or both None.
     scratch: any writeable array of at least mega_fused_attention_prefill_scratch_size(...)
     bytes.  output may be input or residual itself.
+
+    Kernel: megafuse/_prefill.pxi (mega_fused_attention_prefill_kernel),
+    include/megafuse/mf_gemm.h, include/megafuse/mf_attention.h.
     """
     _prefill(output, input, residual, ln1_gamma, wq, bq, wq_dt, wk, bk, wk_dt, wv, bv, wv_dt,
              wo, bo, wo_dt, kv_cache_k, kv_cache_v, rope_cos, rope_sin, start_pos, tokens,
@@ -483,6 +518,9 @@ def mega_fused_attention_prefill_q8_0(output, input, residual, ln1_gamma, wq, bq
     Q4_0/Q4_1/Q5_0/Q5_1/Q8_0, Q8_K for Q4_K/Q5_K/Q6_K -- and multiplied with integer dot
     products (GGML's vec_dot scheme); FP32/FP16/BF16 weights stay float.  Same layouts;
     scratch: mega_fused_attention_prefill_q8_0_scratch_size(...) bytes.
+
+    Kernel: megafuse/_prefill.pxi (mega_fused_attention_prefill_q8_0_kernel),
+    include/megafuse/mf_quant.h, include/megafuse/mf_attention.h.
     """
     _prefill(output, input, residual, ln1_gamma, wq, bq, wq_dt, wk, bk, wk_dt, wv, bv, wv_dt,
              wo, bo, wo_dt, kv_cache_k, kv_cache_v, rope_cos, rope_sin, start_pos, tokens,
@@ -498,10 +536,12 @@ def mega_fused_outproj_mlp_prefill_scratch_size(tokens, aligned_embed_dim, num_h
                                                 aligned_head_dim, aligned_intermediate_dim):
     """Bytes of scratch mega_fused_outproj_mlp_prefill uses (exactly).
 
-    Per tile of up to 128 tokens (include/megafuse/mf_scratch.h): the tile's attention rows,
-    then its normalised rows [tile, max(H*Da, Ea)] float32 and their quantized copy; the SwiGLU
-    activation [tile, Ia] float32 and its quantized copy.  Nothing grows with the prompt beyond
-    one tile: no [T, I] buffer.
+    Per tile of up to MF_MLP_TOKEN_TILE = 128 tokens (include/megafuse/mf_scratch.h): the tile's
+    attention rows, then its normalised rows [tile, max(H*Da, Ea)] float32 and their quantized
+    copy; the SwiGLU activation [tile, Ia] float32 and its quantized copy.  Nothing grows with
+    the prompt beyond one tile: no [T, I] buffer.
+
+    Kernel: none; the layout is include/megafuse/mf_scratch.h (mf_mlp_scratch_layout).
     """
     values = [_int_arg(v, n) for v, n in ((tokens, "tokens"),
               (aligned_embed_dim, "aligned_embed_dim"), (num_heads, "num_heads"),
@@ -516,7 +556,10 @@ def mega_fused_outproj_mlp_prefill_scratch_size(tokens, aligned_embed_dim, num_h
 
 def mega_fused_mlp_prefill_scratch_size(tokens, aligned_embed_dim, aligned_intermediate_dim):
     """Bytes of scratch mega_fused_mlp_prefill uses (exactly): the tile buffers of
-    mega_fused_outproj_mlp_prefill_scratch_size without the attention rows."""
+    mega_fused_outproj_mlp_prefill_scratch_size without the attention rows.
+
+    Kernel: none; the layout is include/megafuse/mf_scratch.h (mf_mlp_scratch_layout).
+    """
     values = [_int_arg(v, n) for v, n in ((tokens, "tokens"),
               (aligned_embed_dim, "aligned_embed_dim"),
               (aligned_intermediate_dim, "aligned_intermediate_dim"))]
@@ -544,7 +587,7 @@ cdef object _mlp(output, attn_out, input, residual, ln2_gamma, wo, bo, wo_dt, w1
     else:
         num_heads, aligned_head_dim = 0, 0
     cdef Py_ssize_t T = tokens, E = embed_dim, Ea = aligned_embed_dim
-    cdef Py_ssize_t I = intermediate_dim, Ia = aligned_intermediate_dim
+    cdef Py_ssize_t Ia = aligned_intermediate_dim
     cdef Py_ssize_t HDa = <Py_ssize_t>num_heads * aligned_head_dim
     _positive(tokens, "tokens")
     _check_aligned(aligned_embed_dim, embed_dim, "aligned_embed_dim", "embed_dim")
@@ -593,9 +636,17 @@ cdef object _mlp(output, attn_out, input, residual, ln2_gamma, wo, bo, wo_dt, w1
     cdef int nt = tokens, e_ = embed_dim, ea = aligned_embed_dim, h_ = num_heads
     cdef int da = aligned_head_dim, i_ = intermediate_dim, ia = aligned_intermediate_dim
     cdef int threads = _num_threads
+    if with_outproj:
+        with nogil:
+            _K.mega_fused_outproj_mlp_prefill(
+                p_out, p_attn, p_res, p_g, p_wo, p_bo, <CKDataType>o_dt, p_w1, p_b1,
+                <CKDataType>g_dt, p_w2, p_b2, <CKDataType>d_dt, nt, e_, ea, h_, da, i_, ia, eps,
+                p_scratch, threads)
+        return
     with nogil:
-        _K.mlp_prefill(p_out, p_attn, p_in, p_res, p_g, p_wo, p_bo, o_dt, p_w1, p_b1, g_dt, p_w2,
-                       p_b2, d_dt, nt, e_, ea, h_, da, i_, ia, eps, p_scratch, threads)
+        _K.mega_fused_mlp_prefill(
+            p_out, p_in, p_res, p_g, p_w1, p_b1, <CKDataType>g_dt, p_w2, p_b2, <CKDataType>d_dt,
+            nt, e_, ea, i_, ia, eps, p_scratch, threads)
 
 
 def mega_fused_outproj_mlp_prefill(output, attn_out, residual, ln2_gamma, wo, bo, wo_dt, w1,
@@ -612,6 +663,9 @@ def mega_fused_outproj_mlp_prefill(output, attn_out, residual, ln2_gamma, wo, bo
     (K-quants) for integer dot products; FP32/FP16/BF16 weights see float activations.
     residual and biases may be None; output may be residual itself.  scratch:
     mega_fused_outproj_mlp_prefill_scratch_size(...) bytes.
+
+    Kernel: megafuse/_mlp.pxi (mega_fused_outproj_mlp_prefill_kernel),
+    include/megafuse/mf_quant.h, include/megafuse/mf_gemm.h.
     """
     _mlp(output, attn_out, None, residual, ln2_gamma, wo, bo, wo_dt, w1, b1, w1_dt, w2, b2,
          w2_dt, tokens, embed_dim, aligned_embed_dim, num_heads, aligned_head_dim,
@@ -626,6 +680,9 @@ def mega_fused_mlp_prefill(output, input, residual, ln2_gamma, w1, b1, w1_dt, w2
     z = rmsnorm(input, ln2_gamma).  The same kernel as mega_fused_outproj_mlp_prefill, so a
     whole layer is mega_fused_attention_prefill (or _decode) followed by this, usually with
     residual = input = output.  scratch: mega_fused_mlp_prefill_scratch_size(...) bytes.
+
+    Kernel: megafuse/_mlp.pxi (mega_fused_mlp_prefill_kernel), include/megafuse/mf_quant.h,
+    include/megafuse/mf_gemm.h.
     """
     _mlp(output, None, input, residual, ln2_gamma, None, None, 0, w1, b1, w1_dt, w2, b2, w2_dt,
          tokens, embed_dim, aligned_embed_dim, 0, 0, intermediate_dim, aligned_intermediate_dim,
@@ -648,6 +705,8 @@ def mega_fuse_report_stats(hidden, num_layers, seq_len):
       fused traffic         = input read + output written = 2 * 4 * hidden
                               (every intermediate stays in registers, L1 or L2);
     per layer: times seq_len tokens; per model: times num_layers; reduction = unfused / fused.
+
+    Kernel: none; computed here.
     """
     hidden = _int_arg(hidden, "hidden")
     num_layers = _int_arg(num_layers, "num_layers")

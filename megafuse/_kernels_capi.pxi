@@ -16,11 +16,11 @@ cdef void c_mega_fused_attention_decode_workspace(
         float *kv_workspace, size_t kv_workspace_bytes) noexcept nogil:
     cdef int q_tile, kv_tile
     _tiles(head_dim, &q_tile, &kv_tile)
-    _K.attention_decode(output, input, residual, ln1_gamma, wq, bq, wk, bk, wv, bv, wo, bo,
-                        kv_cache_k, kv_cache_v, rope_cos, rope_sin, pos, embed_dim,
-                        aligned_embed_dim, num_heads, num_kv_heads, head_dim, aligned_head_dim,
-                        cache_capacity, eps, q_output_workspace, kv_workspace, kv_tile,
-                        _num_threads)
+    _K.mega_fused_attention_decode_workspace(
+        output, input, residual, ln1_gamma, wq, bq, wk, bk, wv, bv, wo, bo, kv_cache_k,
+        kv_cache_v, rope_cos, rope_sin, pos, embed_dim, aligned_embed_dim, num_heads,
+        num_kv_heads, head_dim, aligned_head_dim, cache_capacity, eps, q_output_workspace,
+        q_output_workspace_bytes, kv_workspace, kv_workspace_bytes, kv_tile, _num_threads)
 
 
 cdef void c_mega_fused_attention_decode(
@@ -52,8 +52,8 @@ cdef void c_mega_fuse_rmsnorm_qkv(
         float *q_out, float *k_out, float *v_out, const float *input, const float *gamma,
         const float *W_qkv, const float *b_qkv, int hidden, int num_heads, int num_kv_heads,
         int head_dim, float eps) noexcept nogil:
-    _K.rmsnorm_qkv_rope(q_out, k_out, v_out, input, gamma, W_qkv, b_qkv, NULL, NULL, 0,
-                        hidden, num_heads, num_kv_heads, head_dim, eps, _num_threads)
+    _K.mega_fuse_rmsnorm_qkv(q_out, k_out, v_out, input, gamma, W_qkv, b_qkv, hidden,
+                             num_heads, num_kv_heads, head_dim, eps, _num_threads)
 
 
 cdef void c_mega_fuse_rmsnorm_qkv_rope(
@@ -61,8 +61,9 @@ cdef void c_mega_fuse_rmsnorm_qkv_rope(
         const float *W_qkv, const float *b_qkv, const float *rope_cos, const float *rope_sin,
         int pos, int hidden, int num_heads, int num_kv_heads, int head_dim, int max_seq,
         float eps) noexcept nogil:
-    _K.rmsnorm_qkv_rope(q_out, k_out, v_out, input, gamma, W_qkv, b_qkv, rope_cos, rope_sin,
-                        pos, hidden, num_heads, num_kv_heads, head_dim, eps, _num_threads)
+    _K.mega_fuse_rmsnorm_qkv_rope(q_out, k_out, v_out, input, gamma, W_qkv, b_qkv, rope_cos,
+                                  rope_sin, pos, hidden, num_heads, num_kv_heads, head_dim,
+                                  max_seq, eps, _num_threads)
 
 
 cdef void c_mega_fuse_get_optimal_tiles(int *q_tile, int *kv_tile, int head_dim) noexcept nogil:

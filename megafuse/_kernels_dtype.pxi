@@ -15,6 +15,20 @@ _BF16_ARRAYS = (np.dtype(np.uint16),)                   # bfloat16 bits
 _BLOCK_ARRAYS = (np.dtype(np.uint8),)                   # the bytes of GGML blocks
 
 
+# megafuse.CKDataType is defined once, in Python (megafuse/_dtype.py: the reference imports it
+# without the compiled modules); here, at import, it is held against the header's enum.
+_HEADER_DTYPES = {
+    "FP32": ckdt.CK_DT_FP32, "BF16": ckdt.CK_DT_BF16, "FP16": ckdt.CK_DT_FP16,
+    "INT8": ckdt.CK_DT_INT8, "INT4": ckdt.CK_DT_INT4, "Q4_0": ckdt.CK_DT_Q4_0,
+    "Q4_1": ckdt.CK_DT_Q4_1, "Q4_K": ckdt.CK_DT_Q4_K, "Q6_K": ckdt.CK_DT_Q6_K,
+    "Q8_0": ckdt.CK_DT_Q8_0, "Q8_K": ckdt.CK_DT_Q8_K, "Q5_0": ckdt.CK_DT_Q5_0,
+    "Q5_1": ckdt.CK_DT_Q5_1, "Q5_K": ckdt.CK_DT_Q5_K, "COUNT": ckdt.CK_DT_COUNT,
+}
+if {m.name: int(m) for m in _CKDataType} != _HEADER_DTYPES:
+    raise ImportError(f"megafuse/_dtype.py: CKDataType {dict(_CKDataType.__members__)} differs "
+                      f"from include/megafuse/ckernel_dtype.h {_HEADER_DTYPES}")
+
+
 cdef tuple _storage_dtypes(int dt):
     """The NumPy dtypes that may hold weights of format dt."""
     if dt == ckdt.CK_DT_FP32:
@@ -24,6 +38,12 @@ cdef tuple _storage_dtypes(int dt):
     if dt == ckdt.CK_DT_BF16:
         return _BF16_ARRAYS
     return _BLOCK_ARRAYS
+
+
+def _weight_storage(dt):
+    """The NumPy dtypes that may hold weights of format dt (megafuse.layer checks a layer's
+    weights with this table when it is built)."""
+    return _storage_dtypes(_weight_dtype_arg(dt, "dt"))
 
 
 cdef str _dtype_name(int dt):

@@ -4,8 +4,7 @@
 # R = rows (the product of the leading dimensions), C = the last dimension,
 # RB = ck_dtype_row_bytes(dtype, C).
 
-cdef extern from "megafuse/mf_quant.h" nogil:
-    size_t mf_activation_row_bytes(int dt, size_t n)
+from megafuse._mf_quant cimport mf_activation_row_bytes
 
 
 cdef object _float_rows(object x, str name, int dt):
@@ -90,6 +89,8 @@ def quantize(x, dtype):
     The bytes equal gguf.quants.quantize for every format gguf implements (Q4_0, Q4_1, Q5_0,
     Q5_1, Q8_0, F16, BF16); Q4_K, Q5_K, Q6_K follow GGML's quantize_row_q*_K_ref.  NaN / Inf in
     x are not errors.  Parallel over rows (and chunks of long rows); the GIL is released.
+
+    Kernel: megafuse/_quant.pxi (quantize_kernel), include/megafuse/mf_quant.h.
     """
     cdef int dt = _weight_dtype_arg(dtype, "dtype")
     x = _float_rows(x, "x", dt)
@@ -106,7 +107,7 @@ def quantize(x, dtype):
     cdef void *pout = cnp.PyArray_DATA(<cnp.ndarray>out)
     cdef int nt = _num_threads
     with nogil:
-        _K.quantize_rows(px, pout, rows, cols, dt, nt)
+        _K.quantize(px, pout, rows, cols, dt, nt)
     return out
 
 
@@ -122,6 +123,8 @@ def dequantize(blob, dtype, shape):
 
     Bit-exact with gguf.quants.dequantize (GGML's dequantize_row_*).  Parallel over rows; the GIL
     is released.
+
+    Kernel: megafuse/_quant.pxi (dequantize_kernel), include/megafuse/mf_quant.h.
     """
     cdef int dt = _weight_dtype_arg(dtype, "dtype")
     dims = _shape_arg(shape, dt)
@@ -136,7 +139,7 @@ def dequantize(blob, dtype, shape):
     cdef float *pout = <float *>cnp.PyArray_DATA(<cnp.ndarray>out)
     cdef int nt = _num_threads
     with nogil:
-        _K.dequantize_rows(pb, pout, rows, cols, dt, nt)
+        _K.dequantize(pb, pout, rows, cols, dt, nt)
     return out
 
 
@@ -154,7 +157,10 @@ def _row_dot(w_row_blob, dtype, x, quantized_activations=False):
 def _rows_dot(w_blob, dtype, x, quantized_activations=False, rows=None):
     """Testing / benchmark hook: out[r] = w[r] . x for every row of a weight matrix w_blob of
     `rows` rows (default: as many whole rows of x.size weights as it holds), by the float or the
-    int8 path (see _row_dot).  Parallel over rows.  Returns float32 [rows]."""
+    int8 path (see _row_dot).  Parallel over rows.  Returns float32 [rows].
+
+    Kernel: megafuse/_quant.pxi (rows_dot_kernel), include/megafuse/mf_quant.h.
+    """
     cdef int dt = _weight_dtype_arg(dtype, "dtype")
     x = _float_rows(x, "x", dt)
     if x.ndim != 1:
@@ -177,14 +183,17 @@ def _rows_dot(w_blob, dtype, x, quantized_activations=False, rows=None):
     cdef float *po = <float *>cnp.PyArray_DATA(<cnp.ndarray>out)
     cdef int nt = _num_threads
     with nogil:
-        _K.row_dot(pw, dt, px, R, n, quantized, ps, po, nt)
+        _K.rows_dot(pw, dt, px, R, n, quantized, ps, po, nt)
     return out
 
 
 def _quantize_activations(x, dtype):
     """Testing hook: the activation rows the int8 path makes from float32 rows x (last dimension
     C) for weights of format dtype -- Q8_0 blocks (32-weight formats), Q8_K blocks (K-quants) or
-    the float32 bytes (FP32/FP16/BF16) -- as a uint8 array of shape x.shape[:-1] + (row bytes,)."""
+    the float32 bytes (FP32/FP16/BF16) -- as a uint8 array of shape x.shape[:-1] + (row bytes,).
+
+    Kernel: megafuse/_quant.pxi (quantize_activations_kernel), include/megafuse/mf_quant.h.
+    """
     cdef int dt = _weight_dtype_arg(dtype, "dtype")
     x = _float_rows(x, "x", dt)
     cdef Py_ssize_t cols = x.shape[x.ndim - 1]

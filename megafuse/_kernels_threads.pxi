@@ -37,6 +37,10 @@ def get_num_threads():
 
 # ---- tiles -------------------------------------------------------------------------------------
 
+cdef extern from "megafuse/mega_fused_attention.h" nogil:
+    enum: MEGA_FUSE_Q_TILE            # the header's tiles, where the OS does not tell cache sizes
+    enum: MEGA_FUSE_KV_TILE
+
 cdef Py_ssize_t _l1d_bytes = 0, _l2_bytes = 0
 _l1d_bytes, _l2_bytes = _simd.cache_sizes()
 cdef int _q_tile_override = 0, _kv_tile_override = 0
@@ -61,16 +65,17 @@ cdef void _tiles_from_cache_sizes(Py_ssize_t l1d, Py_ssize_t l2, int head_dim, i
       of V) stays in L1 while the queries stream over it;
     q_tile: a query tile, its accumulators (2 * head_dim floats a row) and a row of kv_tile scores
       fill half of L2.
-    Both rounded down to a power of two, kv_tile in [16, 256], q_tile in [16, 128].  Where the OS
-    does not tell the cache sizes: the header's defaults MEGA_FUSE_Q_TILE = MEGA_FUSE_KV_TILE = 64.
+    Both rounded down to a power of two, kv_tile in [16, MF_ATT_MAX_KV_TILE], q_tile in
+    [16, MF_MAX_Q_TILE].  Where the OS does not tell the cache sizes: the header's defaults
+    MEGA_FUSE_Q_TILE and MEGA_FUSE_KV_TILE.
     """
     cdef Py_ssize_t d = head_dim if head_dim > 0 else 1
     cdef Py_ssize_t kv
     if l1d <= 0 or l2 <= 0:
-        q_tile[0] = 64
-        kv_tile[0] = 64
+        q_tile[0] = MEGA_FUSE_Q_TILE
+        kv_tile[0] = MEGA_FUSE_KV_TILE
         return
-    kv = _clamp(_floor_pow2((l1d // 2) // (d * 4)), 16, MF_MAX_KV_TILE)
+    kv = _clamp(_floor_pow2((l1d // 2) // (d * 4)), 16, MF_ATT_MAX_KV_TILE)
     kv_tile[0] = <int>kv
     q_tile[0] = <int>_clamp(_floor_pow2((l2 // 2) // ((2 * d + kv) * 4)), 16, MF_MAX_Q_TILE)
 
@@ -98,7 +103,7 @@ def _set_tile_override(q_tile=None, kv_tile=None):
     if q_tile is None and kv_tile is None:
         _q_tile_override = _kv_tile_override = 0
         return
-    if not (1 <= int(kv_tile) <= MF_MAX_KV_TILE and 1 <= int(q_tile) <= MF_MAX_Q_TILE):
+    if not (1 <= int(kv_tile) <= MF_ATT_MAX_KV_TILE and 1 <= int(q_tile) <= MF_MAX_Q_TILE):
         raise ValueError(f"tiles: expected q_tile in 1..{MF_MAX_Q_TILE} and kv_tile in "
-                         f"1..{MF_MAX_KV_TILE}, got {q_tile}, {kv_tile}")
+                         f"1..{MF_ATT_MAX_KV_TILE}, got {q_tile}, {kv_tile}")
     _q_tile_override, _kv_tile_override = int(q_tile), int(kv_tile)

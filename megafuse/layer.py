@@ -32,9 +32,12 @@ DTypeLike = Union[CKDataType, int, str]
 #: The weights of a layer, in the order of the header's arguments.
 WEIGHT_NAMES: Tuple[str, ...] = ("wq", "wk", "wv", "wo", "w1", "w2")
 BIAS_NAMES: Tuple[str, ...] = ("bq", "bk", "bv", "bo", "b1", "b2")
-_WEIGHT_FORMATS = (CKDataType.FP32, CKDataType.FP16, CKDataType.BF16, CKDataType.Q4_0,
-                   CKDataType.Q4_1, CKDataType.Q5_0, CKDataType.Q5_1, CKDataType.Q8_0,
-                   CKDataType.Q4_K, CKDataType.Q5_K, CKDataType.Q6_K)
+# the formats a `w, w_dt` argument accepts: the header's CK_DT_WEIGHT_FORMATS mask, by block size
+_kernels: Any = importlib.import_module("megafuse._kernels")     # (private: not in the stubs)
+_WEIGHT_FORMATS = tuple(sorted(
+    (dt for dt in CKDataType
+     if dt != CKDataType.COUNT and _mf.ck_dtype_supported(_kernels.WEIGHT_FORMATS_MASK, dt)),
+    key=lambda dt: (_mf.ck_dtype_block_size(dt), dt.name)))
 
 
 def as_weight_format(dt: DTypeLike, name: str = "dtype") -> CKDataType:
@@ -98,13 +101,8 @@ def _positive_int(value: Any, name: str) -> int:
 
 
 def _storage_dtypes(dt: CKDataType) -> Tuple[np.dtype[Any], ...]:
-    if dt == CKDataType.FP32:
-        return (np.dtype(np.float32),)
-    if dt == CKDataType.FP16:
-        return (np.dtype(np.float16), np.dtype(np.uint16))
-    if dt == CKDataType.BF16:
-        return (np.dtype(np.uint16),)
-    return (np.dtype(np.uint8),)
+    """The NumPy dtypes that may hold a weight of format dt (the kernels' own table)."""
+    return tuple(_kernels._weight_storage(dt))
 
 
 def _aligned_bytes(nbytes: int, align: int = 64) -> npt.NDArray[np.uint8]:

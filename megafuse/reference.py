@@ -19,9 +19,9 @@ Conventions (the same for every function):
 * Validation (docs/contract.md §5) is NOT done here: the only ``assert``s are there to make a
   mistake in a test obvious.
 
-This module imports only NumPy and the standard library; it never imports the compiled
-megafuse modules (its ``CKDataType`` is its own IntEnum with the upstream values, so it
-compares equal, by int value, with ``megafuse.CKDataType``).
+This module imports NumPy, the standard library and, of megafuse, only ``megafuse._dtype``
+(the one definition of ``CKDataType``, plain Python): none of its math comes from the compiled
+modules.
 
 Dimension letters used throughout (docs/contract.md §3):
 
@@ -31,7 +31,6 @@ Dimension letters used throughout (docs/contract.md §3):
     T  = tokens              C  = cache_capacity
     I  = intermediate_dim    Ia = aligned_intermediate_dim
 """
-from enum import IntEnum
 import glob
 import math
 import os
@@ -39,25 +38,7 @@ import sys
 
 import numpy as np
 
-
-class CKDataType(IntEnum):
-    """The upstream ``ckernel_dtype.h`` enum (docs/contract.md §2), same values."""
-    FP32 = 0
-    BF16 = 1
-    FP16 = 2
-    INT8 = 3
-    INT4 = 4
-    Q4_0 = 5
-    Q4_1 = 6
-    Q4_K = 7
-    Q6_K = 8
-    Q8_0 = 9
-    Q8_K = 10
-    Q5_0 = 11
-    Q5_1 = 12
-    Q5_K = 13
-    COUNT = 14
-
+from megafuse._dtype import CKDataType
 
 DT = CKDataType
 
