@@ -26,6 +26,8 @@ from megafuse._kernels import (  # noqa: F401
     mega_fused_outproj_mlp_prefill_scratch_size,
     mega_fused_mlp_prefill,
     mega_fused_mlp_prefill_scratch_size,
+    mega_fused_outproj_mlp_prefill_f32,
+    mega_fused_mlp_prefill_f32,
     mega_fuse_rmsnorm_qkv,
     mega_fuse_rmsnorm_qkv_rope,
     mega_fuse_get_optimal_tiles,
@@ -56,6 +58,7 @@ __all__ = [
     "mega_fused_attention_prefill_scratch_size", "mega_fused_attention_prefill_q8_0_scratch_size",
     "mega_fused_outproj_mlp_prefill", "mega_fused_outproj_mlp_prefill_scratch_size",
     "mega_fused_mlp_prefill", "mega_fused_mlp_prefill_scratch_size",
+    "mega_fused_outproj_mlp_prefill_f32", "mega_fused_mlp_prefill_f32",
     "mega_fuse_rmsnorm_qkv", "mega_fuse_rmsnorm_qkv_rope", "mega_fuse_get_optimal_tiles",
     "mega_fuse_report_stats",
     # weight formats

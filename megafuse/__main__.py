@@ -144,7 +144,7 @@ def run_bench(args, out=None):
         progress("megafuse bench: checking against megafuse.reference (float64)")
         time.sleep(0.1)                   # (OpenBLAS threads spin briefly after numpy calls)
         from megafuse.reference import rel_err
-        want = layer.reference(x[:T + K])
+        want = layer.reference(x[:T + K], quantize_activations=False)   # pure float math
         err_prefill = rel_err(prefill_out, want[:T])
         err_decode = rel_err(np.stack(decode_out), want[T:]) if K else None
     progress.done()

@@ -22,7 +22,7 @@ cdef extern from "megafuse/mf_attention.h" nogil:
 
 # Bump when a slot is added or a signature changes: a level module of another version is refused.
 cdef enum:
-    KERNEL_TABLE_VERSION = 3
+    KERNEL_TABLE_VERSION = 4
     MF_MAX_Q_TILE = 128       # upper bound of the query tile (its softmax state lives on the stack)
 
 ctypedef void (*mega_fused_attention_decode_workspace_fn)(
@@ -87,6 +87,7 @@ ctypedef void (*mega_fused_attention_prefill_fn)(
     void *scratch,                # include/megafuse/mf_scratch.h layout
     int q_tile, int kv_tile, int num_threads) noexcept nogil
 
+# mega_fused_outproj_mlp_prefill and mega_fused_outproj_mlp_prefill_f32
 ctypedef void (*mega_fused_outproj_mlp_prefill_fn)(
     float *output,                # [T, Ea]
     const float *attn_out,        # [H, T, Da] head-major
@@ -100,6 +101,7 @@ ctypedef void (*mega_fused_outproj_mlp_prefill_fn)(
     void *scratch,                # include/megafuse/mf_scratch.h layout
     int num_threads) noexcept nogil
 
+# mega_fused_mlp_prefill and mega_fused_mlp_prefill_f32
 ctypedef void (*mega_fused_mlp_prefill_fn)(
     float *output,                # [T, Ea]
     const float *input,           # [T, Ea]
@@ -149,6 +151,8 @@ ctypedef struct KernelTable:
     mega_fused_attention_prefill_fn mega_fused_attention_prefill_q8_0
     mega_fused_outproj_mlp_prefill_fn mega_fused_outproj_mlp_prefill
     mega_fused_mlp_prefill_fn mega_fused_mlp_prefill
+    mega_fused_outproj_mlp_prefill_fn mega_fused_outproj_mlp_prefill_f32
+    mega_fused_mlp_prefill_fn mega_fused_mlp_prefill_f32
     # the format API (megafuse/_kernels_format.pxi)
     quantize_fn quantize
     dequantize_fn dequantize

@@ -31,7 +31,7 @@ import numpy as np
 from megafuse import _simd
 from megafuse._kernel_table cimport (
     KernelTable, KERNEL_TABLE_VERSION, MF_ATT_MAX_KV_TILE, MF_MAX_Q_TILE,
-    mega_fused_attention_prefill_fn)
+    mega_fused_attention_prefill_fn, mega_fused_outproj_mlp_prefill_fn, mega_fused_mlp_prefill_fn)
 from megafuse._ckernel_dtype cimport CKDataType
 from megafuse cimport _mf_scratch as scr
 
@@ -572,8 +572,10 @@ def mega_fused_mlp_prefill_scratch_size(tokens, aligned_embed_dim, aligned_inter
 cdef object _mlp(output, attn_out, input, residual, ln2_gamma, wo, bo, wo_dt, w1, b1, w1_dt, w2,
                  b2, w2_dt, tokens, embed_dim, aligned_embed_dim, num_heads, aligned_head_dim,
                  intermediate_dim, aligned_intermediate_dim, float eps, scratch,
-                 bint with_outproj):
-    """Validate either MLP entry (docs/contract.md §5), then run the one kernel behind both."""
+                 bint with_outproj, bint int8_path):
+    """Validate any of the four MLP entries (docs/contract.md §5), then run its kernel:
+    with_outproj (attn_out, wo) or not (token-major input); int8_path (quantized activations
+    for block-format weights) or float32 activations throughout."""
     tokens = _int_arg(tokens, "tokens")
     embed_dim = _int_arg(embed_dim, "embed_dim")
     aligned_embed_dim = _int_arg(aligned_embed_dim, "aligned_embed_dim")
@@ -636,17 +638,19 @@ cdef object _mlp(output, attn_out, input, residual, ln2_gamma, wo, bo, wo_dt, w1
     cdef int nt = tokens, e_ = embed_dim, ea = aligned_embed_dim, h_ = num_heads
     cdef int da = aligned_head_dim, i_ = intermediate_dim, ia = aligned_intermediate_dim
     cdef int threads = _num_threads
+    cdef mega_fused_outproj_mlp_prefill_fn outproj_kernel = (
+        _K.mega_fused_outproj_mlp_prefill if int8_path else _K.mega_fused_outproj_mlp_prefill_f32)
+    cdef mega_fused_mlp_prefill_fn mlp_kernel = (
+        _K.mega_fused_mlp_prefill if int8_path else _K.mega_fused_mlp_prefill_f32)
     if with_outproj:
         with nogil:
-            _K.mega_fused_outproj_mlp_prefill(
-                p_out, p_attn, p_res, p_g, p_wo, p_bo, <CKDataType>o_dt, p_w1, p_b1,
-                <CKDataType>g_dt, p_w2, p_b2, <CKDataType>d_dt, nt, e_, ea, h_, da, i_, ia, eps,
-                p_scratch, threads)
+            outproj_kernel(p_out, p_attn, p_res, p_g, p_wo, p_bo, <CKDataType>o_dt, p_w1, p_b1,
+                           <CKDataType>g_dt, p_w2, p_b2, <CKDataType>d_dt, nt, e_, ea, h_, da,
+                           i_, ia, eps, p_scratch, threads)
         return
     with nogil:
-        _K.mega_fused_mlp_prefill(
-            p_out, p_in, p_res, p_g, p_w1, p_b1, <CKDataType>g_dt, p_w2, p_b2, <CKDataType>d_dt,
-            nt, e_, ea, i_, ia, eps, p_scratch, threads)
+        mlp_kernel(p_out, p_in, p_res, p_g, p_w1, p_b1, <CKDataType>g_dt, p_w2, p_b2,
+                   <CKDataType>d_dt, nt, e_, ea, i_, ia, eps, p_scratch, threads)
 
 
 def mega_fused_outproj_mlp_prefill(output, attn_out, residual, ln2_gamma, wo, bo, wo_dt, w1,
@@ -669,7 +673,7 @@ def mega_fused_outproj_mlp_prefill(output, attn_out, residual, ln2_gamma, wo, bo
     """
     _mlp(output, attn_out, None, residual, ln2_gamma, wo, bo, wo_dt, w1, b1, w1_dt, w2, b2,
          w2_dt, tokens, embed_dim, aligned_embed_dim, num_heads, aligned_head_dim,
-         intermediate_dim, aligned_intermediate_dim, eps, scratch, True)
+         intermediate_dim, aligned_intermediate_dim, eps, scratch, True, True)
 
 
 def mega_fused_mlp_prefill(output, input, residual, ln2_gamma, w1, b1, w1_dt, w2, b2, w2_dt,
@@ -686,7 +690,43 @@ def mega_fused_mlp_prefill(output, input, residual, ln2_gamma, w1, b1, w1_dt, w2
     """
     _mlp(output, None, input, residual, ln2_gamma, None, None, 0, w1, b1, w1_dt, w2, b2, w2_dt,
          tokens, embed_dim, aligned_embed_dim, 0, 0, intermediate_dim, aligned_intermediate_dim,
-         eps, scratch, False)
+         eps, scratch, False, True)
+
+
+def mega_fused_outproj_mlp_prefill_f32(output, attn_out, residual, ln2_gamma, wo, bo, wo_dt, w1,
+                                       b1, w1_dt, w2, b2, w2_dt, tokens, embed_dim,
+                                       aligned_embed_dim, num_heads, aligned_head_dim,
+                                       intermediate_dim, aligned_intermediate_dim, float eps,
+                                       scratch):
+    """mega_fused_outproj_mlp_prefill with float32 activations (a megafuse addition to the
+    header): the same parameters, layouts, math and scratch
+    (mega_fused_outproj_mlp_prefill_scratch_size), but every projection multiplies float32
+    activations -- block-format weights are dequantized as they are read, as
+    mega_fused_attention_prefill does, so the result matches a float reference on the
+    dequantized weights.  The quantized regions of the scratch are not touched.
+
+    Kernel: megafuse/_mlp.pxi (mega_fused_outproj_mlp_prefill_f32_kernel),
+    include/megafuse/mf_gemm.h, include/megafuse/mf_quant.h.
+    """
+    _mlp(output, attn_out, None, residual, ln2_gamma, wo, bo, wo_dt, w1, b1, w1_dt, w2, b2,
+         w2_dt, tokens, embed_dim, aligned_embed_dim, num_heads, aligned_head_dim,
+         intermediate_dim, aligned_intermediate_dim, eps, scratch, True, False)
+
+
+def mega_fused_mlp_prefill_f32(output, input, residual, ln2_gamma, w1, b1, w1_dt, w2, b2, w2_dt,
+                               tokens, embed_dim, aligned_embed_dim, intermediate_dim,
+                               aligned_intermediate_dim, float eps, scratch):
+    """mega_fused_mlp_prefill with float32 activations (a megafuse addition to the header):
+    the same parameters, layouts, math and scratch (mega_fused_mlp_prefill_scratch_size), every
+    projection on float32 activations (block-format weights dequantized as they are read).  A
+    layer of float activations is mega_fused_attention_prefill followed by this.
+
+    Kernel: megafuse/_mlp.pxi (mega_fused_mlp_prefill_f32_kernel), include/megafuse/mf_gemm.h,
+    include/megafuse/mf_quant.h.
+    """
+    _mlp(output, None, input, residual, ln2_gamma, None, None, 0, w1, b1, w1_dt, w2, b2, w2_dt,
+         tokens, embed_dim, aligned_embed_dim, 0, 0, intermediate_dim, aligned_intermediate_dim,
+         eps, scratch, False, False)
 
 
 # --------------------------------------------------------------------------------------------

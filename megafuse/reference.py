@@ -765,6 +765,30 @@ def mega_fused_mlp_prefill_scratch_size(tokens, aligned_embed_dim, aligned_inter
     return 0
 
 
+def mega_fused_outproj_mlp_prefill_f32(output, attn_out, residual, ln2_gamma,
+                                       wo, bo, wo_dt, w1, b1, w1_dt, w2, b2, w2_dt,
+                                       tokens, embed_dim, aligned_embed_dim, num_heads,
+                                       aligned_head_dim, intermediate_dim,
+                                       aligned_intermediate_dim, eps, scratch):
+    """(Beyond the header.)  ``mega_fused_outproj_mlp_prefill`` with float activations
+    throughout: the same math with ``quantize_activations=False``."""
+    mega_fused_outproj_mlp_prefill(output, attn_out, residual, ln2_gamma, wo, bo, wo_dt, w1, b1,
+                                   w1_dt, w2, b2, w2_dt, tokens, embed_dim, aligned_embed_dim,
+                                   num_heads, aligned_head_dim, intermediate_dim,
+                                   aligned_intermediate_dim, eps, scratch,
+                                   quantize_activations=False)
+
+
+def mega_fused_mlp_prefill_f32(output, input, residual, ln2_gamma, w1, b1, w1_dt, w2, b2,
+                               w2_dt, tokens, embed_dim, aligned_embed_dim, intermediate_dim,
+                               aligned_intermediate_dim, eps, scratch):
+    """(Beyond the header.)  ``mega_fused_mlp_prefill`` with float activations throughout:
+    the same math with ``quantize_activations=False``."""
+    mega_fused_mlp_prefill(output, input, residual, ln2_gamma, w1, b1, w1_dt, w2, b2, w2_dt,
+                           tokens, embed_dim, aligned_embed_dim, intermediate_dim,
+                           aligned_intermediate_dim, eps, scratch, quantize_activations=False)
+
+
 def _rmsnorm_qkv(q_out, k_out, v_out, input, gamma, W_qkv, b_qkv, rope_cos, rope_sin, pos,
                  hidden, H, G, D, eps):
     """RMSNorm -> one fused [(H+2G)*D, hidden] projection -> split (-> RoPE) for one token."""
@@ -930,6 +954,7 @@ __all__ = [
     'mega_fused_attention_prefill_scratch_size', 'mega_fused_attention_prefill_q8_0_scratch_size',
     'mega_fused_outproj_mlp_prefill', 'mega_fused_outproj_mlp_prefill_scratch_size',
     'mega_fused_mlp_prefill', 'mega_fused_mlp_prefill_scratch_size',
+    'mega_fused_outproj_mlp_prefill_f32', 'mega_fused_mlp_prefill_f32',
     'mega_fuse_rmsnorm_qkv', 'mega_fuse_rmsnorm_qkv_rope',
     'mega_fuse_get_optimal_tiles', 'optimal_tiles_from_cache_sizes', 'cpu_cache_sizes',
     'floor_pow2', 'mega_fuse_report_stats',

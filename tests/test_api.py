@@ -16,7 +16,8 @@ SHARED = os.path.join(HERE, "..", "..", "shared")
 HEADER = os.path.join(megafuse.get_include(), "megafuse", "mega_fused_attention.h")
 
 # megafuse's additions to the header (declared beside the seed's functions)
-ADDITIONS = {"mega_fused_mlp_prefill", "mega_fused_mlp_prefill_scratch_size"}
+ADDITIONS = {"mega_fused_mlp_prefill", "mega_fused_mlp_prefill_scratch_size",
+             "mega_fused_outproj_mlp_prefill_f32", "mega_fused_mlp_prefill_f32"}
 
 
 def header_declarations():

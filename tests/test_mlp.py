@@ -277,3 +277,120 @@ def test_decoder_layer_through_outproj_mlp():
         out2, h1, h1, gamma, w["w1"], None, 0, w["w2"], None, 0, T, E, E, I, I, 1e-6,
         np.zeros(megafuse.mega_fused_mlp_prefill_scratch_size(T, E, I), np.uint8))
     assert rel_err(out, out2) < TOL["float"]
+
+
+# ---- float activations: mega_fused_outproj_mlp_prefill_f32, mega_fused_mlp_prefill_f32 -------
+
+F32_ENTRIES = {
+    "outproj_mlp": (megafuse.mega_fused_outproj_mlp_prefill_f32,
+                    reference.mega_fused_outproj_mlp_prefill_f32,
+                    megafuse.mega_fused_outproj_mlp_prefill, outproj_mlp_case),
+    "mlp": (megafuse.mega_fused_mlp_prefill_f32, reference.mega_fused_mlp_prefill_f32,
+            megafuse.mega_fused_mlp_prefill, mlp_case),
+}
+
+
+def f32_case(entry, shape, T, fmt, **kw):
+    formats = {"wo": fmt, "w1": fmt, "w2": fmt} if entry == "outproj_mlp" else {"w1": fmt,
+                                                                                 "w2": fmt}
+    return F32_ENTRIES[entry][3](shape, T, formats, **kw)
+
+
+def run_f32(entry, args):
+    """(kernel, float64 reference) results of the float-activation entry."""
+    kernel, ref, _, _ = F32_ENTRIES[entry]
+    got, want = copy_args(args), copy_args(args)
+    kernel(**got)
+    ref(**want)
+    return got, want
+
+
+@pytest.mark.parametrize("entry", list(F32_ENTRIES))
+@pytest.mark.parametrize("fmt", WEIGHT_FORMATS)
+@pytest.mark.parametrize("T", [1, 5, 64, 200])
+def test_f32_every_format_matches_the_float_reference(simd_level, entry, fmt, T):
+    """Float activations through every projection: within TOL["float"] of the float64 reference
+    on the dequantized weights, quantized weights included (the int8 path is 1e-3 .. 1e-2 away
+    from it for those: quantizing the activations would fail here)."""
+    got, want = run_f32(entry, f32_case(entry, SMALL_256, T, fmt))
+    assert rel_err(got["output"], want["output"]) < TOL["float"]
+
+
+@pytest.mark.parametrize("entry", list(F32_ENTRIES))
+@pytest.mark.parametrize("fmt", ["Q4_0", "Q8_0", "FP16", "BF16"])
+@pytest.mark.parametrize("option", ["padded", "no_bias", "no_residual"])
+def test_f32_options(simd_level, entry, fmt, option):
+    """Padded dims (E < Ea, Da > head dims, I < Ia), no bias, no residual."""
+    kw = {"bias": option != "no_bias", "residual": option != "no_residual"}
+    got, want = run_f32(entry, f32_case(entry, PADDED, 9, fmt, **kw))
+    assert rel_err(got["output"], want["output"]) < TOL["float"]
+    E, Ea = PADDED[1], PADDED[2]
+    assert np.all(got["output"][:, E:] == 0.0)                 # padding columns written as 0
+
+
+@pytest.mark.parametrize("entry", list(F32_ENTRIES))
+@pytest.mark.parametrize("fmt", ["FP32", "FP16", "BF16"])
+def test_f32_equals_the_int8_entry_for_float_weights(entry, fmt):
+    """With float weights the int8 entry never quantizes either: both are bitwise the same."""
+    args = f32_case(entry, SMALL_256, 70, fmt)
+    a, b = copy_args(args), copy_args(args)
+    F32_ENTRIES[entry][0](**a)
+    F32_ENTRIES[entry][2](**b)
+    assert np.array_equal(a["output"], b["output"])
+
+
+@pytest.mark.parametrize("entry", list(F32_ENTRIES))
+def test_f32_differs_from_the_int8_entry_for_block_weights(entry):
+    args = f32_case(entry, SMALL_256, 8, "Q4_K")
+    a, b = copy_args(args), copy_args(args)
+    F32_ENTRIES[entry][0](**a)
+    F32_ENTRIES[entry][2](**b)
+    assert rel_err(a["output"], b["output"]) > 10 * TOL["float"]
+
+
+@pytest.mark.parametrize("entry", list(F32_ENTRIES))
+@pytest.mark.parametrize("fmt", ["Q5_K", "Q5_1", "BF16"])
+def test_f32_one_two_three_threads_bitwise_equal(simd_level, threads, entry, fmt):
+    args = f32_case(entry, SMALL_256, 150, fmt)
+    outs = []
+    for n in (1, 2, 3):
+        megafuse.set_num_threads(n)
+        run = copy_args(args)
+        F32_ENTRIES[entry][0](**run)
+        outs.append(run["output"])
+    assert np.array_equal(outs[0], outs[1]) and np.array_equal(outs[0], outs[2])
+
+
+@pytest.mark.parametrize("entry", list(F32_ENTRIES))
+def test_f32_scratch_guard_bytes_and_output_may_alias(entry):
+    """The shared scratch-size helper's bytes are enough and nothing past them is touched; the
+    result does not depend on the scratch's contents; output may be residual (or input)."""
+    args = f32_case(entry, SMALL_256, 45, "Q6_K")
+    kernel = F32_ENTRIES[entry][0]
+    need = args["scratch"].nbytes
+    outputs = []
+    for fill in (0, 0xFF, 0x3C):
+        run = copy_args(args)
+        run["scratch"] = np.full(need + 4096, fill, np.uint8)
+        kernel(**run)
+        assert np.all(run["scratch"][need:] == fill)
+        outputs.append(run["output"])
+    assert np.array_equal(outputs[0], outputs[1]) and np.array_equal(outputs[0], outputs[2])
+    in_place = copy_args(args)
+    in_place["output"] = in_place["residual"]
+    kernel(**in_place)
+    assert np.array_equal(in_place["residual"], outputs[0])
+
+
+@pytest.mark.parametrize("entry", list(F32_ENTRIES))
+def test_f32_validates_like_the_int8_entry(entry):
+    args = f32_case(entry, SMALL_256, 4, "Q8_0")
+    args["scratch"] = args["scratch"][:-1].copy()
+    with pytest.raises(ValueError, match="scratch"):
+        F32_ENTRIES[entry][0](**args)
+    args = f32_case(entry, SMALL_256, 4, "Q8_0")
+    args["w1_dt"] = megafuse.CK_DT_Q8_K
+    before = args["output"].tobytes()
+    with pytest.raises(ValueError, match="w1_dt"):
+        F32_ENTRIES[entry][0](**args)
+    assert args["output"].tobytes() == before
