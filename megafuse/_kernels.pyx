@@ -19,6 +19,7 @@
 
 cimport numpy as cnp
 from cpython.pycapsule cimport PyCapsule_GetPointer
+from cpython.pyport cimport PY_SSIZE_T_MAX
 from libc.stdlib cimport malloc, free
 from libc.math cimport NAN
 
@@ -112,17 +113,23 @@ cdef object _check_decode(output, input, residual, ln1_gamma, wq, bq, wk, bk, wv
     _array(input, "input", _F32, Ea, "[aligned_embed_dim]")
     _optional(residual, "residual", _F32, Ea, "[aligned_embed_dim]")
     _array(ln1_gamma, "ln1_gamma", _F32, E, "[embed_dim]")
-    _array(wq, "wq", _F32, H * Da * Ea, "[num_heads*aligned_head_dim, aligned_embed_dim]")
-    _optional(bq, "bq", _F32, H * Da, "[num_heads*aligned_head_dim]")
-    _array(wk, "wk", _F32, G * Da * Ea, "[num_kv_heads*aligned_head_dim, aligned_embed_dim]")
-    _optional(bk, "bk", _F32, G * Da, "[num_kv_heads*aligned_head_dim]")
-    _array(wv, "wv", _F32, G * Da * Ea, "[num_kv_heads*aligned_head_dim, aligned_embed_dim]")
-    _optional(bv, "bv", _F32, G * Da, "[num_kv_heads*aligned_head_dim]")
-    _array(wo, "wo", _F32, Ea * H * Da, "[aligned_embed_dim, num_heads*aligned_head_dim]")
+    q_rows, kv_rows = "[num_heads*aligned_head_dim]", "[num_kv_heads*aligned_head_dim]"
+    cdef Py_ssize_t HDa = _count("bq", q_rows, H, Da), GDa = _count("bk", kv_rows, G, Da)
+    shape = "[num_heads*aligned_head_dim, aligned_embed_dim]"
+    _array(wq, "wq", _F32, _count("wq", shape, H, Da, Ea), shape)
+    _optional(bq, "bq", _F32, HDa, q_rows)
+    shape = "[num_kv_heads*aligned_head_dim, aligned_embed_dim]"
+    _array(wk, "wk", _F32, _count("wk", shape, G, Da, Ea), shape)
+    _optional(bk, "bk", _F32, GDa, kv_rows)
+    _array(wv, "wv", _F32, _count("wv", shape, G, Da, Ea), shape)
+    _optional(bv, "bv", _F32, GDa, kv_rows)
+    shape = "[aligned_embed_dim, num_heads*aligned_head_dim]"
+    _array(wo, "wo", _F32, _count("wo", shape, Ea, H, Da), shape)
     _optional(bo, "bo", _F32, Ea, "[aligned_embed_dim]")
-    cache_shape = "[num_kv_heads, cache_capacity, aligned_head_dim]"
-    _array(kv_cache_k, "kv_cache_k", _F32, G * C * Da, cache_shape, True)
-    _array(kv_cache_v, "kv_cache_v", _F32, G * C * Da, cache_shape, True)
+    shape = "[num_kv_heads, cache_capacity, aligned_head_dim]"
+    cdef Py_ssize_t cache = _count("kv_cache_k", shape, G, C, Da)
+    _array(kv_cache_k, "kv_cache_k", _F32, cache, shape, True)
+    _array(kv_cache_v, "kv_cache_v", _F32, cache, shape, True)
     _rope_tables(rope_cos, rope_sin, D, pos)
     _no_overlap((("output", output), ("kv_cache_k", kv_cache_k), ("kv_cache_v", kv_cache_v))
                 + workspaces,
@@ -234,10 +241,12 @@ def mega_fused_attention_decode_workspace(output, input, residual, ln1_gamma, wq
     cache_capacity = _int_arg(cache_capacity, "cache_capacity")
     q_output_workspace_bytes = _size_arg(q_output_workspace_bytes, "q_output_workspace_bytes")
     kv_workspace_bytes = _size_arg(kv_workspace_bytes, "kv_workspace_bytes")
-    cdef Py_ssize_t q_need = 2 * <Py_ssize_t>num_heads * aligned_head_dim
-    cdef Py_ssize_t kv_need = 2 * <Py_ssize_t>num_kv_heads * aligned_head_dim
     _check_heads(num_heads, num_kv_heads)
     _check_aligned(aligned_head_dim, head_dim, "aligned_head_dim", "head_dim")
+    cdef Py_ssize_t q_need = _count("q_output_workspace", "[2, num_heads*aligned_head_dim]", 2,
+                                    num_heads, aligned_head_dim)
+    cdef Py_ssize_t kv_need = _count("kv_workspace", "[2, num_kv_heads*aligned_head_dim]", 2,
+                                     num_kv_heads, aligned_head_dim)
     for name, ws, nbytes, need, shape in (
             ("q_output_workspace", q_output_workspace, q_output_workspace_bytes, q_need,
              "[2, num_heads*aligned_head_dim]"),
@@ -245,9 +254,10 @@ def mega_fused_attention_decode_workspace(output, input, residual, ln1_gamma, wq
              "[2, num_kv_heads*aligned_head_dim]")):
         _array(ws, name, _F32, need, shape, True, True)
         _positive(nbytes, f"{name}_bytes")
-        if nbytes < need * 4:
+        need_bytes = _count(name, f"{shape} float32 (bytes)", need, sizeof(float))
+        if nbytes < need_bytes:
             raise ValueError(f"{name}_bytes: expected at least {shape} = {need} floats = "
-                             f"{need * 4} bytes, got {nbytes}")
+                             f"{need_bytes} bytes, got {nbytes}")
         if nbytes > ws.nbytes:
             raise ValueError(f"{name}_bytes: expected at most the {ws.nbytes} bytes of "
                              f"{name}, got {nbytes}")
@@ -278,15 +288,18 @@ cdef void _rmsnorm_qkv(q_out, k_out, v_out, input, gamma, W_qkv, b_qkv, rope_cos
         if pos < 0 or pos >= max_seq:
             raise ValueError(f"pos: expected a position in 0..max_seq-1 = {max_seq - 1}, "
                              f"got {pos}")
-    _array(q_out, "q_out", _F32, H * D, "[num_heads*head_dim]", True)
-    _array(k_out, "k_out", _F32, G * D, "[num_kv_heads*head_dim]", True)
-    _array(v_out, "v_out", _F32, G * D, "[num_kv_heads*head_dim]", True)
+    _array(q_out, "q_out", _F32, _count("q_out", "[num_heads*head_dim]", H, D),
+           "[num_heads*head_dim]", True)
+    cdef Py_ssize_t GD = _count("k_out", "[num_kv_heads*head_dim]", G, D)
+    _array(k_out, "k_out", _F32, GD, "[num_kv_heads*head_dim]", True)
+    _array(v_out, "v_out", _F32, GD, "[num_kv_heads*head_dim]", True)
     _array(input, "input", _F32, E, "[hidden]")
     _array(gamma, "gamma", _F32, E, "[hidden]")
-    _array(W_qkv, "W_qkv", _F32, (H + 2 * G) * D * E,
-           "[(num_heads+2*num_kv_heads)*head_dim, hidden]")
-    _optional(b_qkv, "b_qkv", _F32, (H + 2 * G) * D, "[(num_heads+2*num_kv_heads)*head_dim]")
-    _rope_tables(rope_cos, rope_sin, D, pos)
+    shape = "[(num_heads+2*num_kv_heads)*head_dim, hidden]"
+    _array(W_qkv, "W_qkv", _F32, _count("W_qkv", shape, H + 2 * G, D, E), shape)
+    shape = "[(num_heads+2*num_kv_heads)*head_dim]"
+    _optional(b_qkv, "b_qkv", _F32, _count("b_qkv", shape, H + 2 * G, D), shape)
+    _rope_tables(rope_cos, rope_sin, D, pos, max_seq if has_pos else 0)
     _no_overlap((("q_out", q_out), ("k_out", k_out), ("v_out", v_out)),
                 (("input", input), ("gamma", gamma), ("W_qkv", W_qkv), ("b_qkv", b_qkv),
                  ("rope_cos", rope_cos), ("rope_sin", rope_sin)))
@@ -332,7 +345,8 @@ def mega_fuse_rmsnorm_qkv_rope(q_out, k_out, v_out, input, gamma, W_qkv, b_qkv, 
                                rope_sin, pos, hidden, num_heads, num_kv_heads,
                                head_dim, max_seq, float eps):
     """mega_fuse_rmsnorm_qkv, then rotate-half RoPE of q and k at position pos
-    (0 <= pos < max_seq; rope_cos / rope_sin [rows > pos, D/2], or both None: no rotation).
+    (0 <= pos < max_seq; rope_cos / rope_sin [max_seq, D/2] -- at least max_seq rows, whatever
+    pos is -- or both None: no rotation).
 
     Kernel: megafuse/_norm_qkv_rope.pxi (mega_fuse_rmsnorm_qkv_rope_kernel),
     include/megafuse/mf_simd.h.
@@ -360,8 +374,8 @@ cdef Py_ssize_t _prefill_scratch_bytes(tokens, aligned_embed_dim, num_heads, ali
     for name, value in (("tokens", tokens), ("aligned_embed_dim", aligned_embed_dim),
                         ("num_heads", num_heads), ("aligned_head_dim", aligned_head_dim)):
         _positive(value, name)
-    return scr.mf_prefill_scratch_layout(tokens, aligned_embed_dim, num_heads,
-                                         aligned_head_dim, int8_path).total
+    return _prefill_scratch_total(tokens, aligned_embed_dim, num_heads, aligned_head_dim,
+                                  int8_path)
 
 
 def mega_fused_attention_prefill_scratch_size(tokens, aligned_embed_dim, num_heads,
@@ -372,6 +386,8 @@ def mega_fused_attention_prefill_scratch_size(tokens, aligned_embed_dim, num_hea
       A [T, H*Da] float32      q;
       B [T, max(Ea, H*Da)] f32 the normalised input, then the attention output.
     k and v go straight into the KV cache; no [T, T] or [T, cache] array exists.
+    Dimensions whose scratch would not fit 64-bit sizes are a ValueError naming them
+    (never a wrapped-around number).
 
     Kernel: none; the layout is include/megafuse/mf_scratch.h (mf_prefill_scratch_layout).
     """
@@ -386,6 +402,8 @@ def mega_fused_attention_prefill_q8_0_scratch_size(tokens, aligned_embed_dim, nu
     C: the normalised input quantized to Q8_0 ([T] rows of Ea/32 blocks, when Ea % 32 == 0) and
     to Q8_K ([T] rows of Ea/256 blocks, when Ea % 256 == 0) -- the helper takes no dtypes, so
     room is made for both formats a mix of weights can need.
+    Dimensions whose scratch would not fit 64-bit sizes are a ValueError naming them
+    (never a wrapped-around number).
 
     Kernel: none; the layout is include/megafuse/mf_scratch.h (mf_prefill_scratch_layout).
     """
@@ -420,27 +438,31 @@ cdef object _prefill(output, input, residual, ln1_gamma, wq, bq, wq_dt, wk, bk, 
         raise ValueError(f"start_pos: expected start_pos + tokens <= cache_capacity = {C}, got "
                          f"{start_pos} + {T} = {start_pos + T}")
     rows = "[tokens, aligned_embed_dim]"
-    _array(output, "output", _F32, T * Ea, rows, True)
-    _array(input, "input", _F32, T * Ea, rows)
-    _optional(residual, "residual", _F32, T * Ea, rows)
+    cdef Py_ssize_t TEa = _count("output", rows, T, Ea)
+    _array(output, "output", _F32, TEa, rows, True)
+    _array(input, "input", _F32, TEa, rows)
+    _optional(residual, "residual", _F32, TEa, rows)
     _array(ln1_gamma, "ln1_gamma", _F32, E, "[embed_dim]")
-    cdef int q_dt = _weight(wq, "wq", wq_dt, H * Da, Ea,
+    q_rows, kv_rows = "[num_heads*aligned_head_dim]", "[num_kv_heads*aligned_head_dim]"
+    cdef Py_ssize_t HDa = _count("wq", q_rows, H, Da), GDa = _count("wk", kv_rows, G, Da)
+    cdef int q_dt = _weight(wq, "wq", wq_dt, HDa, Ea,
                             "[num_heads*aligned_head_dim, aligned_embed_dim]")
-    cdef int k_dt = _weight(wk, "wk", wk_dt, G * Da, Ea,
+    cdef int k_dt = _weight(wk, "wk", wk_dt, GDa, Ea,
                             "[num_kv_heads*aligned_head_dim, aligned_embed_dim]")
-    cdef int v_dt = _weight(wv, "wv", wv_dt, G * Da, Ea,
+    cdef int v_dt = _weight(wv, "wv", wv_dt, GDa, Ea,
                             "[num_kv_heads*aligned_head_dim, aligned_embed_dim]")
-    cdef int o_dt = _weight(wo, "wo", wo_dt, Ea, H * Da,
+    cdef int o_dt = _weight(wo, "wo", wo_dt, Ea, HDa,
                             "[aligned_embed_dim, num_heads*aligned_head_dim]")
-    _optional(bq, "bq", _F32, H * Da, "[num_heads*aligned_head_dim]")
-    _optional(bk, "bk", _F32, G * Da, "[num_kv_heads*aligned_head_dim]")
-    _optional(bv, "bv", _F32, G * Da, "[num_kv_heads*aligned_head_dim]")
+    _optional(bq, "bq", _F32, HDa, q_rows)
+    _optional(bk, "bk", _F32, GDa, kv_rows)
+    _optional(bv, "bv", _F32, GDa, kv_rows)
     _optional(bo, "bo", _F32, Ea, "[aligned_embed_dim]")
     cache_shape = "[num_kv_heads, cache_capacity, aligned_head_dim]"
-    _array(kv_cache_k, "kv_cache_k", _F32, G * C * Da, cache_shape, True)
-    _array(kv_cache_v, "kv_cache_v", _F32, G * C * Da, cache_shape, True)
+    cdef Py_ssize_t cache = _count("kv_cache_k", cache_shape, G, C, Da)
+    _array(kv_cache_k, "kv_cache_k", _F32, cache, cache_shape, True)
+    _array(kv_cache_v, "kv_cache_v", _F32, cache, cache_shape, True)
     _rope_tables(rope_cos, rope_sin, D, start_pos + T - 1)
-    _scratch(scratch, scr.mf_prefill_scratch_layout(T, Ea, H, Da, int8_path).total)
+    _scratch(scratch, _prefill_scratch_total(T, Ea, H, Da, int8_path))
     _no_overlap((("output", output), ("kv_cache_k", kv_cache_k), ("kv_cache_v", kv_cache_v),
                  ("scratch", scratch)),
                 (("input", input), ("residual", residual), ("ln1_gamma", ln1_gamma),
@@ -532,6 +554,9 @@ def mega_fused_attention_prefill_q8_0(output, input, residual, ln1_gamma, wq, bq
 # The post-attention block: out-projection + residual -> RMSNorm -> SwiGLU MLP -> residual
 # --------------------------------------------------------------------------------------------
 
+MLP_TOKEN_TILE = scr.MF_MLP_TOKEN_TILE     # tokens a tile of the MLP kernels (for tests)
+
+
 def mega_fused_outproj_mlp_prefill_scratch_size(tokens, aligned_embed_dim, num_heads,
                                                 aligned_head_dim, aligned_intermediate_dim):
     """Bytes of scratch mega_fused_outproj_mlp_prefill uses (exactly).
@@ -540,6 +565,8 @@ def mega_fused_outproj_mlp_prefill_scratch_size(tokens, aligned_embed_dim, num_h
     attention rows, then its normalised rows [tile, max(H*Da, Ea)] float32 and their quantized
     copy; the SwiGLU activation [tile, Ia] float32 and its quantized copy.  Nothing grows with
     the prompt beyond one tile: no [T, I] buffer.
+    Dimensions whose scratch would not fit 64-bit sizes are a ValueError naming them
+    (never a wrapped-around number).
 
     Kernel: none; the layout is include/megafuse/mf_scratch.h (mf_mlp_scratch_layout).
     """
@@ -551,12 +578,15 @@ def mega_fused_outproj_mlp_prefill_scratch_size(tokens, aligned_embed_dim, num_h
                                     "aligned_head_dim", "aligned_intermediate_dim")):
         _positive(value, name)
     T, Ea, H, Da, Ia = values
-    return scr.mf_mlp_scratch_layout(T, Ea, H * Da, Ia).total
+    return _mlp_scratch_total(T, Ea, _count("num_heads*aligned_head_dim",
+                                            "num_heads x aligned_head_dim", H, Da), Ia)
 
 
 def mega_fused_mlp_prefill_scratch_size(tokens, aligned_embed_dim, aligned_intermediate_dim):
     """Bytes of scratch mega_fused_mlp_prefill uses (exactly): the tile buffers of
     mega_fused_outproj_mlp_prefill_scratch_size without the attention rows.
+    Dimensions whose scratch would not fit 64-bit sizes are a ValueError naming them
+    (never a wrapped-around number).
 
     Kernel: none; the layout is include/megafuse/mf_scratch.h (mf_mlp_scratch_layout).
     """
@@ -566,7 +596,7 @@ def mega_fused_mlp_prefill_scratch_size(tokens, aligned_embed_dim, aligned_inter
     for value, name in zip(values, ("tokens", "aligned_embed_dim", "aligned_intermediate_dim")):
         _positive(value, name)
     T, Ea, Ia = values
-    return scr.mf_mlp_scratch_layout(T, Ea, 0, Ia).total
+    return _mlp_scratch_total(T, Ea, 0, Ia)
 
 
 cdef object _mlp(output, attn_out, input, residual, ln2_gamma, wo, bo, wo_dt, w1, b1, w1_dt, w2,
@@ -590,30 +620,35 @@ cdef object _mlp(output, attn_out, input, residual, ln2_gamma, wo, bo, wo_dt, w1
         num_heads, aligned_head_dim = 0, 0
     cdef Py_ssize_t T = tokens, E = embed_dim, Ea = aligned_embed_dim
     cdef Py_ssize_t Ia = aligned_intermediate_dim
-    cdef Py_ssize_t HDa = <Py_ssize_t>num_heads * aligned_head_dim
     _positive(tokens, "tokens")
     _check_aligned(aligned_embed_dim, embed_dim, "aligned_embed_dim", "embed_dim")
     _check_aligned(aligned_intermediate_dim, intermediate_dim, "aligned_intermediate_dim",
                    "intermediate_dim")
+    cdef Py_ssize_t HDa = _count("wo", "num_heads x aligned_head_dim", num_heads,
+                                 aligned_head_dim)
     rows = "[tokens, aligned_embed_dim]"
-    _array(output, "output", _F32, T * Ea, rows, True)
+    cdef Py_ssize_t TEa = _count("output", rows, T, Ea)
+    _array(output, "output", _F32, TEa, rows, True)
     if with_outproj:
-        _array(attn_out, "attn_out", _F32, HDa * T, "[num_heads, tokens, aligned_head_dim]")
+        shape = "[num_heads, tokens, aligned_head_dim]"
+        _array(attn_out, "attn_out", _F32,
+               _count("attn_out", shape, num_heads, T, aligned_head_dim), shape)
     else:
-        _array(input, "input", _F32, T * Ea, rows)
-    _optional(residual, "residual", _F32, T * Ea, rows)
+        _array(input, "input", _F32, TEa, rows)
+    _optional(residual, "residual", _F32, TEa, rows)
     _array(ln2_gamma, "ln2_gamma", _F32, E, "[embed_dim]")
     cdef int o_dt = 0
     if with_outproj:
         o_dt = _weight(wo, "wo", wo_dt, Ea, HDa, "[aligned_embed_dim, num_heads*aligned_head_dim]")
         _optional(bo, "bo", _F32, Ea, "[aligned_embed_dim]")
-    cdef int g_dt = _weight(w1, "w1", w1_dt, 2 * Ia, Ea,
+    cdef Py_ssize_t gate_up = _count("w1", "2 x aligned_intermediate_dim", 2, Ia)
+    cdef int g_dt = _weight(w1, "w1", w1_dt, gate_up, Ea,
                             "[2*aligned_intermediate_dim, aligned_embed_dim]")
-    _optional(b1, "b1", _F32, 2 * Ia, "[2*aligned_intermediate_dim]")
+    _optional(b1, "b1", _F32, gate_up, "[2*aligned_intermediate_dim]")
     cdef int d_dt = _weight(w2, "w2", w2_dt, Ea, Ia,
                             "[aligned_embed_dim, aligned_intermediate_dim]")
     _optional(b2, "b2", _F32, Ea, "[aligned_embed_dim]")
-    _scratch(scratch, scr.mf_mlp_scratch_layout(T, Ea, HDa, Ia).total)
+    _scratch(scratch, _mlp_scratch_total(T, Ea, HDa, Ia))
     reads = (("residual", residual), ("ln2_gamma", ln2_gamma), ("w1", w1), ("b1", b1),
              ("w2", w2), ("b2", b2))
     if with_outproj:
@@ -754,7 +789,7 @@ def mega_fuse_report_stats(hidden, num_layers, seq_len):
     _positive(hidden, "hidden")
     _positive(num_layers, "num_layers")
     _positive(seq_len, "seq_len")
-    cdef long long h = hidden, layers = num_layers, t = seq_len
+    h, layers, t = hidden, num_layers, seq_len     # Python ints: these products never wrap
     inter = 4 * (6 * h + t)
     unfused = 2 * inter + 2 * 4 * h
     fused = 2 * 4 * h

@@ -2,6 +2,94 @@
 # docs/contract.md §5 that more than one def applies, as small functions that raise on the
 # first problem.  Each message names the parameter, says what was expected and what was got.
 # The common path (a valid call) runs at C level; messages are built only on failure.
+#
+# Sizes: every element or byte count a check computes is a product of dimensions, and every
+# product is checked (_mul, _count): past PY_SSIZE_T_MAX -- which no array can reach -- it is a
+# ValueError naming the parameters, so a count can never wrap around to match a small buffer.
+# The scratch layouts of include/megafuse/mf_scratch.h compute in unchecked size_t: they are
+# only called once a bound of their total is proven to fit (_prefill_scratch_bound,
+# _mlp_scratch_bound).
+
+
+# ---- sizes -------------------------------------------------------------------------------------
+
+cdef inline Py_ssize_t _mul(Py_ssize_t a, Py_ssize_t b) noexcept nogil:
+    """a * b for a, b >= 0; -1 when it passes PY_SSIZE_T_MAX (and for a -1 factor: chains)."""
+    if a < 0 or b < 0 or (b != 0 and a > PY_SSIZE_T_MAX // b):
+        return -1
+    return a * b
+
+
+cdef Py_ssize_t _count(str name, str shape, Py_ssize_t a, Py_ssize_t b, Py_ssize_t c=1,
+                       Py_ssize_t d=1) except -1:
+    """a * b * c * d (factors >= 0): the element or byte count of `name`, whose `shape` spells
+    the product in parameters.  ValueError when it passes PY_SSIZE_T_MAX."""
+    cdef Py_ssize_t n = _mul(_mul(_mul(a, b), c), d)
+    if n < 0:
+        given = [a, b] + ([c] if c != 1 or d != 1 else []) + ([d] if d != 1 else [])
+        factors = " x ".join(str(f) for f in given)
+        raise ValueError(f"{name}: {shape} = {factors} overflows a 64-bit size (expected "
+                         f"dimensions whose product fits)")
+    return n
+
+
+cdef Py_ssize_t _bytes_per_value(int dt) noexcept nogil:
+    """Bytes a value of format dt takes, rounded up: block bytes / block size."""
+    cdef Py_ssize_t block = ckdt.ck_dtype_block_size(dt)
+    return (<Py_ssize_t>ckdt.ck_dtype_block_bytes(dt) + block - 1) // block
+
+
+# bytes a value of an int8-path activation row takes at most (a Q8_0 or a Q8_K row)
+cdef Py_ssize_t _ACT_BYTES = max(_bytes_per_value(ckdt.CK_DT_Q8_0),
+                                 _bytes_per_value(ckdt.CK_DT_Q8_K))
+
+
+cdef Py_ssize_t _prefill_scratch_bound(Py_ssize_t T, Py_ssize_t Ea, Py_ssize_t HDa) noexcept nogil:
+    """A bound of mf_prefill_scratch_layout(T, Ea, H, Da, *).total for HDa = H * Da, or -1 when
+    the bound passes PY_SSIZE_T_MAX.  The layout (include/megafuse/mf_scratch.h): regions A
+    [T, H*Da] and B [T, max(Ea, H*Da)] of float32 and region C, a Q8_0 and a Q8_K row of Ea values
+    a token, each starting at a multiple of 64; every size it computes on the way is at most its
+    total, so when this bound fits its size_t arithmetic cannot wrap."""
+    cdef Py_ssize_t widest = Ea if Ea > HDa else HDa
+    cdef Py_ssize_t n = _mul(_mul(T, widest), 2 * <Py_ssize_t>sizeof(float) + 2 * _ACT_BYTES)
+    return -1 if n < 0 or n > PY_SSIZE_T_MAX - 256 else n + 256
+
+
+cdef Py_ssize_t _mlp_scratch_bound(Py_ssize_t T, Py_ssize_t Ea, Py_ssize_t HDa,
+                                   Py_ssize_t Ia) noexcept nogil:
+    """A bound of mf_mlp_scratch_layout(T, Ea, HDa, Ia).total, or -1 when it passes
+    PY_SSIZE_T_MAX.  The layout: per tile of min(T, MF_MLP_TOKEN_TILE) tokens, region F
+    [tile, max(HDa, Ea)] and region A [tile, Ia] of float32, regions Q and AQ the same rows
+    quantized, each starting at a multiple of 64."""
+    cdef Py_ssize_t tile = T if T < scr.MF_MLP_TOKEN_TILE else scr.MF_MLP_TOKEN_TILE
+    cdef Py_ssize_t widest = Ea if Ea > HDa else HDa
+    cdef Py_ssize_t n = _mul(_mul(tile, widest + Ia), <Py_ssize_t>sizeof(float) + _ACT_BYTES)
+    return -1 if n < 0 or n > PY_SSIZE_T_MAX - 256 else n + 256
+
+
+cdef Py_ssize_t _prefill_scratch_total(Py_ssize_t T, Py_ssize_t Ea, Py_ssize_t H, Py_ssize_t Da,
+                                       bint int8_path) except -1:
+    """mf_prefill_scratch_layout(...).total, once its bound is proven to fit (else ValueError
+    naming the parameters)."""
+    cdef Py_ssize_t HDa = _count("num_heads*aligned_head_dim", "num_heads x aligned_head_dim",
+                                 H, Da)
+    if _prefill_scratch_bound(T, Ea, HDa) < 0:
+        raise ValueError(f"tokens, aligned_embed_dim, num_heads, aligned_head_dim: the scratch of "
+                         f"{T} tokens x max({Ea}, {H} x {Da}) values a row overflows a 64-bit "
+                         f"size (expected dimensions whose product fits)")
+    return scr.mf_prefill_scratch_layout(T, Ea, H, Da, int8_path).total
+
+
+cdef Py_ssize_t _mlp_scratch_total(Py_ssize_t T, Py_ssize_t Ea, Py_ssize_t HDa,
+                                   Py_ssize_t Ia) except -1:
+    """mf_mlp_scratch_layout(...).total, once its bound is proven to fit (else ValueError)."""
+    if _mlp_scratch_bound(T, Ea, HDa, Ia) < 0:
+        raise ValueError(f"tokens, aligned_embed_dim, num_heads, aligned_head_dim, "
+                         f"aligned_intermediate_dim: the scratch of a tile of "
+                         f"min({T}, {scr.MF_MLP_TOKEN_TILE}) tokens x (max({Ea}, {HDa}) + {Ia}) "
+                         f"values overflows a 64-bit size (expected dimensions whose product "
+                         f"fits)")
+    return scr.mf_mlp_scratch_layout(T, Ea, HDa, Ia).total
 
 
 # ---- scalar arguments --------------------------------------------------------------------------
@@ -129,16 +217,22 @@ cdef int _weight_array(object arr, str name, int dt, Py_ssize_t rows, Py_ssize_t
     dtype (_storage_dtypes), C-contiguous, aligned, holding exactly rows whole rows (element
     count for FP32/FP16/BF16, byte count for the block formats).  `shape` spells [rows, cols]."""
     cdef Py_ssize_t block = ckdt.ck_dtype_block_size(dt)
-    cdef Py_ssize_t row_bytes
+    cdef Py_ssize_t row_bytes, count
     if cols % block:
         raise ValueError(f"{name}: {_dtype_name(dt)} stores rows in whole blocks of {block} "
                          f"weights, but {shape} has {cols} columns")
     if block == 1:
-        _array(arr, name, _storage_dtypes(dt), rows * cols, shape)
+        _array(arr, name, _storage_dtypes(dt), _count(name, shape, rows, cols), shape)
         return 0
+    if _mul(cols, _bytes_per_value(dt)) < 0:      # a row's bytes, before ck_dtype_row_bytes
+        _count(name, f"{shape} in {_dtype_name(dt)} (columns x bytes a weight)", cols,
+               _bytes_per_value(dt))
     row_bytes = ckdt.ck_dtype_row_bytes(dt, cols)
+    count = _mul(rows, row_bytes)
+    if count < 0:
+        _count(name, f"{shape} in {_dtype_name(dt)} (rows x bytes a row)", rows, row_bytes)
     try:
-        _array(arr, name, _BLOCK_ARRAYS, rows * row_bytes, "")
+        _array(arr, name, _BLOCK_ARRAYS, count, "")
     except ValueError as e:
         if "elements" not in str(e):
             raise
@@ -166,8 +260,10 @@ cdef object _scratch(object scratch, Py_ssize_t need, str name="scratch"):
     return scratch
 
 
-cdef object _rope_tables(object rope_cos, object rope_sin, Py_ssize_t D, Py_ssize_t last_pos):
-    """Check the RoPE tables (both or neither; whole rows of D/2 covering last_pos)."""
+cdef object _rope_tables(object rope_cos, object rope_sin, Py_ssize_t D, Py_ssize_t last_pos,
+                         Py_ssize_t max_seq=0):
+    """Check the RoPE tables (both or neither; whole rows of D/2 covering last_pos, and at least
+    max_seq rows when the function has a max_seq: a [max_seq, D/2] table whatever pos is)."""
     if (rope_cos is None) != (rope_sin is None):
         raise ValueError(f"rope_cos, rope_sin: expected both arrays or both None, got "
                          f"rope_cos={'None' if rope_cos is None else 'an array'}, "
@@ -182,6 +278,9 @@ cdef object _rope_tables(object rope_cos, object rope_sin, Py_ssize_t D, Py_ssiz
             raise ValueError(f"{name}: expected whole rows of head_dim/2 = {D // 2} values, got "
                              f"{table.size} elements")
         rows = table.size // (D // 2)
+        if rows < max_seq:
+            raise ValueError(f"{name}: expected [max_seq, head_dim/2] = {max_seq} rows of "
+                             f"{D // 2} values (at least), got {rows} rows")
         if rows <= last_pos:
             raise ValueError(f"{name}: expected a table covering position {last_pos} (at least "
                              f"{last_pos + 1} rows of {D // 2}), got {rows} rows")

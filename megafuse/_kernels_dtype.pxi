@@ -112,6 +112,9 @@ def ck_dtype_row_bytes(dt, n_elements):
     block = ckdt.ck_dtype_block_size(value)
     if n % block:
         raise ValueError(f"n_elements: expected a multiple of the block size {block}, got {n}")
+    if n // block * ckdt.ck_dtype_block_bytes(value) > PY_SSIZE_T_MAX:     # (Python ints: exact)
+        raise ValueError(f"n_elements: a row of {n} weights in {_dtype_name(value)} overflows a "
+                         f"64-bit size (expected a row whose bytes fit)")
     return ckdt.ck_dtype_row_bytes(value, n)
 
 

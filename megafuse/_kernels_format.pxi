@@ -132,6 +132,9 @@ def dequantize(blob, dtype, shape):
     rows_py = 1
     for d in dims[:len(dims) - 1]:
         rows_py *= d
+    if rows_py * cols > PY_SSIZE_T_MAX // sizeof(float):     # (Python ints: exact)
+        raise ValueError(f"shape: {dims} = {rows_py} x {cols} weights overflows a 64-bit size "
+                         f"(expected dimensions whose product fits)")
     cdef Py_ssize_t rows = rows_py
     blob = _weight_blob(blob, "blob", dt, rows, cols)
     out = np.empty(dims, dtype=np.float32)
@@ -171,6 +174,8 @@ def _rows_dot(w_blob, dtype, x, quantized_activations=False, rows=None):
         if not isinstance(w_blob, np.ndarray):
             raise TypeError(f"w_blob: expected a numpy.ndarray, got {type(w_blob).__name__}")
         rows = max(1, w_blob.nbytes // rb)
+    if rows > PY_SSIZE_T_MAX:
+        raise ValueError(f"rows: expected a count below 2**63, got {rows}")
     _positive(rows, "rows")
     cdef Py_ssize_t R = rows
     w_blob = _weight_blob(w_blob, "w_row_blob" if R == 1 else "w_blob", dt, R, n)

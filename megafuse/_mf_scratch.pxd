@@ -1,6 +1,10 @@
 # include/megafuse/mf_scratch.h for Cython: the scratch layouts of the prefill and MLP kernels,
 # shared by the size helpers of the boundary (megafuse/_kernels.pyx) and the kernels
 # (megafuse/_prefill.pxi, megafuse/_mlp.pxi), so the two can never disagree.
+#
+# The layout functions compute in size_t without overflow checks: the boundary calls them only
+# once it has proven a bound of their total to fit (megafuse/_kernels_checks.pxi:
+# _prefill_scratch_bound, _mlp_scratch_bound).
 
 cdef extern from "megafuse/mf_scratch.h" nogil:
     enum: MF_MLP_TOKEN_TILE          # tokens a tile of the MLP kernels

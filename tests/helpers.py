@@ -268,5 +268,64 @@ def prefill_case(shape, T, *, start_pos=0, formats=None, bias=True, residual=Tru
     return args
 
 
+# ---- the MLP blocks: shapes (name, E, Ea, H, Da, I, Ia) -----------------------------------------
+
+def mlp_weights(shape, formats, rng):
+    """wo [Ea, H*Da], w1 [2*Ia, Ea] (gate rows, then up rows), w2 [Ea, Ia], zero in their padding,
+    encoded in formats.get(name, "FP32")."""
+    _, E, Ea, H, Da, I, Ia = shape
+    wo = np.zeros((Ea, H * Da), np.float32)
+    wo[:E] = rng.standard_normal((E, H * Da)) / np.sqrt(H * Da)
+    w1 = np.zeros((2, Ia, Ea), np.float32)
+    w1[:, :I, :E] = rng.standard_normal((2, I, E)) / np.sqrt(E)
+    w2 = np.zeros((Ea, Ia), np.float32)
+    w2[:E, :I] = rng.standard_normal((E, I)) / np.sqrt(I)
+    return {"wo": encode_weight(wo, formats.get("wo", "FP32"), rng),
+            "w1": encode_weight(w1.reshape(2 * Ia, Ea), formats.get("w1", "FP32"), rng),
+            "w2": encode_weight(w2, formats.get("w2", "FP32"), rng)}
+
+
+def outproj_mlp_case(shape, T, formats=None, *, bias=True, residual=True, seed=0):
+    """Every argument of mega_fused_outproj_mlp_prefill(_f32) for shape (name, E, Ea, H, Da, I,
+    Ia) and T tokens; formats = {"wo": "Q8_0", ...} (default FP32)."""
+    _, E, Ea, H, Da, I, Ia = shape
+    formats = formats or {}
+    rng = np.random.default_rng(seed)
+    f32 = lambda *s: rng.standard_normal(s).astype(np.float32)  # noqa: E731
+    w = mlp_weights(shape, formats, rng)
+    res = f32(T, Ea) if residual else None
+    if res is not None:
+        res[:, E:] = 3.0
+    pad = lambda v, n: np.pad(v, (0, n - v.size)).astype(np.float32)  # noqa: E731
+    b1 = np.zeros((2, Ia), np.float32)
+    b1[:, :I] = 0.1 * rng.standard_normal((2, I))
+    return dict(
+        output=np.full((T, Ea), np.nan, np.float32), attn_out=f32(H, T, Da) * 0.5,
+        residual=res, ln2_gamma=(1 + 0.1 * f32(E)).astype(np.float32),
+        wo=w["wo"], bo=pad(0.1 * f32(E), Ea) if bias else None,
+        wo_dt=DT[formats.get("wo", "FP32")],
+        w1=w["w1"], b1=b1.reshape(-1) if bias else None,
+        w1_dt=DT[formats.get("w1", "FP32")],
+        w2=w["w2"], b2=pad(0.1 * f32(E), Ea) if bias else None,
+        w2_dt=DT[formats.get("w2", "FP32")],
+        tokens=T, embed_dim=E, aligned_embed_dim=Ea, num_heads=H, aligned_head_dim=Da,
+        intermediate_dim=I, aligned_intermediate_dim=Ia, eps=1e-6,
+        scratch=np.zeros(megafuse.mega_fused_outproj_mlp_prefill_scratch_size(T, Ea, H, Da, Ia),
+                         np.uint8))
+
+
+def mlp_case(shape, T, formats=None, **kw):
+    """Every argument of mega_fused_mlp_prefill(_f32): outproj_mlp_case's, token-major input."""
+    a = outproj_mlp_case(shape, T, formats, **kw)
+    _, E, Ea, H, Da, I, Ia = shape
+    x = np.random.default_rng(99).standard_normal((T, Ea)).astype(np.float32)
+    x[:, E:] = -50.0
+    for key in ("attn_out", "wo", "bo", "wo_dt", "num_heads", "aligned_head_dim"):
+        del a[key]
+    return dict(output=a.pop("output"), input=x, **a,
+                ) | {"scratch": np.zeros(megafuse.mega_fused_mlp_prefill_scratch_size(T, Ea, Ia),
+                                         np.uint8)}
+
+
 def copy_args(args):
     return {k: (v.copy() if isinstance(v, np.ndarray) else v) for k, v in args.items()}

@@ -6,65 +6,13 @@ import pytest
 import megafuse
 from megafuse import reference
 from helpers import (FLOAT_FORMATS, TOL, WEIGHT_FORMATS, assert_q8_close, copy_args,
-                     encode_weight, prefill_case, rel_err)
+                     mlp_case, mlp_weights, outproj_mlp_case, prefill_case, rel_err)
 
 # (name, E, Ea, H, Da, I, Ia)
 QWEN2_05B = ("qwen2-0.5b", 896, 896, 14, 64, 4864, 4864)
 LLAMA_STYLE = ("llama-style", 2048, 2048, 32, 64, 8192, 8192)
 SMALL_256 = ("small-256", 512, 512, 8, 64, 1024, 1024)
 PADDED = ("padded", 200, 256, 6, 48, 300, 320)
-
-
-def mlp_weights(shape, formats, rng):
-    _, E, Ea, H, Da, I, Ia = shape
-    wo = np.zeros((Ea, H * Da), np.float32)
-    wo[:E] = rng.standard_normal((E, H * Da)) / np.sqrt(H * Da)
-    w1 = np.zeros((2, Ia, Ea), np.float32)
-    w1[:, :I, :E] = rng.standard_normal((2, I, E)) / np.sqrt(E)
-    w2 = np.zeros((Ea, Ia), np.float32)
-    w2[:E, :I] = rng.standard_normal((E, I)) / np.sqrt(I)
-    return {"wo": encode_weight(wo, formats.get("wo", "FP32"), rng),
-            "w1": encode_weight(w1.reshape(2 * Ia, Ea), formats.get("w1", "FP32"), rng),
-            "w2": encode_weight(w2, formats.get("w2", "FP32"), rng)}
-
-
-def outproj_mlp_case(shape, T, formats=None, *, bias=True, residual=True, seed=0):
-    _, E, Ea, H, Da, I, Ia = shape
-    formats = formats or {}
-    rng = np.random.default_rng(seed)
-    f32 = lambda *s: rng.standard_normal(s).astype(np.float32)  # noqa: E731
-    w = mlp_weights(shape, formats, rng)
-    res = f32(T, Ea) if residual else None
-    if res is not None:
-        res[:, E:] = 3.0
-    pad = lambda v, n: np.pad(v, (0, n - v.size)).astype(np.float32)  # noqa: E731
-    b1 = np.zeros((2, Ia), np.float32)
-    b1[:, :I] = 0.1 * rng.standard_normal((2, I))
-    return dict(
-        output=np.full((T, Ea), np.nan, np.float32), attn_out=f32(H, T, Da) * 0.5,
-        residual=res, ln2_gamma=(1 + 0.1 * f32(E)).astype(np.float32),
-        wo=w["wo"], bo=pad(0.1 * f32(E), Ea) if bias else None,
-        wo_dt=megafuse.CKDataType[formats.get("wo", "FP32")],
-        w1=w["w1"], b1=b1.reshape(-1) if bias else None,
-        w1_dt=megafuse.CKDataType[formats.get("w1", "FP32")],
-        w2=w["w2"], b2=pad(0.1 * f32(E), Ea) if bias else None,
-        w2_dt=megafuse.CKDataType[formats.get("w2", "FP32")],
-        tokens=T, embed_dim=E, aligned_embed_dim=Ea, num_heads=H, aligned_head_dim=Da,
-        intermediate_dim=I, aligned_intermediate_dim=Ia, eps=1e-6,
-        scratch=np.zeros(megafuse.mega_fused_outproj_mlp_prefill_scratch_size(T, Ea, H, Da, Ia),
-                         np.uint8))
-
-
-def mlp_case(shape, T, formats=None, **kw):
-    a = outproj_mlp_case(shape, T, formats, **kw)
-    _, E, Ea, H, Da, I, Ia = shape
-    x = np.random.default_rng(99).standard_normal((T, Ea)).astype(np.float32)
-    x[:, E:] = -50.0
-    for key in ("attn_out", "wo", "bo", "wo_dt", "num_heads", "aligned_head_dim"):
-        del a[key]
-    return dict(output=a.pop("output"), input=x, **a,
-                ) | {"scratch": np.zeros(megafuse.mega_fused_mlp_prefill_scratch_size(T, Ea, Ia),
-                                         np.uint8)}
 
 
 def ordered(args, names):
@@ -186,7 +134,7 @@ def test_scratch_guard_bytes(entry):
 def test_scratch_is_per_tile_not_per_prompt():
     size = megafuse.mega_fused_outproj_mlp_prefill_scratch_size
     assert size(32, 896, 14, 64, 4864) < 3_166_208          # upstream at T=32
-    tile = 128                                                 # MF_MLP_TOKEN_TILE
+    tile = megafuse._kernels.MLP_TOKEN_TILE                    # MF_MLP_TOKEN_TILE
     assert size(4096, 896, 14, 64, 4864) == size(tile, 896, 14, 64, 4864)  # no [T, I] buffer
     assert size(512, 896, 14, 64, 4864) == size(tile, 896, 14, 64, 4864)
     assert size(tile - 1, 896, 14, 64, 4864) < size(tile, 896, 14, 64, 4864)
@@ -324,7 +272,7 @@ def test_f32_options(simd_level, entry, fmt, option):
     kw = {"bias": option != "no_bias", "residual": option != "no_residual"}
     got, want = run_f32(entry, f32_case(entry, PADDED, 9, fmt, **kw))
     assert rel_err(got["output"], want["output"]) < TOL["float"]
-    E, Ea = PADDED[1], PADDED[2]
+    E = PADDED[1]
     assert np.all(got["output"][:, E:] == 0.0)                 # padding columns written as 0
 
 

@@ -189,6 +189,11 @@ QKV_RULES = [
     ("heads", lambda a: a.update(num_heads=5), ValueError, ["num_heads", "multiple"]),
     ("rope-short", lambda a: a.update(rope_cos=a["rope_cos"][:2].copy()), ValueError,
      ["rope_cos"]),
+    # [max_seq, D/2] tables: fewer rows than max_seq are refused whatever pos is
+    ("rope-shorter-than-max_seq-pos-0", lambda a: a.update(max_seq=a["max_seq"] + 1, pos=0),
+     ValueError, ["rope_cos", "max_seq"]),
+    ("rope-sin-shorter-than-max_seq", lambda a: a.update(rope_sin=a["rope_sin"][:-1].copy()),
+     ValueError, ["rope_sin", "max_seq"]),
     ("k-is-v", lambda a: a.update(v_out=a["k_out"]), ValueError, ["overlaps"]),
     ("q-is-input", lambda a: a.update(q_out=np.zeros(a["hidden"], np.float32),
                                       num_heads=a["hidden"] // a["head_dim"]) or
