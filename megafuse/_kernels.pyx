@@ -20,6 +20,7 @@
 cimport numpy as cnp
 from cpython.pycapsule cimport PyCapsule_GetPointer
 from cpython.pyport cimport PY_SSIZE_T_MAX
+from libc.stdint cimport SIZE_MAX
 from libc.stdlib cimport malloc, free
 from libc.math cimport NAN
 

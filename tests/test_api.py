@@ -32,6 +32,27 @@ def header_declarations():
     return decls
 
 
+def header_prototypes(text):
+    """{name: (return type, [parameters as 'type*name' without spaces around '*'])}."""
+    text = re.sub(r"/\*.*?\*/", " ", text, flags=re.S)
+    text = re.sub(r"(//|#)[^\n]*", " ", text)
+    norm = lambda p: re.sub(r"\s*\*\s*", "*", re.sub(r"\s+", " ", p.strip()))  # noqa: E731
+    return {m.group(2): (m.group(1), [norm(p) for p in m.group(3).split(",") if p.strip()])
+            for m in re.finditer(r"(?:cdef\s+)?\b(void|size_t)\s+(?:c_)?(\w+)\s*\(([^;{}()]*)\)",
+                                 text)}
+
+
+def test_pxd_declares_every_header_function_with_its_parameters():
+    """megafuse/_kernels.pxd: a c_<name> for every function of the header, with exactly its
+    return type and parameters (types and names, in order)."""
+    header = header_prototypes(open(HEADER).read())
+    pxd = header_prototypes(open(os.path.join(os.path.dirname(megafuse.__file__),
+                                              "_kernels.pxd")).read())
+    assert set(pxd) == set(header)
+    for name, proto in header.items():
+        assert pxd[name] == proto, name
+
+
 def test_shipped_header_declares_every_seed_function():
     seed = os.path.join(SHARED, "seed", "mega_fused_attention.h.txt")
     decls = header_declarations()
