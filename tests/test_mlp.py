@@ -159,17 +159,19 @@ def test_one_and_two_threads_bitwise_equal(simd_level, threads, entry):
 
 # ---- a whole decoder layer -----------------------------------------------------------------
 
-def reference_layer(x, attn_args, mlp_args):
-    """The reference layer in float64 all the way (float activations, dequantized weights)."""
+def reference_layer(x, attn_args, mlp_args, quantize_activations=False):
+    """The reference layer in float64 all the way (dequantized weights): float activations, or
+    with quantize_activations the int8 path's emulation (attention and MLP)."""
     a = copy_args(attn_args)
     a["input"] = x.copy()
     a["residual"] = x.copy()
     a["output"] = np.zeros_like(x)
-    reference.mega_fused_attention_prefill(**a)
+    (reference.mega_fused_attention_prefill_q8_0 if quantize_activations
+     else reference.mega_fused_attention_prefill)(**a)
     m = copy_args(mlp_args)
     m.update(input=a["output"].copy(), residual=a["output"].copy(),
              output=np.zeros_like(x))
-    reference.mega_fused_mlp_prefill(**m, quantize_activations=False)
+    reference.mega_fused_mlp_prefill(**m, quantize_activations=quantize_activations)
     return m["output"], a
 
 
@@ -178,8 +180,12 @@ def reference_layer(x, attn_args, mlp_args):
     {"wq": "Q8_0", "wk": "Q8_0", "wv": "Q8_0", "wo": "Q8_0", "w1": "Q8_0", "w2": "Q8_0"},
 ], ids=["fp32", "q8_0"])
 def test_decoder_layer_from_prefill_and_mlp(formats):
+    """A layer composed as megafuse.DecoderLayer does it: FP32 weights through the float
+    prefill; Q8_0 weights through the int8 path (mega_fused_attention_prefill_q8_0, then the MLP,
+    which quantizes too), checked against the reference's emulation of that path."""
     T = 24
-    attn = prefill_case(("layer", 256, 256, 4, 2, 64, 64), T, formats=formats, seed=3)
+    int8 = formats["w1"] != "FP32"
+    attn = prefill_case(("layer", 256, 256, 4, 2, 64, 64), T, formats=formats, seed=3, int8=int8)
     mlp = mlp_case(("layer", 256, 256, 4, 64, 512, 512), T, {"w1": formats["w1"],
                                                              "w2": formats["w2"]})
     mlp.pop("input"), mlp.pop("residual"), mlp.pop("output")
@@ -187,12 +193,17 @@ def test_decoder_layer_from_prefill_and_mlp(formats):
     # megafuse: attention (output over x) then the MLP in place on the residual stream
     a = copy_args(attn)
     a.update(input=x, residual=x, output=x)
-    megafuse.mega_fused_attention_prefill(**a)
+    (megafuse.mega_fused_attention_prefill_q8_0 if int8 else megafuse.mega_fused_attention_prefill)(
+        **a)
     m = copy_args(mlp)
     megafuse.mega_fused_mlp_prefill(output=x, input=x, residual=x, **m)
-    want, _ = reference_layer(attn["input"], attn, mlp)
-    tol = TOL["float"] if formats["w1"] == "FP32" else TOL["q8_vs_float"]
-    assert rel_err(x, want) < tol
+    pure, _ = reference_layer(attn["input"], attn, mlp)
+    if not int8:
+        assert rel_err(x, pure) < TOL["float"]
+        return
+    emulated, _ = reference_layer(attn["input"], attn, mlp, quantize_activations=True)
+    assert_q8_close(x, emulated, pure)
+    assert rel_err(x, pure) < TOL["q8_vs_float"]
 
 
 def test_decoder_layer_through_outproj_mlp():
