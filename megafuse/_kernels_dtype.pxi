@@ -74,35 +74,53 @@ cdef int _weight_dtype_arg(object dt, str name) except -1:
 
 
 def CK_DT_MASK(dt):
-    """The bit of dtype dt in a CKDataTypeMask: 1 << dt."""
+    """The bit of dtype dt in a CKDataTypeMask: 1 << dt.
+
+    Kernel: none; include/megafuse/ckernel_dtype.h (CK_DT_MASK).
+    """
     return ckdt.CK_DT_MASK(_dtype_arg(dt, "dt"))
 
 
 def ck_dtype_is_quantized(dt):
-    """True for the block formats (Q4_0 ... Q8_K), whose scales live inside each block."""
+    """True for the block formats (Q4_0 ... Q8_K), whose scales live inside each block.
+
+    Kernel: none; include/megafuse/ckernel_dtype.h (ck_dtype_is_quantized).
+    """
     return bool(ckdt.ck_dtype_is_quantized(_dtype_arg(dt, "dt")))
 
 
 def ck_dtype_bytes(dt):
     """Bytes of one storage element: 4 (FP32), 2 (FP16, BF16), 1 (INT8; INT4 and the block
-    formats, stored in uint8 arrays)."""
+    formats, stored in uint8 arrays).
+
+    Kernel: none; include/megafuse/ckernel_dtype.h (ck_dtype_bytes).
+    """
     return ckdt.ck_dtype_bytes(_dtype_arg(dt, "dt"))
 
 
 def ck_dtype_block_size(dt):
     """Weights per block: 32 (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0), 256 (Q4_K, Q5_K, Q6_K, Q8_K),
-    2 (INT4: a byte), 1 (FP32, FP16, BF16, INT8)."""
+    2 (INT4: a byte), 1 (FP32, FP16, BF16, INT8).
+
+    Kernel: none; include/megafuse/ckernel_dtype.h (ck_dtype_block_size).
+    """
     return ckdt.ck_dtype_block_size(_dtype_arg(dt, "dt"))
 
 
 def ck_dtype_block_bytes(dt):
-    """Bytes per block (GGML's byte counts); bytes per element for the plain types."""
+    """Bytes per block (GGML's byte counts); bytes per element for the plain types.
+
+    Kernel: none; include/megafuse/ckernel_dtype.h (ck_dtype_block_bytes).
+    """
     return ckdt.ck_dtype_block_bytes(_dtype_arg(dt, "dt"))
 
 
 def ck_dtype_row_bytes(dt, n_elements):
     """Bytes of a row of n_elements weights; n_elements must be a positive multiple of the
-    block size."""
+    block size.
+
+    Kernel: none; include/megafuse/ckernel_dtype.h (ck_dtype_row_bytes).
+    """
     cdef int value = _dtype_arg(dt, "dt")
     n = n_elements.__index__() if hasattr(n_elements, "__index__") else None
     if n is None or isinstance(n_elements, bool):
@@ -119,7 +137,10 @@ def ck_dtype_row_bytes(dt, n_elements):
 
 
 def ck_dtype_supported(mask, dt):
-    """True when dtype dt is in the CKDataTypeMask `mask` (an OR of CK_DT_MASK(...))."""
+    """True when dtype dt is in the CKDataTypeMask `mask` (an OR of CK_DT_MASK(...)).
+
+    Kernel: none; include/megafuse/ckernel_dtype.h (ck_dtype_supported).
+    """
     if not hasattr(mask, "__index__") or isinstance(mask, bool):
         raise TypeError(f"mask: expected an int, got {type(mask).__name__}")
     if not 0 <= mask.__index__() < (1 << 32):

@@ -153,6 +153,8 @@ def _row_dot(w_row_blob, dtype, x, quantized_activations=False):
     True: the int8 path (x quantized to Q8_0 for the 32-weight formats, Q8_K for the K-quants, then
     GGML's integer dot; FP32/FP16/BF16 stay float).  w_row_blob: one row of n weights stored as
     dequantize expects.  Returns a Python float.
+
+    Kernel: megafuse/_quant.pxi (rows_dot_kernel), include/megafuse/mf_quant.h.
     """
     return float(_rows_dot(w_row_blob, dtype, x, quantized_activations, 1)[0])
 
