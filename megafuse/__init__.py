@@ -1,7 +1,7 @@
 """megafuse: fused transformer-layer kernels for the CPU over NumPy buffers.
 
 Every function of the C header ``mega_fused_attention.h`` is a function here with the same name
-and parameters (see ``megafuse.get_include()`` for the header, SPEC for the contract):
+and parameters (see ``megafuse.get_include()`` for the header, docs/contract.md for the contract):
 RMSNorm -> Q/K/V projection -> RoPE -> flash attention over a KV cache -> output projection +
 residual, for one token (decode) and many (prefill), plus the post-attention MLP block.
 
@@ -27,6 +27,8 @@ from megafuse._kernels import (  # noqa: F401
     mega_fused_outproj_mlp_prefill_scratch_size,
     mega_fused_mlp_prefill,
     mega_fused_mlp_prefill_scratch_size,
+    mega_fused_outproj_mlp_prefill_f32,
+    mega_fused_mlp_prefill_f32,
     mega_fuse_rmsnorm_qkv,
     mega_fuse_rmsnorm_qkv_rope,
     mega_fuse_get_optimal_tiles,
@@ -79,6 +81,7 @@ __all__ = [
     "mega_fused_attention_prefill_scratch_size", "mega_fused_attention_prefill_q8_0_scratch_size",
     "mega_fused_outproj_mlp_prefill", "mega_fused_outproj_mlp_prefill_scratch_size",
     "mega_fused_mlp_prefill", "mega_fused_mlp_prefill_scratch_size",
+    "mega_fused_outproj_mlp_prefill_f32", "mega_fused_mlp_prefill_f32",
     "mega_fuse_rmsnorm_qkv", "mega_fuse_rmsnorm_qkv_rope", "mega_fuse_get_optimal_tiles",
     "mega_fuse_report_stats",
     # weight formats

@@ -1,7 +1,7 @@
 # Type stubs of megafuse's public API (the compiled functions of megafuse._kernels, re-exported
 # here, plus the pure-Python layer and GGUF modules).  Buffers are NumPy arrays: float32 for
 # activations, caches, biases and FP32 weights; uint8 / uint16 / float16 for the other weight
-# formats; any dtype for scratch.  The run-time checks (SPEC section 5) are stricter than these
+# formats; any dtype for scratch.  The run-time checks (docs/contract.md §5) are stricter than these
 # types can say: sizes, contiguity and writeability are checked when called.
 from typing import IO, Any, Dict, List, Literal, Optional, Sequence, SupportsIndex, Tuple, Union
 
@@ -113,6 +113,19 @@ def mega_fused_mlp_prefill(
 
 def mega_fused_mlp_prefill_scratch_size(
     tokens: int, aligned_embed_dim: int, aligned_intermediate_dim: int) -> int: ...
+
+def mega_fused_outproj_mlp_prefill_f32(
+    output: _F32, attn_out: _F32, residual: Optional[_F32], ln2_gamma: _F32, wo: _Array,
+    bo: Optional[_F32], wo_dt: _DType, w1: _Array, b1: Optional[_F32], w1_dt: _DType,
+    w2: _Array, b2: Optional[_F32], w2_dt: _DType, tokens: int, embed_dim: int,
+    aligned_embed_dim: int, num_heads: int, aligned_head_dim: int, intermediate_dim: int,
+    aligned_intermediate_dim: int, eps: float, scratch: _Array) -> None: ...
+
+def mega_fused_mlp_prefill_f32(
+    output: _F32, input: _F32, residual: Optional[_F32], ln2_gamma: _F32, w1: _Array,
+    b1: Optional[_F32], w1_dt: _DType, w2: _Array, b2: Optional[_F32], w2_dt: _DType,
+    tokens: int, embed_dim: int, aligned_embed_dim: int, intermediate_dim: int,
+    aligned_intermediate_dim: int, eps: float, scratch: _Array) -> None: ...
 
 def mega_fuse_rmsnorm_qkv(
     q_out: _F32, k_out: _F32, v_out: _F32, input: _F32, gamma: _F32, W_qkv: _F32,

@@ -102,12 +102,6 @@ def random_layer(dtype, cache_capacity, seed=0, shape=None):
         dtypes=dtypes, cache_capacity=cache_capacity, **hp, **weights)
 
 
-def _rel_err(got, want):
-    want = np.asarray(want, np.float64)
-    scale = float(np.max(np.abs(want))) or 1.0
-    return float(np.max(np.abs(np.asarray(got, np.float64) - want)) / scale)
-
-
 def run_bench(args, out=None):
     """Build the layer, time prefill and decode, check against the reference; returns the
     report (a dict, also what --json writes)."""
@@ -159,9 +153,10 @@ def run_bench(args, out=None):
     if args.check:
         progress("megafuse bench: checking against megafuse.reference (float64)")
         time.sleep(0.1)                   # (OpenBLAS threads spin briefly after numpy calls)
-        want = layer.reference(x[:T + K])
-        err_prefill = _rel_err(prefill_out, want[:T])
-        err_decode = _rel_err(np.stack(decode_out), want[T:]) if K else None
+        from megafuse.reference import rel_err
+        want = layer.reference(x[:T + K], quantize_activations=False)   # pure float math
+        err_prefill = rel_err(prefill_out, want[:T])
+        err_decode = rel_err(np.stack(decode_out), want[T:]) if K else None
     progress.done()
 
     def row(phase, tokens, seconds, nbytes, flops, err):

@@ -6,8 +6,8 @@
 # below.
 #
 # No score array longer than one KV tile exists anywhere: the scores of a tile live on the stack
-# (at most MF_MAX_KV_TILE floats a query row), and a running max m and sum l per query row rescale
-# that row's accumulator between tiles (the online softmax of Milakov & Gimelshein, as
+# (at most MF_ATT_MAX_KV_TILE floats a query row), and a running max m and sum l per query row
+# rescale that row's accumulator between tiles (the online softmax of Milakov & Gimelshein, as
 # FlashAttention uses it).  Each row is normalised once, at the end.  Scores come from register
 # blocks (3 query rows x 4 keys); exp runs vectorised over a row of the tile.
 
@@ -69,7 +69,7 @@ cdef void attend_query_tile(
     past a row's position are cut short (the causal mask touches the diagonal tiles only)."""
     cdef float m[MF_MAX_Q_TILE]
     cdef float l[MF_MAX_Q_TILE]
-    cdef float s[3][MF_MAX_KV_TILE]          # scores of 3 query rows for the tile
+    cdef float s[3][MF_ATT_MAX_KV_TILE]          # scores of 3 query rows for the tile
     cdef float blk[3][4]
     cdef const float *qp[3]
     cdef const float *kp[4]

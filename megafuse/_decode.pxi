@@ -1,6 +1,9 @@
 # The fused single-token layer: RMSNorm -> Q/K/V -> RoPE -> KV-cache write -> attention over the
 # cache -> out-projection + bias + residual.  Float32 weights, float32 activations throughout.
 # The attention itself is attend_one_token (_attention.pxi): split-KV over long contexts.
+#
+# Kernel of mega_fused_attention_decode_workspace (and of mega_fused_attention_decode, whose
+# boundary allocates the two workspaces): mega_fused_attention_decode_workspace_kernel.
 
 
 cdef void outproj_rows_block(
@@ -27,7 +30,7 @@ cdef void outproj_rows_block(
                 residual[e] if residual != NULL else 0.0)
 
 
-cdef void attention_decode_kernel(
+cdef void mega_fused_attention_decode_workspace_kernel(
         float *output,             # [Ea]: columns >= E written as 0
         const float *input,        # [Ea]
         const float *residual,     # [Ea] or NULL
@@ -43,7 +46,9 @@ cdef void attention_decode_kernel(
         int pos, int embed_dim, int aligned_embed_dim, int num_heads, int num_kv_heads,
         int head_dim, int aligned_head_dim, int cache_capacity, float eps,
         float *q_output_workspace,   # [2, H*Da]: q, then the attention output
+        size_t q_output_workspace_bytes,   # (checked by the boundary; not needed here)
         float *kv_workspace,         # [2, G*Da]: k, then v
+        size_t kv_workspace_bytes,
         int kv_tile, int num_threads) noexcept nogil:
     cdef Py_ssize_t E = embed_dim, Ea = aligned_embed_dim, H = num_heads, G = num_kv_heads
     cdef Py_ssize_t D = head_dim, Da = aligned_head_dim, C = cache_capacity, P = pos

@@ -1,9 +1,15 @@
-"""megafuse.CKDataType: the data types of weights and activations (upstream's enum values)."""
+"""megafuse.CKDataType: the data types of weights and activations (upstream's enum values).
+
+The one Python definition of the enum: megafuse, its layer and GGUF modules and megafuse.reference
+(which needs no compiled code) all import it from here; Cython code uses the C enum of
+include/megafuse/ckernel_dtype.h (megafuse/_ckernel_dtype.pxd), and importing megafuse._kernels
+checks that the two agree value for value.
+"""
 from enum import IntEnum
 
 
 class CKDataType(IntEnum):
-    """Values of include/megafuse/ckernel_dtype.h (SPEC section 2).
+    """Values of include/megafuse/ckernel_dtype.h (docs/contract.md §2).
 
     Weight formats: FP32, BF16, FP16 and the GGML block formats Q4_0, Q4_1, Q5_0, Q5_1, Q8_0
     (32 weights a block) and Q4_K, Q5_K, Q6_K (256).  Q8_K is the activation format of the

@@ -18,10 +18,6 @@
 # integer dot product from the format layer, computed 4 weight rows x up to 64 tokens at a time
 # by mf_q8_rows_tokens (rows decoded once into L1; bit-identical to one-row dots per pair).
 
-cdef extern from "megafuse/ckernel_dtype.h" nogil:
-    size_t ck_dtype_row_bytes(int dt, size_t n)
-    size_t ck_dtype_block_size(int dt)
-
 cdef extern from "megafuse/mf_gemm.h" nogil:
     enum: MF_PANEL_ROWS                  # 16 weight rows a packed panel
     enum: MF_PANEL_K                     # 256 columns a packed panel
@@ -39,7 +35,6 @@ cdef enum:
     PROJ_TOKEN_TILE = 48      # tokens sharing one pass of the dot path over a block's rows
     PACK_MIN_TOKENS = 4       # from this many tokens on, the packed-panel GEMM
     PACK_TOKEN_TILE = 128     # tokens sharing one packed panel
-    DT_FP32 = 0
 
 
 cdef inline bint uses_q8_activations(int dt) noexcept nogil:
@@ -81,7 +76,7 @@ cdef void rows_dot_tokens_f32(
     cdef const float *xp[GEMM_TOKENS]
     cdef Py_ssize_t t0, nt, tg, j, r, k0, n
     cdef Py_ssize_t nr = min(<Py_ssize_t>DOT_ROWS, b.n - r0)
-    cdef bint direct = dt == DT_FP32
+    cdef bint direct = dt == CK_DT_FP32
     cdef const char *ahead
     if direct and T < GEMM_TOKENS:               # one or two tokens: 4 rows stream past each
         for r in range(DOT_ROWS):
@@ -150,7 +145,7 @@ cdef void block_gemm_packed_f32(
     cdef Py_ssize_t t0, nt, i, mr, j, k0, kc, p0, np_rows, last
     cdef Py_ssize_t pn, kn, n_next, next_off, next_bytes, per_call, g
     cdef float value
-    cdef bint direct = dt == DT_FP32
+    cdef bint direct = dt == CK_DT_FP32
     t0 = 0
     while t0 < T:
         nt = min(<Py_ssize_t>PACK_TOKEN_TILE, T - t0)

@@ -2,9 +2,17 @@
 # SIMD level (megafuse/_simd_<level>.pyx).  Each level module fills one KernelTable with pointers
 # to its own compiled kernels and hands it out in a capsule; _kernels.pyx calls through it.
 #
-# Kernels take the header's parameters (already validated: they cannot fail) plus the tiles and
-# the thread count, which the boundary decides.  Dimension letters: E = embed_dim, Ea = aligned,
-# D = head_dim, Da = aligned, H = num_heads, G = num_kv_heads.
+# One slot per function of include/megafuse/mega_fused_attention.h that runs a kernel, named
+# after it, holding the kernel <name>_kernel: the def <name> (and c_<name>) calls slot <name>,
+# which is <name>_kernel in one of the family files (the README's source map lists them).  A slot
+# takes the header function's parameters, in its order (already validated: kernels cannot fail),
+# then what the boundary decides: the attention tiles where the kernel has attention, and the
+# thread count.  The format layer's slots are named after the defs of megafuse/_kernels_format.pxi.
+#
+# Dimension letters: E = embed_dim, Ea = aligned, D = head_dim, Da = aligned, H = num_heads,
+# G = num_kv_heads, T = tokens, I / Ia = (aligned) intermediate_dim.
+
+from megafuse._ckernel_dtype cimport CKDataType
 
 from libc.stdint cimport int32_t, int64_t, uint32_t
 
@@ -89,13 +97,15 @@ cdef extern from "megafuse/mf_model.h" nogil:
         int att_kind
         Py_ssize_t att_tasks, att_n_chunks, att_n_seg, att_seg_len, att_max_seg
 
-# Bump when a field is added or a signature changes: a level module of another version is refused.
+cdef extern from "megafuse/mf_attention.h" nogil:
+    enum: MF_ATT_MAX_KV_TILE          # upper bound of the KV tile (a tile of scores on the stack)
+
+# Bump when a slot is added or a signature changes: a level module of another version is refused.
 cdef enum:
-    KERNEL_TABLE_VERSION = 3
-    MF_MAX_KV_TILE = 256      # upper bound of the KV tile (a tile of scores lives on the stack)
+    KERNEL_TABLE_VERSION = 5
     MF_MAX_Q_TILE = 128       # upper bound of the query tile (its softmax state lives on the stack)
 
-ctypedef void (*attention_decode_fn)(
+ctypedef void (*mega_fused_attention_decode_workspace_fn)(
     float *output,                # [Ea]
     const float *input,           # [Ea]
     const float *residual,        # [Ea] or NULL
@@ -111,10 +121,12 @@ ctypedef void (*attention_decode_fn)(
     int pos, int embed_dim, int aligned_embed_dim, int num_heads, int num_kv_heads,
     int head_dim, int aligned_head_dim, int cache_capacity, float eps,
     float *q_output_workspace,    # [2, H*Da]: q, then the attention output
+    size_t q_output_workspace_bytes,
     float *kv_workspace,          # [2, G*Da]: k, then v
+    size_t kv_workspace_bytes,
     int kv_tile, int num_threads) noexcept nogil
 
-ctypedef void (*rmsnorm_qkv_rope_fn)(
+ctypedef void (*mega_fuse_rmsnorm_qkv_fn)(
     float *q_out,                 # [H*D]
     float *k_out,                 # [G*D]
     float *v_out,                 # [G*D]
@@ -122,54 +134,79 @@ ctypedef void (*rmsnorm_qkv_rope_fn)(
     const float *gamma,           # [hidden]
     const float *W_qkv,           # [(H+2G)*D, hidden]
     const float *b_qkv,           # [(H+2G)*D] or NULL
-    const float *rope_cos,        # [>pos, D/2] or NULL (then no rotation)
-    const float *rope_sin,
-    int pos, int hidden, int num_heads, int num_kv_heads, int head_dim, float eps,
+    int hidden, int num_heads, int num_kv_heads, int head_dim, float eps,
     int num_threads) noexcept nogil
 
-ctypedef void (*attention_prefill_fn)(
+ctypedef void (*mega_fuse_rmsnorm_qkv_rope_fn)(
+    float *q_out,                 # [H*D]
+    float *k_out,                 # [G*D]
+    float *v_out,                 # [G*D]
+    const float *input,           # [hidden]
+    const float *gamma,           # [hidden]
+    const float *W_qkv,           # [(H+2G)*D, hidden]
+    const float *b_qkv,           # [(H+2G)*D] or NULL
+    const float *rope_cos,        # [max_seq, D/2] or NULL (then no rotation)
+    const float *rope_sin,
+    int pos, int hidden, int num_heads, int num_kv_heads, int head_dim, int max_seq, float eps,
+    int num_threads) noexcept nogil
+
+# mega_fused_attention_prefill and mega_fused_attention_prefill_q8_0
+ctypedef void (*mega_fused_attention_prefill_fn)(
     float *output,                # [T, Ea]
     const float *input,           # [T, Ea]
     const float *residual,        # [T, Ea] or NULL
     const float *ln1_gamma,       # [E]
-    const void *wq, const float *bq, int wq_dt,   # [H*Da, Ea] in wq_dt, [H*Da] or NULL
-    const void *wk, const float *bk, int wk_dt,   # [G*Da, Ea] in wk_dt, [G*Da] or NULL
-    const void *wv, const float *bv, int wv_dt,   # [G*Da, Ea] in wv_dt, [G*Da] or NULL
-    const void *wo, const float *bo, int wo_dt,   # [Ea, H*Da] in wo_dt, [Ea] or NULL
+    const void *wq, const float *bq, CKDataType wq_dt,   # [H*Da, Ea] in wq_dt, [H*Da] or NULL
+    const void *wk, const float *bk, CKDataType wk_dt,   # [G*Da, Ea] in wk_dt, [G*Da] or NULL
+    const void *wv, const float *bv, CKDataType wv_dt,   # [G*Da, Ea] in wv_dt, [G*Da] or NULL
+    const void *wo, const float *bo, CKDataType wo_dt,   # [Ea, H*Da] in wo_dt, [Ea] or NULL
     float *kv_cache_k, float *kv_cache_v,         # [G, cache_capacity, Da]
-    const float *rope_cos, const float *rope_sin, # [>= start_pos+T, D/2] or NULL
+    const float *rope_cos, const float *rope_sin,  # [>= start_pos+T, D/2] or NULL
     int start_pos, int tokens, int cache_capacity, int embed_dim, int aligned_embed_dim,
     int num_heads, int num_kv_heads, int head_dim, int aligned_head_dim, float eps,
     void *scratch,                # include/megafuse/mf_scratch.h layout
-    int int8_path, int q_tile, int kv_tile, int num_threads) noexcept nogil
+    int q_tile, int kv_tile, int num_threads) noexcept nogil
 
-ctypedef void (*mlp_prefill_fn)(
+# mega_fused_outproj_mlp_prefill and mega_fused_outproj_mlp_prefill_f32
+ctypedef void (*mega_fused_outproj_mlp_prefill_fn)(
     float *output,                # [T, Ea]
-    const float *attn_out,        # [H, T, Da] head-major, or NULL (mega_fused_mlp_prefill)
-    const float *input,           # [T, Ea] (mega_fused_mlp_prefill) or NULL
+    const float *attn_out,        # [H, T, Da] head-major
     const float *residual,        # [T, Ea] or NULL
     const float *ln2_gamma,       # [E]
-    const void *wo, const float *bo, int wo_dt,   # [Ea, H*Da], [Ea] or NULL
-    const void *w1, const float *b1, int w1_dt,   # [2*Ia, Ea], [2*Ia] or NULL
-    const void *w2, const float *b2, int w2_dt,   # [Ea, Ia], [Ea] or NULL
+    const void *wo, const float *bo, CKDataType wo_dt,   # [Ea, H*Da], [Ea] or NULL
+    const void *w1, const float *b1, CKDataType w1_dt,   # [2*Ia, Ea], [2*Ia] or NULL
+    const void *w2, const float *b2, CKDataType w2_dt,   # [Ea, Ia], [Ea] or NULL
     int tokens, int embed_dim, int aligned_embed_dim, int num_heads, int aligned_head_dim,
     int intermediate_dim, int aligned_intermediate_dim, float eps,
     void *scratch,                # include/megafuse/mf_scratch.h layout
     int num_threads) noexcept nogil
 
-# Block formats (megafuse/_quant.pxi).  R = rows, C = columns, RB = ck_dtype_row_bytes(dt, C),
+# mega_fused_mlp_prefill and mega_fused_mlp_prefill_f32
+ctypedef void (*mega_fused_mlp_prefill_fn)(
+    float *output,                # [T, Ea]
+    const float *input,           # [T, Ea]
+    const float *residual,        # [T, Ea] or NULL
+    const float *ln2_gamma,       # [E]
+    const void *w1, const float *b1, CKDataType w1_dt,   # [2*Ia, Ea], [2*Ia] or NULL
+    const void *w2, const float *b2, CKDataType w2_dt,   # [Ea, Ia], [Ea] or NULL
+    int tokens, int embed_dim, int aligned_embed_dim, int intermediate_dim,
+    int aligned_intermediate_dim, float eps,
+    void *scratch,                # include/megafuse/mf_scratch.h layout
+    int num_threads) noexcept nogil
+
+# The format layer (megafuse/_quant.pxi).  R = rows, C = columns, RB = ck_dtype_row_bytes(dt, C),
 # AB = mf_activation_row_bytes(dt, C).
-ctypedef void (*quantize_rows_fn)(
+ctypedef void (*quantize_fn)(
     const float *x,               # [R, C] float32
     void *dst,                    # [R, RB] in weight format dt
     Py_ssize_t rows, Py_ssize_t cols, int dt, int num_threads) noexcept nogil
 
-ctypedef void (*dequantize_rows_fn)(
+ctypedef void (*dequantize_fn)(
     const void *src,              # [R, RB] in weight format dt
     float *dst,                   # [R, C] float32
     Py_ssize_t rows, Py_ssize_t cols, int dt, int num_threads) noexcept nogil
 
-ctypedef void (*row_dot_fn)(      # test hook: out[r] = w[r] . x, float (0) or int8 (1) path
+ctypedef void (*rows_dot_fn)(     # test hook: out[r] = w[r] . x, float (0) or int8 (1) path
     const void *w,                # [R, RB]
     int dt,
     const float *x,               # [C]
@@ -198,12 +235,20 @@ ctypedef void (*model_forward_fn)(   # megafuse/_model_step.pxi
 ctypedef struct KernelTable:
     int version
     const char *simd_level
-    attention_decode_fn attention_decode
-    rmsnorm_qkv_rope_fn rmsnorm_qkv_rope
-    attention_prefill_fn attention_prefill
-    mlp_prefill_fn mlp_prefill
-    quantize_rows_fn quantize_rows
-    dequantize_rows_fn dequantize_rows
-    row_dot_fn row_dot
+    # the header's functions (megafuse/_kernels.pyx)
+    mega_fused_attention_decode_workspace_fn mega_fused_attention_decode_workspace
+    mega_fuse_rmsnorm_qkv_fn mega_fuse_rmsnorm_qkv
+    mega_fuse_rmsnorm_qkv_rope_fn mega_fuse_rmsnorm_qkv_rope
+    mega_fused_attention_prefill_fn mega_fused_attention_prefill
+    mega_fused_attention_prefill_fn mega_fused_attention_prefill_q8_0
+    mega_fused_outproj_mlp_prefill_fn mega_fused_outproj_mlp_prefill
+    mega_fused_mlp_prefill_fn mega_fused_mlp_prefill
+    mega_fused_outproj_mlp_prefill_fn mega_fused_outproj_mlp_prefill_f32
+    mega_fused_mlp_prefill_fn mega_fused_mlp_prefill_f32
+    # the format API (megafuse/_kernels_format.pxi)
+    quantize_fn quantize
+    dequantize_fn dequantize
+    rows_dot_fn rows_dot
     quantize_activations_fn quantize_activations
+    # the whole-model step (megafuse/_model_api.pxi)
     model_forward_fn model_forward

@@ -11,9 +11,18 @@ from cython.parallel cimport prange
 
 from libc.stdint cimport int32_t, int64_t, uint32_t
 from megafuse._kernel_table cimport (
-    KernelTable, KERNEL_TABLE_VERSION, MF_MAX_KV_TILE, MF_MAX_Q_TILE, MF_SIMD_NAME,
+    KernelTable, KERNEL_TABLE_VERSION, MF_ATT_MAX_KV_TILE, MF_MAX_Q_TILE, MF_SIMD_NAME,
     mf_team, mf_team_claim_gen, mf_team_wait_done, mf_team_chunk_done, mf_team_run,
     mf_model, mf_model_layer, mf_step, mf_phase, MF_STEP_TOKENS)
+from megafuse._ckernel_dtype cimport (
+    CKDataType, CK_DT_FP32, CK_DT_Q8_0, CK_DT_Q8_K, ck_dtype_block_size, ck_dtype_row_bytes)
+from megafuse._mf_quant cimport (
+    mf_dequantize_row, mf_quantize_row, mf_weight_row_dot_f32, mf_weight_row_dot_q8,
+    mf_quantize_activation_row, mf_activation_row_bytes, mf_activation_dtype, mf_q8_rows_tokens,
+    MF_Q8_TILE_TOKENS)
+from megafuse._mf_scratch cimport (
+    mf_prefill_scratch, mf_prefill_scratch_layout, mf_mlp_scratch, mf_mlp_scratch_layout,
+    MF_MLP_TOKEN_TILE)
 
 cdef extern from "megafuse/mf_simd.h" nogil:
     float mf_dot_f32(const float *a, const float *b, Py_ssize_t n)
@@ -38,16 +47,22 @@ include "_prefill.pxi"
 include "_mlp.pxi"
 include "_model_step.pxi"
 
+# slot <name>: kernel <name>_kernel (megafuse/_kernel_table.pxd)
 cdef KernelTable _TABLE
 _TABLE.version = KERNEL_TABLE_VERSION
 _TABLE.simd_level = MF_SIMD_NAME
-_TABLE.attention_decode = attention_decode_kernel
-_TABLE.rmsnorm_qkv_rope = rmsnorm_qkv_rope_kernel
-_TABLE.attention_prefill = attention_prefill_kernel
-_TABLE.mlp_prefill = mlp_prefill_kernel
-_TABLE.quantize_rows = quantize_rows
-_TABLE.dequantize_rows = dequantize_rows
-_TABLE.row_dot = row_dot_kernel
+_TABLE.mega_fused_attention_decode_workspace = mega_fused_attention_decode_workspace_kernel
+_TABLE.mega_fuse_rmsnorm_qkv = mega_fuse_rmsnorm_qkv_kernel
+_TABLE.mega_fuse_rmsnorm_qkv_rope = mega_fuse_rmsnorm_qkv_rope_kernel
+_TABLE.mega_fused_attention_prefill = mega_fused_attention_prefill_kernel
+_TABLE.mega_fused_attention_prefill_q8_0 = mega_fused_attention_prefill_q8_0_kernel
+_TABLE.mega_fused_outproj_mlp_prefill = mega_fused_outproj_mlp_prefill_kernel
+_TABLE.mega_fused_mlp_prefill = mega_fused_mlp_prefill_kernel
+_TABLE.mega_fused_outproj_mlp_prefill_f32 = mega_fused_outproj_mlp_prefill_f32_kernel
+_TABLE.mega_fused_mlp_prefill_f32 = mega_fused_mlp_prefill_f32_kernel
+_TABLE.quantize = quantize_kernel
+_TABLE.dequantize = dequantize_kernel
+_TABLE.rows_dot = rows_dot_kernel
 _TABLE.quantize_activations = quantize_activations_kernel
 _TABLE.model_forward = model_forward_kernel
 

@@ -1,20 +1,15 @@
 # The post-attention block: out-projection + residual -> RMSNorm -> SwiGLU MLP -> residual.
 #
-# One kernel, two entries: mega_fused_outproj_mlp_prefill (attn_out given, head-major) and
-# mega_fused_mlp_prefill (token-major input).  Tokens go through in tiles of MF_MLP_TOKEN_TILE:
-# a tile's gate/up products, silu(gate)*up and its quantization live in scratch
+# One body (fused_mlp), four kernels at the end of this file: mega_fused_outproj_mlp_prefill_kernel
+# (attn_out given, head-major) and mega_fused_mlp_prefill_kernel (token-major input), and their
+# float-activation twins mega_fused_outproj_mlp_prefill_f32_kernel and
+# mega_fused_mlp_prefill_f32_kernel.  Tokens go through in tiles of MF_MLP_TOKEN_TILE: a tile's
+# gate/up products, silu(gate)*up and (int8 path) its quantization live in scratch
 # (include/megafuse/mf_scratch.h) and w2 consumes them before the next tile: no [T, I] buffer.
-# Activations are quantized (Q8_0 / Q8_K) for every block-format weight; FP32/FP16/BF16 weights
-# see float activations.
-
-cdef extern from "megafuse/mf_scratch.h" nogil:
-    ctypedef struct mf_mlp_scratch:
-        size_t tile, f, q, a, aq, q_row, aq_row, total
-    mf_mlp_scratch mf_mlp_scratch_layout(size_t T, size_t Ea, size_t hda, size_t Ia)
-
-cdef enum:
-    MLP_MAX_TILE = 128        # MF_MLP_TOKEN_TILE
-
+# On the int8 path activations are quantized (Q8_0 / Q8_K) for every block-format weight and
+# FP32/FP16/BF16 weights see float activations; on the float path every projection takes float
+# activations (block-format weights dequantized as they are read) and the quantized regions of
+# the scratch are not touched.
 
 cdef void swiglu_block(
         Py_ssize_t i0,         # first intermediate index of the block
@@ -24,8 +19,8 @@ cdef void swiglu_block(
         Py_ssize_t I, Py_ssize_t Ia,
         float *act) noexcept nogil:   # [nt, Ia]: columns i0 .. i0+63 = silu(gate) * up
     """Gate rows i and up rows Ia + i of w1, for 64 intermediate indices, against the tile."""
-    cdef float gate[MLP_MAX_TILE * GEMM_ROWS]   # [nt, 64]
-    cdef float up[MLP_MAX_TILE * GEMM_ROWS]     # [nt, 64]
+    cdef float gate[MF_MLP_TOKEN_TILE * GEMM_ROWS]   # [nt, 64]
+    cdef float up[MF_MLP_TOKEN_TILE * GEMM_ROWS]     # [nt, 64]
     cdef RowBlock g, u
     cdef Py_ssize_t r, j, i
     g.n = u.n = 0
@@ -55,15 +50,16 @@ cdef void swiglu_block(
 
 cdef void quantize_rows_for(int dt, const float *x, Py_ssize_t ldx, char *xq, Py_ssize_t xq_row,
                             Py_ssize_t n, Py_ssize_t nt, int num_threads) noexcept nogil:
-    """Quantize nt rows of n floats to the activation format of weight format dt (if any)."""
+    """Quantize nt rows of n floats to the activation format of weight format dt (if any; not
+    at all on the float path, xq = NULL)."""
     cdef Py_ssize_t t
-    if not uses_q8_activations(dt):
+    if xq == NULL or not uses_q8_activations(dt):
         return
     for t in prange(nt, num_threads=num_threads, schedule='static', nogil=True):
         quantize_activation_row(x + t * ldx, xq + t * xq_row, n, activation_format(dt))
 
 
-cdef void mlp_prefill_kernel(
+cdef void fused_mlp(
         float *output,             # [T, Ea]: columns >= E written as 0
         const float *attn_out,     # [H, T, Da] head-major, or NULL (token-major entry)
         const float *input,        # [T, Ea] (token-major entry) or NULL
@@ -75,7 +71,9 @@ cdef void mlp_prefill_kernel(
         int tokens, int embed_dim, int aligned_embed_dim, int num_heads, int aligned_head_dim,
         int intermediate_dim, int aligned_intermediate_dim, float eps,
         void *scratch,             # mf_mlp_scratch_layout(...).total bytes
-        int num_threads) noexcept nogil:
+        int int8_path, int num_threads) noexcept nogil:
+    """Every MLP kernel: int8_path = 1 quantizes the activations of block-format weights,
+    0 keeps them float32 (no quantized row exists: rows_q, act_q are NULL)."""
     cdef Py_ssize_t E = embed_dim, Ea = aligned_embed_dim, T = tokens
     cdef Py_ssize_t H = num_heads, Da = aligned_head_dim
     cdef Py_ssize_t HDa = H * Da if attn_out != NULL else 0
@@ -83,9 +81,9 @@ cdef void mlp_prefill_kernel(
     cdef mf_mlp_scratch layout = mf_mlp_scratch_layout(T, Ea, HDa, Ia)
     cdef char *base = <char *>scratch
     cdef float *rows = <float *>(base + layout.f)     # [tile, max(HDa, Ea)]: attn rows, then z
-    cdef char *rows_q = base + layout.q               # [tile, q_row]
+    cdef char *rows_q = base + layout.q if int8_path else NULL    # [tile, q_row]
     cdef float *act = <float *>(base + layout.a)      # [tile, Ia]: silu(gate) * up
-    cdef char *act_q = base + layout.aq               # [tile, aq_row]
+    cdef char *act_q = base + layout.aq if int8_path else NULL    # [tile, aq_row]
     cdef Py_ssize_t wo_row = ck_dtype_row_bytes(wo_dt, HDa) if HDa else 0
     cdef Py_ssize_t w1_row = ck_dtype_row_bytes(w1_dt, Ea), w2_row = ck_dtype_row_bytes(w2_dt, Ia)
     cdef Py_ssize_t t0, nt, t, j, h, e, i, blk
@@ -134,3 +132,63 @@ cdef void mlp_prefill_kernel(
                          act_q, layout.aq_row, nt, output + t0 * Ea,
                          base_rows + t0 * Ea if base_rows != NULL else NULL, Ea)
         t0 += nt
+
+
+cdef void mega_fused_outproj_mlp_prefill_kernel(
+        float *output,             # [T, Ea]
+        const float *attn_out,     # [H, T, Da] head-major
+        const float *residual,     # [T, Ea] or NULL
+        const float *ln2_gamma,    # [E]
+        const void *wo, const float *bo, CKDataType wo_dt,
+        const void *w1, const float *b1, CKDataType w1_dt,
+        const void *w2, const float *b2, CKDataType w2_dt,
+        int tokens, int embed_dim, int aligned_embed_dim, int num_heads, int aligned_head_dim,
+        int intermediate_dim, int aligned_intermediate_dim, float eps, void *scratch,
+        int num_threads) noexcept nogil:
+    fused_mlp(output, attn_out, NULL, residual, ln2_gamma, wo, bo, wo_dt, w1, b1, w1_dt, w2, b2,
+              w2_dt, tokens, embed_dim, aligned_embed_dim, num_heads, aligned_head_dim,
+              intermediate_dim, aligned_intermediate_dim, eps, scratch, 1, num_threads)
+
+
+cdef void mega_fused_mlp_prefill_kernel(
+        float *output,             # [T, Ea]
+        const float *input,        # [T, Ea]
+        const float *residual,     # [T, Ea] or NULL
+        const float *ln2_gamma,    # [E]
+        const void *w1, const float *b1, CKDataType w1_dt,
+        const void *w2, const float *b2, CKDataType w2_dt,
+        int tokens, int embed_dim, int aligned_embed_dim, int intermediate_dim,
+        int aligned_intermediate_dim, float eps, void *scratch, int num_threads) noexcept nogil:
+    fused_mlp(output, NULL, input, residual, ln2_gamma, NULL, NULL, CK_DT_FP32, w1, b1, w1_dt,
+              w2, b2, w2_dt, tokens, embed_dim, aligned_embed_dim, 0, 0, intermediate_dim,
+              aligned_intermediate_dim, eps, scratch, 1, num_threads)
+
+
+cdef void mega_fused_outproj_mlp_prefill_f32_kernel(
+        float *output,             # [T, Ea]
+        const float *attn_out,     # [H, T, Da] head-major
+        const float *residual,     # [T, Ea] or NULL
+        const float *ln2_gamma,    # [E]
+        const void *wo, const float *bo, CKDataType wo_dt,
+        const void *w1, const float *b1, CKDataType w1_dt,
+        const void *w2, const float *b2, CKDataType w2_dt,
+        int tokens, int embed_dim, int aligned_embed_dim, int num_heads, int aligned_head_dim,
+        int intermediate_dim, int aligned_intermediate_dim, float eps, void *scratch,
+        int num_threads) noexcept nogil:
+    fused_mlp(output, attn_out, NULL, residual, ln2_gamma, wo, bo, wo_dt, w1, b1, w1_dt, w2, b2,
+              w2_dt, tokens, embed_dim, aligned_embed_dim, num_heads, aligned_head_dim,
+              intermediate_dim, aligned_intermediate_dim, eps, scratch, 0, num_threads)
+
+
+cdef void mega_fused_mlp_prefill_f32_kernel(
+        float *output,             # [T, Ea]
+        const float *input,        # [T, Ea]
+        const float *residual,     # [T, Ea] or NULL
+        const float *ln2_gamma,    # [E]
+        const void *w1, const float *b1, CKDataType w1_dt,
+        const void *w2, const float *b2, CKDataType w2_dt,
+        int tokens, int embed_dim, int aligned_embed_dim, int intermediate_dim,
+        int aligned_intermediate_dim, float eps, void *scratch, int num_threads) noexcept nogil:
+    fused_mlp(output, NULL, input, residual, ln2_gamma, NULL, NULL, CK_DT_FP32, w1, b1, w1_dt,
+              w2, b2, w2_dt, tokens, embed_dim, aligned_embed_dim, 0, 0, intermediate_dim,
+              aligned_intermediate_dim, eps, scratch, 0, num_threads)

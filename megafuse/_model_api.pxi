@@ -22,7 +22,7 @@ cdef Py_ssize_t _activation_row(tuple formats, Py_ssize_t n, Py_ssize_t block):
     the given block size) read on the int8 path; 0 if none does."""
     cdef Py_ssize_t best = 0
     for dt in formats:
-        if ck_dtype_block_size_c(dt) == block and n % block == 0:
+        if ckdt.ck_dtype_block_size(dt) == block and n % block == 0:
             best = max(best, <Py_ssize_t>mf_activation_row_bytes(dt, n))
     return best
 

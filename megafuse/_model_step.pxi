@@ -114,7 +114,7 @@ cdef inline char *q8_rows_for(const mf_step *st, int dt, Py_ssize_t *row) noexce
     if not st.m.int8 or not uses_q8_activations(dt):
         row[0] = 0
         return NULL
-    if activation_format(dt) == DT_Q8_K:
+    if activation_format(dt) == CK_DT_Q8_K:
         row[0] = st.layout.xqk_row
         return st.scratch + st.layout.xqk
     row[0] = st.layout.xq_row

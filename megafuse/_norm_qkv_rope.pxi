@@ -1,4 +1,5 @@
-# RMSNorm -> Q/K/V projection -> RoPE (float32 weights).
+# RMSNorm -> Q/K/V projection -> RoPE (float32 weights): the projections decode uses, and the
+# kernels of mega_fuse_rmsnorm_qkv and mega_fuse_rmsnorm_qkv_rope (at the end of this file).
 #
 # Dimension letters: E = embed (hidden) dim, Ea = its aligned row stride, H / G = query / kv heads,
 # D = head_dim, Da = its aligned stride.  Padded dims (d >= D of a head, columns >= E of a row) are
@@ -85,15 +86,15 @@ cdef inline void rope_rotate_heads(
             xh[i + half] = a * sin_p[i] + b * cos_p[i]
 
 
-cdef void rmsnorm_qkv_rope_kernel(
+cdef void rmsnorm_qkv_rope(
         float *q_out, float *k_out, float *v_out,
         const float *input, const float *gamma,
         const float *W_qkv,    # [(H+2G)*D, hidden]: q rows, then k rows, then v rows
         const float *b_qkv,    # [(H+2G)*D] or NULL
-        const float *rope_cos, const float *rope_sin,
+        const float *rope_cos, const float *rope_sin,   # [> pos rows, D/2] or NULL
         int pos, int hidden, int num_heads, int num_kv_heads, int head_dim, float eps,
         int num_threads) noexcept nogil:
-    """mega_fuse_rmsnorm_qkv(_rope): the unaligned layout (E = Ea = hidden, Da = D)."""
+    """Both phase functions: the unaligned layout (E = Ea = hidden, Da = D)."""
     cdef Py_ssize_t E = hidden, H = num_heads, G = num_kv_heads, D = head_dim
     cdef const float *wk = W_qkv + H * D * E
     cdef const float *wv = wk + G * D * E
@@ -110,3 +111,26 @@ cdef void rmsnorm_qkv_rope_kernel(
                           rope_sin + <Py_ssize_t>pos * (D // 2))
         rope_rotate_heads(k_out, G, D, D, rope_cos + <Py_ssize_t>pos * (D // 2),
                           rope_sin + <Py_ssize_t>pos * (D // 2))
+
+
+cdef void mega_fuse_rmsnorm_qkv_kernel(
+        float *q_out, float *k_out, float *v_out,    # [H*D], [G*D], [G*D]
+        const float *input, const float *gamma,      # [hidden], [hidden]
+        const float *W_qkv,    # [(H+2G)*D, hidden]
+        const float *b_qkv,    # [(H+2G)*D] or NULL
+        int hidden, int num_heads, int num_kv_heads, int head_dim, float eps,
+        int num_threads) noexcept nogil:
+    rmsnorm_qkv_rope(q_out, k_out, v_out, input, gamma, W_qkv, b_qkv, NULL, NULL, 0, hidden,
+                     num_heads, num_kv_heads, head_dim, eps, num_threads)
+
+
+cdef void mega_fuse_rmsnorm_qkv_rope_kernel(
+        float *q_out, float *k_out, float *v_out,    # [H*D], [G*D], [G*D]
+        const float *input, const float *gamma,      # [hidden], [hidden]
+        const float *W_qkv,    # [(H+2G)*D, hidden]
+        const float *b_qkv,    # [(H+2G)*D] or NULL
+        const float *rope_cos, const float *rope_sin,   # [max_seq, D/2] or NULL
+        int pos, int hidden, int num_heads, int num_kv_heads, int head_dim, int max_seq,
+        float eps, int num_threads) noexcept nogil:
+    rmsnorm_qkv_rope(q_out, k_out, v_out, input, gamma, W_qkv, b_qkv, rope_cos, rope_sin, pos,
+                     hidden, num_heads, num_kv_heads, head_dim, eps, num_threads)

@@ -1,20 +1,14 @@
 # The fused block over T tokens: RMSNorm -> Q/K/V -> RoPE -> KV-cache write -> causal flash
 # attention -> out-projection + bias + residual.  Weights in any format, each its own.
+# Kernels of mega_fused_attention_prefill (float activations) and mega_fused_attention_prefill_q8_0
+# (the int8 path), at the end of this file: both are fused_prefill.
 #
 # Scratch (include/megafuse/mf_scratch.h): region A [T, H*Da] q (then the quantized attention
 # rows), region B [T, max(Ea, H*Da)] the normalised input (then the attention output), region C
 # (int8 path) the quantized normalised input.  k and v go straight into the cache.
 
-cdef extern from "megafuse/mf_scratch.h" nogil:
-    ctypedef struct mf_prefill_scratch:
-        size_t a, b, c_q8_0, c_q8_k, q8_0_row, q8_k_row, total
-    mf_prefill_scratch mf_prefill_scratch_layout(size_t T, size_t Ea, size_t H, size_t Da,
-                                                 int int8_path)
-
 cdef enum:
-    PREFILL_TOKEN_TILE = 128  # tokens a pass of the weight rows (PACK_TOKEN_TILE)
-    DT_Q8_0 = 9
-    DT_Q8_K = 10
+    PREFILL_TOKEN_TILE = PACK_TOKEN_TILE   # tokens a pass of the weight rows
 
 
 cdef inline void rmsnorm_row(const float *x, const float *gamma, Py_ssize_t E, Py_ssize_t Ea,
@@ -29,8 +23,9 @@ cdef inline void rmsnorm_row(const float *x, const float *gamma, Py_ssize_t E, P
 
 
 cdef inline int activation_format(int weight_dt) noexcept nogil:
-    """Q8_0 for the 32-weight block formats, Q8_K for the K-quants."""
-    return DT_Q8_K if ck_dtype_block_size(weight_dt) == 256 else DT_Q8_0
+    """Q8_0 for the 32-weight block formats, Q8_K for the K-quants (the format layer's
+    choice, include/megafuse/mf_quant.h)."""
+    return mf_activation_dtype(weight_dt)
 
 
 cdef void qkv_block(
@@ -68,7 +63,7 @@ cdef void qkv_block(
         cache = kv_cache_v
     w_row = ck_dtype_row_bytes(dt, Ea)
     if uses_q8_activations(dt):
-        if activation_format(dt) == DT_Q8_0:
+        if activation_format(dt) == CK_DT_Q8_0:
             xq, xq_row = xq0, q8_0_row
         else:
             xq, xq_row = xqk, q8_k_row
@@ -91,7 +86,7 @@ cdef void qkv_block(
             zero_column(rb.out[r], ld, T)
 
 
-cdef void attention_prefill_kernel(
+cdef void fused_prefill(
         float *output,             # [T, Ea]: columns >= E written as 0
         const float *input,        # [T, Ea]
         const float *residual,     # [T, Ea] or NULL
@@ -108,6 +103,9 @@ cdef void attention_prefill_kernel(
         int num_heads, int num_kv_heads, int head_dim, int aligned_head_dim, float eps,
         void *scratch,             # mf_prefill_scratch_layout(...).total bytes
         int int8_path, int q_tile, int kv_tile, int num_threads) noexcept nogil:
+    """Both prefills: int8_path = 0 keeps every activation float32 (block-format weights
+    dequantized as they are read); 1 quantizes the normalised input and the attention output
+    rows for the block-format weights' integer dot products."""
     cdef Py_ssize_t E = embed_dim, Ea = aligned_embed_dim, H = num_heads, G = num_kv_heads
     cdef Py_ssize_t D = head_dim, Da = aligned_head_dim, C = cache_capacity
     cdef Py_ssize_t T = tokens, S = start_pos, HDa = H * Da, GDa = G * Da, group = H // G
@@ -137,15 +135,15 @@ cdef void attention_prefill_kernel(
         for dt in range(3):                 # which activation formats do wq, wk, wv need?
             fmt = wq_dt if dt == 0 else (wk_dt if dt == 1 else wv_dt)
             if uses_q8_activations(fmt):
-                if activation_format(fmt) == DT_Q8_0:
+                if activation_format(fmt) == CK_DT_Q8_0:
                     need_q8_0 = True
                 else:
                     need_q8_k = True
         for t in prange(T, num_threads=num_threads, schedule='static', nogil=True):
             if need_q8_0:
-                quantize_activation_row(xn + t * Ea, xq0 + t * layout.q8_0_row, Ea, DT_Q8_0)
+                quantize_activation_row(xn + t * Ea, xq0 + t * layout.q8_0_row, Ea, CK_DT_Q8_0)
             if need_q8_k:
-                quantize_activation_row(xn + t * Ea, xqk + t * layout.q8_k_row, Ea, DT_Q8_K)
+                quantize_activation_row(xn + t * Ea, xqk + t * layout.q8_k_row, Ea, CK_DT_Q8_K)
 
     n_bq = (HDa + GEMM_ROWS - 1) // GEMM_ROWS
     n_bkv = (GDa + GEMM_ROWS - 1) // GEMM_ROWS
@@ -187,7 +185,7 @@ cdef void attention_prefill_kernel(
                           kv_cache_v + (h // group) * C * Da, S + i0, nq, D, Da, scale, kv_tile,
                           attn + i0 * HDa + h * Da, HDa)
 
-    # ---- phase 3: out-projection + bias + residual ------------------------------------------------
+    # ---- phase 3: out-projection + bias + residual -----------------------------------------------
     if int8_path and uses_q8_activations(wo_dt):
         fmt = activation_format(wo_dt)
         attn_q8_row = ck_dtype_row_bytes(fmt, HDa)
@@ -204,3 +202,41 @@ cdef void attention_prefill_kernel(
                          nt, output + t0 * Ea, residual + t0 * Ea if residual != NULL else NULL,
                          Ea)
         t0 += nt
+
+
+cdef void mega_fused_attention_prefill_kernel(
+        float *output, const float *input, const float *residual,   # [T, Ea] each (or NULL)
+        const float *ln1_gamma,                                     # [E]
+        const void *wq, const float *bq, CKDataType wq_dt,
+        const void *wk, const float *bk, CKDataType wk_dt,
+        const void *wv, const float *bv, CKDataType wv_dt,
+        const void *wo, const float *bo, CKDataType wo_dt,
+        float *kv_cache_k, float *kv_cache_v,                       # [G, cache_capacity, Da]
+        const float *rope_cos, const float *rope_sin,
+        int start_pos, int tokens, int cache_capacity, int embed_dim, int aligned_embed_dim,
+        int num_heads, int num_kv_heads, int head_dim, int aligned_head_dim, float eps,
+        void *scratch, int q_tile, int kv_tile, int num_threads) noexcept nogil:
+    """Every activation float32 (fused_prefill with int8_path = 0)."""
+    fused_prefill(output, input, residual, ln1_gamma, wq, bq, wq_dt, wk, bk, wk_dt, wv, bv, wv_dt,
+                  wo, bo, wo_dt, kv_cache_k, kv_cache_v, rope_cos, rope_sin, start_pos, tokens,
+                  cache_capacity, embed_dim, aligned_embed_dim, num_heads, num_kv_heads,
+                  head_dim, aligned_head_dim, eps, scratch, 0, q_tile, kv_tile, num_threads)
+
+
+cdef void mega_fused_attention_prefill_q8_0_kernel(
+        float *output, const float *input, const float *residual,   # [T, Ea] each (or NULL)
+        const float *ln1_gamma,                                     # [E]
+        const void *wq, const float *bq, CKDataType wq_dt,
+        const void *wk, const float *bk, CKDataType wk_dt,
+        const void *wv, const float *bv, CKDataType wv_dt,
+        const void *wo, const float *bo, CKDataType wo_dt,
+        float *kv_cache_k, float *kv_cache_v,                       # [G, cache_capacity, Da]
+        const float *rope_cos, const float *rope_sin,
+        int start_pos, int tokens, int cache_capacity, int embed_dim, int aligned_embed_dim,
+        int num_heads, int num_kv_heads, int head_dim, int aligned_head_dim, float eps,
+        void *scratch, int q_tile, int kv_tile, int num_threads) noexcept nogil:
+    """The int8 path (fused_prefill with int8_path = 1)."""
+    fused_prefill(output, input, residual, ln1_gamma, wq, bq, wq_dt, wk, bk, wk_dt, wv, bv, wv_dt,
+                  wo, bo, wo_dt, kv_cache_k, kv_cache_v, rope_cos, rope_sin, start_pos, tokens,
+                  cache_capacity, embed_dim, aligned_embed_dim, num_heads, num_kv_heads,
+                  head_dim, aligned_head_dim, eps, scratch, 1, q_tile, kv_tile, num_threads)

@@ -3,30 +3,18 @@
 # (decode) or with quantized activations (the int8 path of prefill and the MLP).
 #
 # The work is done by include/megafuse/mf_quant.h (static inline C, compiled here once per SIMD
-# level); this file declares it, adds the parallel drivers and the dispatchers, and exposes two test
-# hooks through the KernelTable.  Formats and their layouts: include/megafuse/ggml_blocks.h.
+# level, declared in megafuse/_mf_quant.pxd); this file adds the parallel drivers and the
+# dispatchers: the kernels of the format API (quantize_kernel, dequantize_kernel) and of its two
+# test hooks (rows_dot_kernel, quantize_activations_kernel).  Formats and their layouts:
+# include/megafuse/ggml_blocks.h.
 #
 # Letters: R = rows, C = columns (weights a row, a multiple of the format's block size),
 # RB = ck_dtype_row_bytes(dt, C), AB = the bytes of one activation row (mf_activation_row_bytes).
 
-cdef extern from "megafuse/mf_quant.h" nogil:
-    size_t ck_dtype_row_bytes_q "ck_dtype_row_bytes"(int dt, size_t n)
-    void mf_dequantize_row(const void *w, float *y, Py_ssize_t n, int dt)
-    void mf_quantize_row(const float *x, void *w, Py_ssize_t n, int dt)
-    float mf_weight_row_dot_f32(const void *w, int dt, const float *x, Py_ssize_t n)
-    float mf_weight_row_dot_q8(const void *w, int dt, const void *a, Py_ssize_t n)
-    void mf_quantize_activation_row(const float *x, void *a, Py_ssize_t n, int dt)
-    size_t mf_activation_row_bytes(int dt, size_t n)
-    int mf_activation_dtype(int dt)     # Q8_0 / Q8_K / FP32: the int8 path's activations
-    # out[4 * t + r] = the int8 dot of weight row w[r] (r < nr <= 4) with activation row
-    # a + t * a_stride (t < nt), bit for bit weight_row_dot_q8's; rows decoded once for all tokens
-    void mf_q8_rows_tokens(int dt, const void **w, int nr, const void *a, Py_ssize_t a_stride,
-                           int nt, Py_ssize_t n, float *out)
-    enum: MF_Q8_TILE_TOKENS             # tokens worth a call of mf_q8_rows_tokens (64)
-
 cdef enum:
-    QUANT_CHUNK = 8192        # values a work item of quantize_rows / dequantize_rows (a multiple
-                              # of every block size): a single long row still spreads over threads
+    # values a work item of quantize_kernel / dequantize_kernel (a multiple of every block
+    # size): a single long row still spreads over threads
+    QUANT_CHUNK = 8192
 
 
 # ---- the building blocks later kernels call (all noexcept nogil, no validation) ---------------
@@ -85,14 +73,14 @@ cdef inline int team_size(Py_ssize_t items, int num_threads) noexcept nogil:
     return <int>items if items < num_threads else num_threads
 
 
-cdef void quantize_rows(const float *x, void *dst, Py_ssize_t rows, Py_ssize_t cols, int dt,
-                        int num_threads) noexcept nogil:
+cdef void quantize_kernel(const float *x, void *dst, Py_ssize_t rows, Py_ssize_t cols, int dt,
+                          int num_threads) noexcept nogil:
     """x [R, C] float32 -> dst [R, RB] in weight format dt (FP32: a copy; FP16/BF16: 2-byte bits).
 
     Work items are (row, QUANT_CHUNK columns); blocks are independent, so the bytes do not depend
     on the thread count.
     """
-    cdef Py_ssize_t RB = <Py_ssize_t>ck_dtype_row_bytes_q(dt, <size_t>cols)
+    cdef Py_ssize_t RB = <Py_ssize_t>ck_dtype_row_bytes(dt, <size_t>cols)
     cdef Py_ssize_t per_row = (cols + QUANT_CHUNK - 1) // QUANT_CHUNK
     cdef Py_ssize_t item, r, c0, n
     cdef int nt = team_size(rows * per_row, num_threads)
@@ -101,14 +89,14 @@ cdef void quantize_rows(const float *x, void *dst, Py_ssize_t rows, Py_ssize_t c
         c0 = (item - r * per_row) * QUANT_CHUNK
         n = min(<Py_ssize_t>QUANT_CHUNK, cols - c0)
         mf_quantize_row(x + r * cols + c0,
-                        <char *>dst + r * RB + <Py_ssize_t>ck_dtype_row_bytes_q(dt, <size_t>c0),
+                        <char *>dst + r * RB + <Py_ssize_t>ck_dtype_row_bytes(dt, <size_t>c0),
                         n, dt)
 
 
-cdef void dequantize_rows(const void *src, float *dst, Py_ssize_t rows, Py_ssize_t cols, int dt,
-                          int num_threads) noexcept nogil:
+cdef void dequantize_kernel(const void *src, float *dst, Py_ssize_t rows, Py_ssize_t cols,
+                            int dt, int num_threads) noexcept nogil:
     """src [R, RB] in weight format dt -> dst [R, C] float32 (gguf.quants.dequantize's bits)."""
-    cdef Py_ssize_t RB = <Py_ssize_t>ck_dtype_row_bytes_q(dt, <size_t>cols)
+    cdef Py_ssize_t RB = <Py_ssize_t>ck_dtype_row_bytes(dt, <size_t>cols)
     cdef Py_ssize_t per_row = (cols + QUANT_CHUNK - 1) // QUANT_CHUNK
     cdef Py_ssize_t item, r, c0, n
     cdef int nt = team_size(rows * per_row, num_threads)
@@ -117,11 +105,11 @@ cdef void dequantize_rows(const void *src, float *dst, Py_ssize_t rows, Py_ssize
         c0 = (item - r * per_row) * QUANT_CHUNK
         n = min(<Py_ssize_t>QUANT_CHUNK, cols - c0)
         mf_dequantize_row(<const char *>src + r * RB
-                          + <Py_ssize_t>ck_dtype_row_bytes_q(dt, <size_t>c0),
+                          + <Py_ssize_t>ck_dtype_row_bytes(dt, <size_t>c0),
                           dst + r * cols + c0, n, dt)
 
 
-# ---- test hooks (KernelTable.row_dot, KernelTable.quantize_activations) -------------------
+# ---- test hooks (KernelTable.rows_dot, KernelTable.quantize_activations) ------------------
 
 cdef inline void dot_row_group(const char *w, Py_ssize_t RB, Py_ssize_t nr, int dt,
                                const void *a, Py_ssize_t cols, float *out) noexcept nogil:
@@ -136,13 +124,13 @@ cdef inline void dot_row_group(const char *w, Py_ssize_t RB, Py_ssize_t nr, int 
         out[r] = res[r]
 
 
-cdef void row_dot_kernel(const void *w, int dt, const float *x, Py_ssize_t rows,
-                         Py_ssize_t cols, int quantized, void *act_scratch, float *out,
-                         int num_threads) noexcept nogil:
+cdef void rows_dot_kernel(const void *w, int dt, const float *x, Py_ssize_t rows,
+                          Py_ssize_t cols, int quantized, void *act_scratch, float *out,
+                          int num_threads) noexcept nogil:
     """out[r] = w[r] . x for r < R: weight rows w [R, RB] (format dt) against x [C], by the float
     path (quantized = 0: one dot per row) or the int8 path (x quantized once into act_scratch
     [AB]; rows in groups of 4, as the projections take them).  Rows spread over threads."""
-    cdef Py_ssize_t RB = <Py_ssize_t>ck_dtype_row_bytes_q(dt, <size_t>cols)
+    cdef Py_ssize_t RB = <Py_ssize_t>ck_dtype_row_bytes(dt, <size_t>cols)
     cdef Py_ssize_t r, g, n_groups = (rows + 3) // 4
     cdef int nt
     if quantized:                     # as the projections do it: 4 rows a call

@@ -43,6 +43,7 @@ from typing import Any, Dict, Optional, Tuple, Union
 import numpy as np
 import numpy.typing as npt
 
+import megafuse as _mf   # the compiled helpers (megafuse is initialised before this module)
 from megafuse._dtype import CKDataType
 
 #: The architectures this module reads, and whether llama.cpp permuted their q/k rows.
@@ -56,12 +57,11 @@ GGML_TO_CK: Dict[str, CKDataType] = {
     "Q5_K": CKDataType.Q5_K, "Q6_K": CKDataType.Q6_K,
 }
 
-#: Bits per weight of each format: decides the common format of a mixed gate / up pair.
+#: Bits per weight of each format (from ckernel_dtype.h's block sizes and byte counts): decides
+#: the common format of a mixed gate / up pair.
 BITS_PER_WEIGHT: Dict[CKDataType, float] = {
-    CKDataType.FP32: 32, CKDataType.FP16: 16, CKDataType.BF16: 16,
-    CKDataType.Q8_0: 34 * 8 / 32, CKDataType.Q6_K: 210 * 8 / 256, CKDataType.Q5_1: 24 * 8 / 32,
-    CKDataType.Q5_0: 22 * 8 / 32, CKDataType.Q5_K: 176 * 8 / 256, CKDataType.Q4_1: 20 * 8 / 32,
-    CKDataType.Q4_0: 18 * 8 / 32, CKDataType.Q4_K: 144 * 8 / 256,
+    dt: _mf.ck_dtype_block_bytes(dt) * 8 / _mf.ck_dtype_block_size(dt)
+    for dt in GGML_TO_CK.values()
 }
 
 PathOrReader = Union[str, "os.PathLike[str]", Any]

@@ -2,13 +2,17 @@
 
 Pure Python over the header's functions -- no second implementation of any math:
 
-    prefill(x):  mega_fused_attention_prefill_q8_0   (any weight block-quantized: the int8 path)
-                 or mega_fused_attention_prefill      (FP32 / FP16 / BF16 weights only),
-                 then mega_fused_mlp_prefill with residual = the attention output;
-    decode(x):   mega_fused_attention_decode_workspace (all four attention weights FP32),
-                 else the prefill path with tokens = 1; then mega_fused_mlp_prefill.
+    activations="int8" (the default):
+      prefill(x):  mega_fused_attention_prefill_q8_0   (any weight block-quantized: the int8 path)
+                   or mega_fused_attention_prefill      (FP32 / FP16 / BF16 weights only),
+                   then mega_fused_mlp_prefill with residual = the attention output;
+      decode(x):   mega_fused_attention_decode_workspace (all four attention weights FP32),
+                   else the prefill path with tokens = 1; then mega_fused_mlp_prefill.
+    activations="float": float32 activations through every projection, whatever the weights:
+      prefill(x):  mega_fused_attention_prefill, then mega_fused_mlp_prefill_f32;
+      decode(x):   as above, with mega_fused_mlp_prefill_f32.
 
-Dimension letters (SPEC section 3): E = embed_dim, H = num_heads, G = num_kv_heads,
+Dimension letters (docs/contract.md §3): E = embed_dim, H = num_heads, G = num_kv_heads,
 D = head_dim, I = intermediate_dim, T = tokens, C = cache_capacity.  The layer uses no padding
 (Ea = E, Da = D, Ia = I).
 """
@@ -29,12 +33,17 @@ F32Array = npt.NDArray[np.float32]
 #: A weight format: a CKDataType, its int value, or its name ("Q8_0", "q4_k", ...).
 DTypeLike = Union[CKDataType, int, str]
 
+#: The activation precisions a layer runs with (the ``activations=`` keyword).
+ACTIVATIONS: Tuple[str, ...] = ("int8", "float")
 #: The weights of a layer, in the order of the header's arguments.
 WEIGHT_NAMES: Tuple[str, ...] = ("wq", "wk", "wv", "wo", "w1", "w2")
 BIAS_NAMES: Tuple[str, ...] = ("bq", "bk", "bv", "bo", "b1", "b2")
-_WEIGHT_FORMATS = (CKDataType.FP32, CKDataType.FP16, CKDataType.BF16, CKDataType.Q4_0,
-                   CKDataType.Q4_1, CKDataType.Q5_0, CKDataType.Q5_1, CKDataType.Q8_0,
-                   CKDataType.Q4_K, CKDataType.Q5_K, CKDataType.Q6_K)
+# the formats a `w, w_dt` argument accepts: the header's CK_DT_WEIGHT_FORMATS mask, by block size
+_kernels: Any = importlib.import_module("megafuse._kernels")     # (private: not in the stubs)
+_WEIGHT_FORMATS = tuple(sorted(
+    (dt for dt in CKDataType
+     if dt != CKDataType.COUNT and _mf.ck_dtype_supported(_kernels.WEIGHT_FORMATS_MASK, dt)),
+    key=lambda dt: (_mf.ck_dtype_block_size(dt), dt.name)))
 
 
 def as_weight_format(dt: DTypeLike, name: str = "dtype") -> CKDataType:
@@ -65,7 +74,7 @@ def rope_tables(head_dim: int, max_seq: int, theta: float = 10000.0, *,
                 freq_factors: Optional[npt.ArrayLike] = None,
                 position_scale: float = 1.0) -> Tuple[F32Array, F32Array]:
     """RoPE tables (cos, sin), each float32 [max_seq, head_dim/2], in the rotate-half convention
-    of HF Llama / Qwen2 (SPEC section 4):
+    of HF Llama / Qwen2 (docs/contract.md §4):
 
         angle[p, i] = p * position_scale * theta ** (-2i / head_dim) / freq_factors[i]
 
@@ -88,6 +97,14 @@ def rope_tables(head_dim: int, max_seq: int, theta: float = 10000.0, *,
     return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
 
 
+def _activations_arg(value: Any) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"activations: expected 'int8' or 'float', got {type(value).__name__}")
+    if value not in ACTIVATIONS:
+        raise ValueError(f"activations: expected 'int8' or 'float', got {value!r}")
+    return value
+
+
 def _positive_int(value: Any, name: str) -> int:
     if isinstance(value, bool) or not hasattr(value, "__index__"):
         raise TypeError(f"{name}: expected an int, got {type(value).__name__}")
@@ -98,13 +115,8 @@ def _positive_int(value: Any, name: str) -> int:
 
 
 def _storage_dtypes(dt: CKDataType) -> Tuple[np.dtype[Any], ...]:
-    if dt == CKDataType.FP32:
-        return (np.dtype(np.float32),)
-    if dt == CKDataType.FP16:
-        return (np.dtype(np.float16), np.dtype(np.uint16))
-    if dt == CKDataType.BF16:
-        return (np.dtype(np.uint16),)
-    return (np.dtype(np.uint8),)
+    """The NumPy dtypes that may hold a weight of format dt (the kernels' own table)."""
+    return tuple(_kernels._weight_storage(dt))
 
 
 def _aligned_bytes(nbytes: int, align: int = 64) -> npt.NDArray[np.uint8]:
@@ -145,7 +157,7 @@ class DecoderLayer:
                  rope_theta: float = 10000.0, cache_capacity: int = 2048,
                  max_tokens: Optional[int] = None,
                  rope_freq_factors: Optional[npt.ArrayLike] = None,
-                 rope_position_scale: float = 1.0) -> None:
+                 rope_position_scale: float = 1.0, activations: str = "int8") -> None:
         gamma1 = self._vector(ln1_gamma, "ln1_gamma")
         E = _positive_int(embed_dim if embed_dim is not None else gamma1.size, "embed_dim")
         H = _positive_int(num_heads, "num_heads")
@@ -192,9 +204,12 @@ class DecoderLayer:
             n: None if biases[n] is None else self._vector(biases[n], n, *bias_sizes[n])
             for n in BIAS_NAMES}
 
-        # The int8 path as soon as any weight is block-quantized (with float weights only, the
-        # two prefills are the same math; the float one needs less scratch).
-        self._int8 = any(_mf.ck_dtype_is_quantized(dt) for dt in self._dtypes.values())
+        # activations="int8": the int8 path as soon as any weight is block-quantized (with float
+        # weights only, the two prefills are the same math; the float one needs less scratch).
+        # activations="float": float32 activations everywhere.
+        self._activations = _activations_arg(activations)
+        self._int8 = self._activations == "int8" and any(
+            _mf.ck_dtype_is_quantized(dt) for dt in self._dtypes.values())
         self._attention_prefill = (_mf.mega_fused_attention_prefill_q8_0 if self._int8
                                    else _mf.mega_fused_attention_prefill)
         self._attention_scratch_size = (
@@ -233,7 +248,8 @@ class DecoderLayer:
                     rope_theta: float = 10000.0, cache_capacity: int = 2048,
                     max_tokens: Optional[int] = None,
                     rope_freq_factors: Optional[npt.ArrayLike] = None,
-                    rope_position_scale: float = 1.0) -> "DecoderLayer":
+                    rope_position_scale: float = 1.0,
+                    activations: str = "int8") -> "DecoderLayer":
         """A layer from NumPy weights in the torch ``Linear.weight`` layout:
 
         wq [H*D, E], wk / wv [G*D, E], wo [E, H*D], w1 [2*I, E] (the gate rows, then the up
@@ -251,6 +267,11 @@ class DecoderLayer:
         w1.shape[0] // 2), eps, rope_theta, cache_capacity (KV-cache positions), max_tokens (the
         largest prefill to size the scratch for up front), rope_freq_factors / rope_position_scale
         (see ``rope_tables``).
+
+        activations: "int8" (default) takes the int8 path whenever a weight is block-quantized
+        (activations quantized to Q8_0 / Q8_K for those weights' integer dot products); "float"
+        keeps float32 activations through every projection (mega_fused_attention_prefill and
+        mega_fused_mlp_prefill_f32: block-format weights dequantized as they are read).
         """
         formats = cls._formats(dtype, dtypes)
         given = {"wq": wq, "wk": wk, "wv": wv, "wo": wo, "w1": w1, "w2": w2}
@@ -274,19 +295,22 @@ class DecoderLayer:
                    intermediate_dim=intermediate_dim, eps=eps, rope_theta=rope_theta,
                    cache_capacity=cache_capacity, max_tokens=max_tokens,
                    rope_freq_factors=rope_freq_factors,
-                   rope_position_scale=rope_position_scale, wq=converted["wq"],
+                   rope_position_scale=rope_position_scale, activations=activations,
+                   wq=converted["wq"],
                    wk=converted["wk"], wv=converted["wv"], wo=converted["wo"],
                    w1=converted["w1"], w2=converted["w2"])
 
     @classmethod
     def from_gguf(cls, reader: Any, layer_index: int, *, cache_capacity: Optional[int] = None,
-                  max_tokens: Optional[int] = None) -> "DecoderLayer":
+                  max_tokens: Optional[int] = None,
+                  activations: str = "int8") -> "DecoderLayer":
         """Layer ``layer_index`` of a llama- or qwen2-architecture GGUF file.
 
         reader: a ``gguf.GGUFReader`` or a path.  Weights stay read-only memmaps of the file in
         their GGML format, except w1 (gate and up rows concatenated) and llama's wq / wk (rows
         put back in rotate-half order), which are copies.  Hyper-parameters come from the
-        metadata; cache_capacity defaults to min(context length, 4096).  See ``megafuse.gguf``.
+        metadata; cache_capacity defaults to min(context length, 4096); activations as in
+        ``from_arrays``.  See ``megafuse.gguf``.
         """
         from megafuse import gguf as _gguf
         kwargs = _gguf.layer_arrays(reader, layer_index)
@@ -294,7 +318,8 @@ class DecoderLayer:
             cache_capacity = min(int(kwargs.pop("context_length", 4096) or 4096), 4096)
         else:
             kwargs.pop("context_length", None)
-        return cls(cache_capacity=cache_capacity, max_tokens=max_tokens, **kwargs)
+        return cls(cache_capacity=cache_capacity, max_tokens=max_tokens, activations=activations,
+                   **kwargs)
 
     @staticmethod
     def _formats(dtype: DTypeLike,
@@ -377,9 +402,15 @@ class DecoderLayer:
         return dict(self._dtypes)
 
     @property
+    def activations(self) -> str:
+        """"int8" or "float": the ``activations=`` the layer was built with."""
+        return self._activations
+
+    @property
     def int8_path(self) -> bool:
-        """True when some weight is block-quantized: activations are then quantized to
-        Q8_0 / Q8_K for those weights' integer dot products."""
+        """True when the layer quantizes activations: activations="int8" and some weight is
+        block-quantized (activations are then quantized to Q8_0 / Q8_K for those weights'
+        integer dot products)."""
         return self._int8
 
     @property
@@ -392,6 +423,7 @@ class DecoderLayer:
         return (f"DecoderLayer(embed_dim={self.embed_dim}, num_heads={self.num_heads}, "
                 f"num_kv_heads={self.num_kv_heads}, head_dim={self.head_dim}, "
                 f"intermediate_dim={self.intermediate_dim}, {formats}, "
+                f"activations={self._activations!r}, "
                 f"position={self._position}/{self.cache_capacity})")
 
     def _scratch_for(self, tokens: int) -> npt.NDArray[np.uint8]:
@@ -444,8 +476,9 @@ class DecoderLayer:
     def _mlp(self, h: F32Array, tokens: int, scratch: npt.NDArray[np.uint8]) -> None:
         E, I = self.embed_dim, self.intermediate_dim
         w, dt, b = self._weights, self._dtypes, self._biases
-        _mf.mega_fused_mlp_prefill(
-            h, h, h, self.ln2_gamma, w["w1"], b["b1"], dt["w1"], w["w2"], b["b2"], dt["w2"],
+        mlp = (_mf.mega_fused_mlp_prefill if self._activations == "int8"
+               else _mf.mega_fused_mlp_prefill_f32)
+        mlp(h, h, h, self.ln2_gamma, w["w1"], b["b1"], dt["w1"], w["w2"], b["b2"], dt["w2"],
             tokens, E, E, I, I, self.eps, scratch)
 
     def prefill(self, x: npt.ArrayLike) -> F32Array:
@@ -466,7 +499,7 @@ class DecoderLayer:
         """Run the layer on one token x [embed_dim] at position ``position``; returns the new
         hidden state [embed_dim].  FP32 attention weights take the allocation-free decode kernel
         (mega_fused_attention_decode_workspace), other formats the prefill path with one
-        token.  Equal to row N of a prefill of N+1 tokens (SPEC section 4)."""
+        token.  Equal to row N of a prefill of N+1 tokens (docs/contract.md §4)."""
         xa = self._input(x, 1, "decode")
         self._check_room(1, "decode")
         if not self._fp32_decode:
@@ -487,11 +520,16 @@ class DecoderLayer:
         self._position += 1
         return out
 
-    def reference(self, x: npt.ArrayLike, *, quantize_activations: bool = False) -> F32Array:
+    def reference(self, x: npt.ArrayLike, *,
+                  quantize_activations: Optional[bool] = None) -> F32Array:
         """What ``prefill(x)`` on an empty cache computes, by ``megafuse.reference`` (plain
-        NumPy, float64 math, weights dequantized bit for bit).  quantize_activations=False
-        (default) is pure float math; True emulates the int8 path.  The layer's own cache and
+        NumPy, float64 math, weights dequantized bit for bit).  quantize_activations=None
+        (default) follows the layer: the int8 path's emulation when ``int8_path``, else pure
+        float math (activations="float", or float weights only); False is pure float math and
+        True the int8 path's emulation whatever the layer runs.  The layer's own cache and
         position are not touched.  Slow: for checking, not for running."""
+        if quantize_activations is None:
+            quantize_activations = self._int8
         # (imported by name: megafuse.reference is plain untyped NumPy, not part of the stubs)
         ref: Any = importlib.import_module("megafuse.reference")
         xa = self._input(x, 2, "reference")
@@ -536,4 +574,4 @@ class DecoderLayer:
         return int(self.weight_bytes + kv + 2 * tokens * self.embed_dim * 4)
 
 
-__all__ = ["DecoderLayer", "rope_tables", "as_weight_format", "WEIGHT_NAMES"]
+__all__ = ["DecoderLayer", "rope_tables", "as_weight_format", "WEIGHT_NAMES", "ACTIVATIONS"]

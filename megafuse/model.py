@@ -410,7 +410,8 @@ class Model:
 
     def layer(self, index: int, *, cache_capacity: Optional[int] = None) -> Any:
         """Layer `index` as a ``megafuse.DecoderLayer`` sharing this model's weights (its own,
-        new KV cache): for checking a layer against ``megafuse.reference``."""
+        new KV cache) and activation mode: for checking a layer against
+        ``megafuse.reference``."""
         from megafuse.layer import DecoderLayer
         if isinstance(index, bool) or not hasattr(index, "__index__"):
             raise TypeError(f"index: expected an int, got {type(index).__name__}")
@@ -427,7 +428,8 @@ class Model:
                              head_dim=cfg.head_dim, intermediate_dim=cfg.intermediate_dim,
                              eps=cfg.eps, rope_theta=cfg.rope_theta,
                              cache_capacity=cache_capacity or self.cache_capacity,
-                             rope_position_scale=cfg.rope_position_scale)
+                             rope_position_scale=cfg.rope_position_scale,
+                             activations=self.activations)
         if self.rope_cos is not None:        # the same tables (rope_freqs included)
             rows = layer.cache_capacity
             layer.rope_cos = np.ascontiguousarray(self.rope_cos[:rows])

@@ -1,4 +1,4 @@
-"""megafuse.reference -- the executable form of SPEC.md.
+"""megafuse.reference -- the executable form of docs/contract.md.
 
 A plain NumPy implementation of every kernel in ``mega_fused_attention.h``, written to be
 read, not to be fast.  Tests compare each compiled kernel with the function of the same name
@@ -16,14 +16,14 @@ Conventions (the same for every function):
   depends on is read before the output is written, so ``output`` may be the same array as
   ``input`` or ``residual``.
 * Weights are dequantized exactly as GGML does (bit for bit, in float32), then used in float64.
-* Validation (SPEC section 5) is NOT done here: the only ``assert``s are there to make a
+* Validation (docs/contract.md §5) is NOT done here: the only ``assert``s are there to make a
   mistake in a test obvious.
 
-This module imports only NumPy and the standard library; it never imports the compiled
-megafuse modules (its ``CKDataType`` is its own IntEnum with the upstream values, so it
-compares equal, by int value, with ``megafuse.CKDataType``).
+This module imports NumPy, the standard library and, of megafuse, only ``megafuse._dtype``
+(the one definition of ``CKDataType``, plain Python): none of its math comes from the compiled
+modules.
 
-Dimension letters used throughout (SPEC section 3):
+Dimension letters used throughout (docs/contract.md §3):
 
     E  = embed_dim           Ea = aligned_embed_dim
     D  = head_dim            Da = aligned_head_dim
@@ -31,7 +31,6 @@ Dimension letters used throughout (SPEC section 3):
     T  = tokens              C  = cache_capacity
     I  = intermediate_dim    Ia = aligned_intermediate_dim
 """
-from enum import IntEnum
 import glob
 import math
 import os
@@ -39,25 +38,7 @@ import sys
 
 import numpy as np
 
-
-class CKDataType(IntEnum):
-    """The upstream ``ckernel_dtype.h`` enum (SPEC section 2), same values."""
-    FP32 = 0
-    BF16 = 1
-    FP16 = 2
-    INT8 = 3
-    INT4 = 4
-    Q4_0 = 5
-    Q4_1 = 6
-    Q4_K = 7
-    Q6_K = 8
-    Q8_0 = 9
-    Q8_K = 10
-    Q5_0 = 11
-    Q5_1 = 12
-    Q5_K = 13
-    COUNT = 14
-
+from megafuse._dtype import CKDataType
 
 DT = CKDataType
 
@@ -83,7 +64,7 @@ BLOCK_LAYOUT = {
 
 
 def ck_dtype_row_bytes(dt, n):
-    """Bytes of one row of ``n`` values stored as ``dt`` (SPEC section 2)."""
+    """Bytes of one row of ``n`` values stored as ``dt`` (docs/contract.md §2)."""
     dt = DT(int(dt))
     if dt == DT.FP32:
         return 4 * n
@@ -94,6 +75,21 @@ def ck_dtype_row_bytes(dt, n):
         assert n % block == 0, f'{dt.name} row of {n} values is not whole blocks of {block}'
         return n // block * nbytes
     raise ValueError(f'{dt.name} is not a storage format with a row size')
+
+
+# ---------------------------------------------------------------------------------------------
+# Comparing with the reference
+# ---------------------------------------------------------------------------------------------
+
+def rel_err(got, want):
+    """max |got - want| / max |want|, in float64 over every element: the error measure of every
+    comparison with this reference (the tests, ``megafuse bench``).  The scale is 1 where
+    ``want`` is all zeros; a NaN in either array gives NaN (which fails any ``<`` bound).
+    """
+    got = np.asarray(got, dtype=np.float64)
+    want = np.asarray(want, dtype=np.float64)
+    scale = float(np.max(np.abs(want)))
+    return float(np.max(np.abs(got - want))) / (scale if scale != 0 else 1.0)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -691,10 +687,10 @@ KQUANT_QUANTIZERS = {DT.Q4_K: quantize_q4_K, DT.Q5_K: quantize_q5_K, DT.Q6_K: qu
 
 
 # ---------------------------------------------------------------------------------------------
-# Activations: Q8_0 / Q8_K quantization (emulates the int8 path, SPEC section 4)
+# Activations: Q8_0 / Q8_K quantization (emulates the int8 path, docs/contract.md §4)
 # ---------------------------------------------------------------------------------------------
 # A block holding NaN or Inf gets d = NaN (and q = 0): it dequantizes to NaN, so non-finite
-# activations propagate to the output (SPEC section 5).  GGML's own result there depends on
+# activations propagate to the output (docs/contract.md §5).  GGML's own result there depends on
 # the order of its comparisons; this is the reference's definition.
 
 def quantize_q8_0(x):
@@ -1021,7 +1017,7 @@ def mega_fused_attention_prefill_q8_0(output, input, residual, ln1_gamma,
                                       aligned_embed_dim, num_heads, num_kv_heads, head_dim,
                                       aligned_head_dim, eps, scratch):
     """The int8 path: as ``mega_fused_attention_prefill``, but for block-quantized weights the
-    activations are quantized first (SPEC section 4): the normalised input rows for the Q/K/V
+    activations are quantized first (docs/contract.md §4): the normalised input rows for the Q/K/V
     projections and the attention output rows for the out-projection, to Q8_0 (32-weight
     formats) or Q8_K (K-quants).  FP32/FP16/BF16 weights keep float activations, so with only
     float weights this equals the plain prefill.
@@ -1060,7 +1056,7 @@ def mega_fused_outproj_mlp_prefill(output, attn_out, residual, ln2_gamma,
     token-major [T, H*Da];  h1 = attn @ wo.T + bo + residual (residual None: not added);
     z = rmsnorm(h1[:, :E], ln2_gamma);
     output = h1 + (silu(z@Wg.T+bg) * (z@Wu.T+bu)) @ w2.T + b2, columns E..Ea-1 written as 0.
-    With ``quantize_activations`` (the default: the kernel quantizes per SPEC), every
+    With ``quantize_activations`` (the default: the kernel quantizes per docs/contract.md §4), every
     projection whose weight is block-quantized gets Q8_0/Q8_K activations (the attention
     rows, z, and the SwiGLU activation).  ``scratch`` is not used by the reference.
     Note: the header gives no head_dim here, so attn_out's head padding dims (D..Da-1) are
@@ -1109,6 +1105,30 @@ def mega_fused_mlp_prefill(output, input, residual, ln2_gamma, w1, b1, w1_dt, w2
 def mega_fused_mlp_prefill_scratch_size(tokens, aligned_embed_dim, aligned_intermediate_dim):
     """0: the reference needs no scratch (see ``mega_fused_attention_prefill_scratch_size``)."""
     return 0
+
+
+def mega_fused_outproj_mlp_prefill_f32(output, attn_out, residual, ln2_gamma,
+                                       wo, bo, wo_dt, w1, b1, w1_dt, w2, b2, w2_dt,
+                                       tokens, embed_dim, aligned_embed_dim, num_heads,
+                                       aligned_head_dim, intermediate_dim,
+                                       aligned_intermediate_dim, eps, scratch):
+    """(Beyond the header.)  ``mega_fused_outproj_mlp_prefill`` with float activations
+    throughout: the same math with ``quantize_activations=False``."""
+    mega_fused_outproj_mlp_prefill(output, attn_out, residual, ln2_gamma, wo, bo, wo_dt, w1, b1,
+                                   w1_dt, w2, b2, w2_dt, tokens, embed_dim, aligned_embed_dim,
+                                   num_heads, aligned_head_dim, intermediate_dim,
+                                   aligned_intermediate_dim, eps, scratch,
+                                   quantize_activations=False)
+
+
+def mega_fused_mlp_prefill_f32(output, input, residual, ln2_gamma, w1, b1, w1_dt, w2, b2,
+                               w2_dt, tokens, embed_dim, aligned_embed_dim, intermediate_dim,
+                               aligned_intermediate_dim, eps, scratch):
+    """(Beyond the header.)  ``mega_fused_mlp_prefill`` with float activations throughout:
+    the same math with ``quantize_activations=False``."""
+    mega_fused_mlp_prefill(output, input, residual, ln2_gamma, w1, b1, w1_dt, w2, b2, w2_dt,
+                           tokens, embed_dim, aligned_embed_dim, intermediate_dim,
+                           aligned_intermediate_dim, eps, scratch, quantize_activations=False)
 
 
 def _rmsnorm_qkv(q_out, k_out, v_out, input, gamma, W_qkv, b_qkv, rope_cos, rope_sin, pos,
@@ -1313,7 +1333,7 @@ def model_forward(layers, embedding, embedding_dt, out_norm, head, head_dt, toke
 
 __all__ = [
     'CKDataType', 'FLOAT_FORMATS', 'BLOCK32_FORMATS', 'KQUANT_FORMATS', 'BLOCK_LAYOUT',
-    'ck_dtype_row_bytes', 'float_to_bf16_bits',
+    'ck_dtype_row_bytes', 'float_to_bf16_bits', 'rel_err',
     'dequantize', 'quantize_q8_0', 'quantize_q8_K', 'dequantize_q8_0', 'dequantize_q8_K',
     'quantized_activations',
     'rmsnorm', 'rope', 'rope_tables_rows', 'attention', 'silu',
@@ -1322,6 +1342,7 @@ __all__ = [
     'mega_fused_attention_prefill_scratch_size', 'mega_fused_attention_prefill_q8_0_scratch_size',
     'mega_fused_outproj_mlp_prefill', 'mega_fused_outproj_mlp_prefill_scratch_size',
     'mega_fused_mlp_prefill', 'mega_fused_mlp_prefill_scratch_size',
+    'mega_fused_outproj_mlp_prefill_f32', 'mega_fused_mlp_prefill_f32',
     'mega_fuse_rmsnorm_qkv', 'mega_fuse_rmsnorm_qkv_rope',
     'mega_fuse_get_optimal_tiles', 'optimal_tiles_from_cache_sizes', 'cpu_cache_sizes',
     'floor_pow2', 'mega_fuse_report_stats', 'model_forward',

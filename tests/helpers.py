@@ -1,9 +1,13 @@
-"""Shared test helpers: the tolerance table, the error measure, and builders of layer cases."""
+"""Shared test helpers: the tolerance table, the error measure, the weight formats, and builders
+of layer cases.  Every test file takes these from here (one vocabulary, one definition each)."""
 import dataclasses
 
 import numpy as np
 
-# Named tolerances (max |got - want| / max |want|), SPEC section 4 and the issues.
+import megafuse
+from megafuse.reference import rel_err  # noqa: F401  (the one error measure: see its docstring)
+
+# Named tolerances (max |got - want| / max |want|), docs/contract.md §4 and the issues.
 TOL = {
     "float": 1e-5,          # float activations vs the float64 reference
     "q8_emulated": 1e-4,    # int8 path vs the reference's emulation of the same quantization
@@ -43,13 +47,6 @@ def assert_q8_close(got, want, pure, name="output", tol=None):
         f"{name}: {flipped} of {len(row_err)} rows beyond {tol:.0e} (worst {worst:.2e})")
 
 
-def rel_err(got, want):
-    got = np.asarray(got, dtype=np.float64)
-    want = np.asarray(want, dtype=np.float64)
-    scale = np.max(np.abs(want))
-    return float(np.max(np.abs(got - want)) / (scale if scale > 0 else 1.0))
-
-
 def rope_tables(head_dim, rows, theta=10000.0):
     """cos, sin [rows, D/2] for rotate-half RoPE (the HF Llama/Qwen2 convention)."""
     inv_freq = theta ** (-np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
@@ -59,7 +56,7 @@ def rope_tables(head_dim, rows, theta=10000.0):
 
 def padded_matrix(rng, rows_heads, D, Da, cols, Ea, scale):
     """A [rows_heads*Da, Ea] float32 weight whose padding rows (d >= D) and columns (>= cols)
-    are zero, as SPEC section 3 expects."""
+    are zero, as docs/contract.md §3 expects."""
     w = np.zeros((rows_heads, Da, Ea), dtype=np.float32)
     w[:, :D, :cols] = rng.standard_normal((rows_heads, D, cols)) * scale
     return w.reshape(rows_heads * Da, Ea)
@@ -151,16 +148,30 @@ def without_rope(args):
 
 # ---- weights in every format -----------------------------------------------------------------
 
-WEIGHT_FORMATS = ["FP32", "FP16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K",
-                  "Q6_K"]
-BLOCK32 = {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"}
-KQUANTS = {"Q4_K", "Q5_K", "Q6_K"}
-BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q5_0": 22, "Q5_1": 24, "Q8_0": 34, "Q4_K": 144,
-               "Q5_K": 176, "Q6_K": 210}
+# The format vocabulary of the tests: the names of megafuse.CKDataType ("Q8_0"), which
+# DecoderLayer's dtypes= take too.  DT[name] is the enum member; sizes come from megafuse's
+# ckernel_dtype.h helpers, never from literals.
+DT = megafuse.CKDataType
+FLOAT_FORMATS = ("FP32", "FP16", "BF16")                    # activations stay float for these
+BLOCK32_FORMATS = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")  # 32 weights a block; Q8_0 activations
+KQUANT_FORMATS = ("Q4_K", "Q5_K", "Q6_K")                   # 256 weights a block; Q8_K activations
+BLOCK_FORMATS = BLOCK32_FORMATS + KQUANT_FORMATS
+WEIGHT_FORMATS = FLOAT_FORMATS + BLOCK_FORMATS
 
 
 def block_size(fmt):
-    return 256 if fmt in KQUANTS else (32 if fmt in BLOCK32 else 1)
+    """Weights a block of format fmt (a name or a CKDataType): 1, 32 or 256."""
+    return megafuse.ck_dtype_block_size(DT[fmt] if isinstance(fmt, str) else fmt)
+
+
+def block_bytes(fmt):
+    """Bytes a block of format fmt (GGML's byte counts; bytes an element for the float ones)."""
+    return megafuse.ck_dtype_block_bytes(DT[fmt] if isinstance(fmt, str) else fmt)
+
+
+def fits(fmt, cols):
+    """Whether a row of cols weights is whole blocks of format fmt."""
+    return cols % block_size(fmt) == 0
 
 
 def _fp16_bytes(values):
@@ -171,7 +182,7 @@ def random_kquant_blocks(fmt, rows, cols, rng, target):
     """Random K-quant bytes whose scales are set so the weights have a spread ~ target.
     Independent of any quantizer: the reference dequantizes these bit for bit."""
     nb = rows * cols // 256
-    blob = rng.integers(0, 256, size=(nb, BLOCK_BYTES[fmt]), dtype=np.uint8)
+    blob = rng.integers(0, 256, size=(nb, block_bytes(fmt)), dtype=np.uint8)
     if fmt in ("Q4_K", "Q5_K"):
         qmax = 15 if fmt == "Q4_K" else 31
         d = rng.uniform(0.5, 1.5, nb) * target * 2 / (63 * qmax / 2)
@@ -197,12 +208,11 @@ def encode_weight(w, fmt, rng, random_kquants=False):
     if fmt == "BF16":
         from megafuse import reference
         return reference.float_to_bf16_bits(w)
-    if fmt in BLOCK32:
+    if fmt in BLOCK32_FORMATS:
         return gguf.quants.quantize(w, getattr(gguf.GGMLQuantizationType, fmt))
     if random_kquants:
         return random_kquant_blocks(fmt, w.shape[0], w.shape[1], rng, float(np.std(w)))
-    import megafuse
-    return megafuse.quantize(w, megafuse.CKDataType[fmt])
+    return megafuse.quantize(w, DT[fmt])
 
 
 def prefill_case(shape, T, *, start_pos=0, formats=None, bias=True, residual=True, rope=True,
@@ -210,7 +220,6 @@ def prefill_case(shape, T, *, start_pos=0, formats=None, bias=True, residual=Tru
     """Every argument of mega_fused_attention_prefill(_q8_0) for shape (name, E, Ea, H, G, D,
     Da); formats = {"wq": "Q8_0", ...} (default FP32 everywhere).  Positions < start_pos of the
     cache hold random history."""
-    import megafuse
     _, E, Ea, H, G, D, Da = shape
     formats = dict({"wq": "FP32", "wk": "FP32", "wv": "FP32", "wo": "FP32"}, **(formats or {}))
     C = cache_capacity or (start_pos + T + 5)
@@ -242,14 +251,14 @@ def prefill_case(shape, T, *, start_pos=0, formats=None, bias=True, residual=Tru
         output=np.full((T, Ea), np.nan, np.float32), input=x, residual=res,
         ln1_gamma=(1.0 + 0.1 * f32(E)).astype(np.float32),
         wq=encode_weight(weights["wq"], formats["wq"], rng), bq=bias_vec(H) if bias else None,
-        wq_dt=megafuse.CKDataType[formats["wq"]],
+        wq_dt=DT[formats["wq"]],
         wk=encode_weight(weights["wk"], formats["wk"], rng), bk=bias_vec(G) if bias else None,
-        wk_dt=megafuse.CKDataType[formats["wk"]],
+        wk_dt=DT[formats["wk"]],
         wv=encode_weight(weights["wv"], formats["wv"], rng), bv=bias_vec(G) if bias else None,
-        wv_dt=megafuse.CKDataType[formats["wv"]],
+        wv_dt=DT[formats["wv"]],
         wo=encode_weight(weights["wo"], formats["wo"], rng),
         bo=(np.pad(f32(E) * 0.1, (0, Ea - E)).astype(np.float32) if bias else None),
-        wo_dt=megafuse.CKDataType[formats["wo"]],
+        wo_dt=DT[formats["wo"]],
         kv_cache_k=cache_k, kv_cache_v=cache_v,
         rope_cos=cos if rope else None, rope_sin=sin if rope else None,
         start_pos=start_pos, tokens=T, cache_capacity=C, embed_dim=E, aligned_embed_dim=Ea,
@@ -257,6 +266,65 @@ def prefill_case(shape, T, *, start_pos=0, formats=None, bias=True, residual=Tru
     )
     args["scratch"] = np.zeros(size_fn(T, Ea, H, Da), np.uint8)
     return args
+
+
+# ---- the MLP blocks: shapes (name, E, Ea, H, Da, I, Ia) -----------------------------------------
+
+def mlp_weights(shape, formats, rng):
+    """wo [Ea, H*Da], w1 [2*Ia, Ea] (gate rows, then up rows), w2 [Ea, Ia], zero in their padding,
+    encoded in formats.get(name, "FP32")."""
+    _, E, Ea, H, Da, I, Ia = shape
+    wo = np.zeros((Ea, H * Da), np.float32)
+    wo[:E] = rng.standard_normal((E, H * Da)) / np.sqrt(H * Da)
+    w1 = np.zeros((2, Ia, Ea), np.float32)
+    w1[:, :I, :E] = rng.standard_normal((2, I, E)) / np.sqrt(E)
+    w2 = np.zeros((Ea, Ia), np.float32)
+    w2[:E, :I] = rng.standard_normal((E, I)) / np.sqrt(I)
+    return {"wo": encode_weight(wo, formats.get("wo", "FP32"), rng),
+            "w1": encode_weight(w1.reshape(2 * Ia, Ea), formats.get("w1", "FP32"), rng),
+            "w2": encode_weight(w2, formats.get("w2", "FP32"), rng)}
+
+
+def outproj_mlp_case(shape, T, formats=None, *, bias=True, residual=True, seed=0):
+    """Every argument of mega_fused_outproj_mlp_prefill(_f32) for shape (name, E, Ea, H, Da, I,
+    Ia) and T tokens; formats = {"wo": "Q8_0", ...} (default FP32)."""
+    _, E, Ea, H, Da, I, Ia = shape
+    formats = formats or {}
+    rng = np.random.default_rng(seed)
+    f32 = lambda *s: rng.standard_normal(s).astype(np.float32)  # noqa: E731
+    w = mlp_weights(shape, formats, rng)
+    res = f32(T, Ea) if residual else None
+    if res is not None:
+        res[:, E:] = 3.0
+    pad = lambda v, n: np.pad(v, (0, n - v.size)).astype(np.float32)  # noqa: E731
+    b1 = np.zeros((2, Ia), np.float32)
+    b1[:, :I] = 0.1 * rng.standard_normal((2, I))
+    return dict(
+        output=np.full((T, Ea), np.nan, np.float32), attn_out=f32(H, T, Da) * 0.5,
+        residual=res, ln2_gamma=(1 + 0.1 * f32(E)).astype(np.float32),
+        wo=w["wo"], bo=pad(0.1 * f32(E), Ea) if bias else None,
+        wo_dt=DT[formats.get("wo", "FP32")],
+        w1=w["w1"], b1=b1.reshape(-1) if bias else None,
+        w1_dt=DT[formats.get("w1", "FP32")],
+        w2=w["w2"], b2=pad(0.1 * f32(E), Ea) if bias else None,
+        w2_dt=DT[formats.get("w2", "FP32")],
+        tokens=T, embed_dim=E, aligned_embed_dim=Ea, num_heads=H, aligned_head_dim=Da,
+        intermediate_dim=I, aligned_intermediate_dim=Ia, eps=1e-6,
+        scratch=np.zeros(megafuse.mega_fused_outproj_mlp_prefill_scratch_size(T, Ea, H, Da, Ia),
+                         np.uint8))
+
+
+def mlp_case(shape, T, formats=None, **kw):
+    """Every argument of mega_fused_mlp_prefill(_f32): outproj_mlp_case's, token-major input."""
+    a = outproj_mlp_case(shape, T, formats, **kw)
+    _, E, Ea, H, Da, I, Ia = shape
+    x = np.random.default_rng(99).standard_normal((T, Ea)).astype(np.float32)
+    x[:, E:] = -50.0
+    for key in ("attn_out", "wo", "bo", "wo_dt", "num_heads", "aligned_head_dim"):
+        del a[key]
+    return dict(output=a.pop("output"), input=x, **a,
+                ) | {"scratch": np.zeros(megafuse.mega_fused_mlp_prefill_scratch_size(T, Ea, Ia),
+                                         np.uint8)}
 
 
 def copy_args(args):

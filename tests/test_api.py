@@ -16,7 +16,8 @@ SEED_HEADER = os.path.join(HERE, "data", "mega_fused_attention.h.txt")  # upstre
 HEADER = os.path.join(megafuse.get_include(), "megafuse", "mega_fused_attention.h")
 
 # megafuse's additions to the header (declared beside the seed's functions)
-ADDITIONS = {"mega_fused_mlp_prefill", "mega_fused_mlp_prefill_scratch_size"}
+ADDITIONS = {"mega_fused_mlp_prefill", "mega_fused_mlp_prefill_scratch_size",
+             "mega_fused_outproj_mlp_prefill_f32", "mega_fused_mlp_prefill_f32"}
 
 
 def header_declarations():
@@ -29,6 +30,27 @@ def header_declarations():
         decls[m.group(1)] = [re.findall(r"\w+", p)[-1] for p in m.group(2).split(",")
                              if p.strip()]
     return decls
+
+
+def header_prototypes(text):
+    """{name: (return type, [parameters as 'type*name' without spaces around '*'])}."""
+    text = re.sub(r"/\*.*?\*/", " ", text, flags=re.S)
+    text = re.sub(r"(//|#)[^\n]*", " ", text)
+    norm = lambda p: re.sub(r"\s*\*\s*", "*", re.sub(r"\s+", " ", p.strip()))  # noqa: E731
+    return {m.group(2): (m.group(1), [norm(p) for p in m.group(3).split(",") if p.strip()])
+            for m in re.finditer(r"(?:cdef\s+)?\b(void|size_t)\s+(?:c_)?(\w+)\s*\(([^;{}()]*)\)",
+                                 text)}
+
+
+def test_pxd_declares_every_header_function_with_its_parameters():
+    """megafuse/_kernels.pxd: a c_<name> for every function of the header, with exactly its
+    return type and parameters (types and names, in order)."""
+    header = header_prototypes(open(HEADER).read())
+    pxd = header_prototypes(open(os.path.join(os.path.dirname(megafuse.__file__),
+                                              "_kernels.pxd")).read())
+    assert set(pxd) == set(header)
+    for name, proto in header.items():
+        assert pxd[name] == proto, name
 
 
 def test_shipped_header_declares_every_seed_function():
@@ -45,7 +67,7 @@ def test_shipped_header_declares_every_seed_function():
 def test_signature_matches_header(name):
     want = header_declarations()[name]
     if name == "mega_fuse_get_optimal_tiles":
-        want = ["head_dim"]   # SPEC section 1: the two int* become the return value
+        want = ["head_dim"]   # docs/contract.md §1: the two int* become the return value
     got = list(inspect.signature(getattr(megafuse, name)).parameters)
     assert got == want
 

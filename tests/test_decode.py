@@ -173,15 +173,61 @@ def test_decode_uses_the_kv_tile_it_reports():
         assert rel_err(out, want.args["output"]) < TOL["float"]
 
 
-def test_nan_and_inf_propagate_without_crashing():
+def test_nan_input_propagates_to_every_output():
     case = decode_case(QWEN2_05B)
     case.args["input"][3] = np.nan
     megafuse.mega_fused_attention_decode(**case.args)
     assert np.isnan(case.args["output"][: case.args["embed_dim"]]).all()
-    case = decode_case(QWEN2_05B)
-    case.args["kv_cache_k"][0, 2, 0] = np.inf
-    megafuse.mega_fused_attention_decode(**case.args)   # must not crash; values may be NaN
-    assert case.args["output"].shape == (case.args["aligned_embed_dim"],)
+
+
+def query_heads(args):
+    """q [H, D] of the decode token (after RoPE), from the reference's projection."""
+    a = args
+    x = reference._f64(a["input"], (1, a["aligned_embed_dim"]))
+    q, _, _ = reference._qkv_rows(
+        x, a["ln1_gamma"], a["wq"], a["bq"], 0, a["wk"], a["bk"], 0, a["wv"], a["bv"], 0,
+        a["rope_cos"], a["rope_sin"], np.array([a["pos"]]), a["embed_dim"],
+        a["aligned_embed_dim"], a["num_heads"], a["num_kv_heads"], a["head_dim"],
+        a["aligned_head_dim"], a["eps"], False)
+    return q[0]
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")   # inf - inf
+@pytest.mark.parametrize("where", ["k-score-minus-inf", "k-score-plus-inf", "v-inf"])
+def test_inf_in_the_cache_lands_where_the_math_puts_it(simd_level, where):
+    """An infinity in a cached key or value (one kv head per query head: MHA):
+    - a key whose score is -inf gets weight 0: every output stays finite and equals the reference;
+    - a key whose score is +inf makes that head's softmax inf - inf = NaN, which the out-projection
+      spreads over every output;
+    - an infinite value reaches every output as +-inf, the sign of its out-projection weight.
+    In each case the NaN / +inf / -inf pattern is the reference's, and the finite values match."""
+    case = decode_case(MHA)
+    a = case.args
+    q = query_heads(a)                                       # [H, D]
+    head = 1
+    d = int(np.argmax(np.abs(q[head])))
+    if where == "k-score-minus-inf":
+        a["kv_cache_k"][head, 2, d] = -np.sign(q[head, d]) * np.inf
+    elif where == "k-score-plus-inf":
+        a["kv_cache_k"][head, 2, d] = np.sign(q[head, d]) * np.inf
+    else:
+        a["kv_cache_v"][head, 5, 3] = np.inf
+    got, want = run_both(case)
+    out, ref = got["output"], want["output"]
+    E = a["embed_dim"]
+    assert np.array_equal(np.isnan(out), np.isnan(ref))
+    assert np.array_equal(np.isinf(out), np.isinf(ref))
+    assert np.array_equal(np.sign(out[np.isinf(out)]), np.sign(ref[np.isinf(ref)]))
+    finite = np.isfinite(ref)
+    if finite.any():
+        assert rel_err(out[finite], ref[finite]) < TOL["float"]
+    if where == "k-score-minus-inf":
+        assert finite.all()
+    elif where == "k-score-plus-inf":
+        assert np.isnan(out[:E]).all()
+    else:                                                    # +-inf by the weights' signs
+        wo = a["wo"].reshape(E, -1)[:, head * a["aligned_head_dim"] + 3]
+        assert np.array_equal(np.sign(out[:E]), np.sign(wo)) and np.isinf(out[:E]).all()
 
 
 # ---- mega_fuse_rmsnorm_qkv / _rope -----------------------------------------------------------
@@ -238,7 +284,40 @@ def test_rmsnorm_qkv_agrees_with_decode_projection():
     assert rel_err(a["kv_cache_v"][:, 4, :].reshape(-1), qkv["v_out"]) < TOL["float"]
 
 
-def test_kernels_release_the_gil():
+def test_kernels_release_the_gil(threads):
+    """A Python thread makes progress while kernel calls run -- which it could not if a call
+    held the GIL: the ticks it records fall inside the calls (the first and last 20 ms of each
+    left out: the thread may run just before a call takes over).  Calls are repeated until they
+    have run for 0.3 s in all, so a fast machine tells as well as a slow one."""
+    import threading
+    import time
+    from helpers import prefill_case
+    megafuse.set_num_threads(1)                    # leave a core to the Python thread
+    args = prefill_case(LLAMA_STYLE, 192, bias=False)
+    ticks, stop, calls = [], threading.Event(), []
+
+    def tick():
+        while not stop.is_set():
+            ticks.append(time.perf_counter())
+            time.sleep(0.001)                      # (the GIL is free between ticks)
+
+    thread = threading.Thread(target=tick)
+    thread.start()
+    time.sleep(0.05)
+    while sum(t1 - t0 for t0, t1 in calls) < 0.3 and len(calls) < 100:
+        t0 = time.perf_counter()
+        megafuse.mega_fused_attention_prefill(**args)
+        calls.append((t0, time.perf_counter()))
+    stop.set()
+    thread.join()
+    window = sum(max(0.0, t1 - t0 - 0.04) for t0, t1 in calls)
+    inside = [t for t in ticks if any(t0 + 0.02 < t < t1 - 0.02 for t0, t1 in calls)]
+    assert window > 0.1, f"{len(calls)} calls left {window:.3f} s to look at: too short to tell"
+    assert len(inside) >= 10, (f"{len(inside)} ticks of the Python thread during {len(calls)} "
+                               f"kernel calls ({window:.2f} s inside them)")
+
+
+def test_concurrent_calls_from_two_threads_equal_serial():
     """Two Python threads each running decode on their own buffers: both finish, results equal
     the serial ones (no shared state between calls)."""
     import threading
@@ -284,7 +363,7 @@ def test_attention_block_shapes(simd_level, shape, pos):
 @pytest.mark.parametrize("shape, pos", [
     (("mqa", 128, 128, 4, 1, 64, 64), 1500),            # one kv group: ranges are the only split
     (("many-heads", 256, 256, 64, 4, 64, 64), 2999),    # 64 heads: the stack caps it at 3 ranges
-    (("qwen-like", 896, 896, 14, 2, 64, 64), 512),      # 513 keys: two ranges, the 2nd of 1 key
+    (("qwen-like", 896, 896, 14, 2, 64, 64), 512),      # 513 keys: two ranges, 257 and 256 keys
     (("odd-head", 96, 96, 5, 1, 20, 24), 1100),
 ], ids=lambda v: v[0] if isinstance(v, tuple) else str(v))
 def test_split_kv_long_context(simd_level, shape, pos):
@@ -302,3 +381,39 @@ def test_split_kv_is_bitwise_thread_independent(threads):
         megafuse.mega_fused_attention_decode(**got.args)
         outputs.append(got.args["output"])
     assert np.array_equal(outputs[0], outputs[1]) and np.array_equal(outputs[0], outputs[2])
+
+
+def split_kv_ranges(pos, H, Da):
+    """The key ranges split-KV decode cuts positions 0..pos into (megafuse/_attention.pxi,
+    attend_one_token: ranges of at least SPLIT_MIN_KEYS = 512 keys, at most what fits
+    SPLIT_PART_FLOATS = 16384 floats of parts)."""
+    n_seg = min((pos + 512) // 512, 16384 // (H * (Da + 2)))
+    seg_len = (pos + n_seg) // n_seg
+    return [(s * seg_len, min(pos + 1, (s + 1) * seg_len)) for s in range(n_seg)]
+
+
+def test_split_kv_range_of_a_single_key(threads):
+    """261633 keys in 512 ranges of 512: the last range holds one key, the token's own.  Every
+    other cached key is 0 (score 0, value 0) and wk = wq makes the token's own score large, so
+    the attention output is (nearly) its own value: a range dropped, or counted twice, would
+    move the output by O(1).  Bitwise the same for 1, 2 and 3 threads."""
+    pos = 261632
+    shape = ("one-key-range", 64, 64, 1, 1, 4, 4)
+    ranges = split_kv_ranges(pos, 1, 4)
+    assert len(ranges) == 512 and ranges[-1] == (pos, pos + 1)
+    case = decode_case(shape, cache_capacity=pos + 1, pos=pos, fill_cache=False, bias=False)
+    a = case.args
+    a["wq"] *= 6.0
+    a["wk"][:] = a["wq"]                           # q . k = |q|^2 > 0 for the token's own key
+    q = query_heads(a)[0]
+    assert q @ q / 2 > 20                          # exp(score) >> 261632 keys of score 0
+    outputs = []
+    for n in (1, 2, 3):
+        megafuse.set_num_threads(n)
+        got, want = run_both(case)
+        outputs.append(got["output"])
+        assert rel_err(got["output"], want["output"]) < TOL["float"]
+    assert np.array_equal(outputs[0], outputs[1]) and np.array_equal(outputs[0], outputs[2])
+    # without the last range's key the attention output would be ~0: the out-projection moves
+    no_attention = a["residual"].astype(np.float64)
+    assert rel_err(no_attention, want["output"]) > 0.05

@@ -11,12 +11,11 @@ gguf = pytest.importorskip("gguf")
 
 import megafuse  # noqa: E402
 from megafuse import CKDataType, DecoderLayer  # noqa: E402
-from helpers import TOL, assert_q8_close, rel_err  # noqa: E402
+from helpers import KQUANT_FORMATS, TOL, assert_q8_close, rel_err  # noqa: E402
 from test_layer import float_weights, reference_layer, run_layer  # noqa: E402
 
 SHAPE = (256, 4, 2, 64, 512)          # (E, H, G, D, I)
 Q = gguf.GGMLQuantizationType
-KQUANTS = {"Q4_K", "Q5_K", "Q6_K"}
 TENSORS = {"wq": "attn_q", "wk": "attn_k", "wv": "attn_v", "wo": "attn_output",
            "gate": "ffn_gate", "up": "ffn_up", "w2": "ffn_down"}
 
@@ -46,7 +45,7 @@ def encode(w, fmt):
         return w, None
     if fmt == "F16":
         return w.astype(np.float16), None
-    if fmt in KQUANTS:                    # gguf cannot make K-quants: megafuse's quantizer
+    if fmt in KQUANT_FORMATS:             # gguf cannot make K-quants: megafuse's quantizer
         return megafuse.quantize(w, CKDataType[fmt]), Q[fmt]
     if fmt == "Q2_K":                     # unsupported by megafuse: any bytes will do
         return np.zeros((w.shape[0], w.shape[1] // 256 * 84), np.uint8), Q.Q2_K

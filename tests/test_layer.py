@@ -9,7 +9,6 @@ from helpers import TOL, assert_q8_close, rel_err
 
 # (E, H, G, D, I): small, GQA; K-quants need E, H*D and I to be multiples of 256
 SHAPE = (256, 4, 2, 64, 512)
-FLOAT = {"FP32", "FP16", "BF16"}
 
 
 def float_weights(shape=SHAPE, seed=0, bias=True, all_biases=False):
@@ -337,3 +336,68 @@ def test_repr_and_figures():
     stored = sum(a.nbytes for a in layer.weights.values() if a is not None)
     assert layer.weight_bytes == stored
     assert layer.bytes_moved(1, 3) == stored + 2 * G * 4 * D * 4 + 2 * E * 4
+
+
+# ---- activations="int8" | "float" ----------------------------------------------------------
+
+MIXED = {"wq": "Q8_0", "wk": "Q4_K", "wv": "Q6_K", "wo": "Q5_0", "w1": "Q4_K", "w2": "Q6_K"}
+
+
+def test_activations_default_is_int8_and_runs_the_int8_path():
+    layer = DecoderLayer.from_arrays(**float_weights(), dtypes=MIXED, cache_capacity=8, **hyper())
+    assert layer.activations == "int8" and layer.int8_path
+    fp32 = DecoderLayer.from_arrays(**float_weights(), cache_capacity=8, **hyper())
+    assert fp32.activations == "int8" and not fp32.int8_path
+
+
+@pytest.mark.parametrize("formats", [MIXED, {n: "Q8_0" for n in MIXED},
+                                     {"wq": "FP32", "wk": "FP32", "wv": "FP32", "wo": "FP32",
+                                      "w1": "Q4_0", "w2": "BF16"}],
+                         ids=["k-quant-mix", "q8_0", "fp32-attention"])
+def test_float_activations_prefill_then_decode_equal_the_float_reference(formats):
+    """activations="float": prefill and decode (the allocation-free kernel where the attention
+    weights are FP32) match pure float math on the dequantized weights to TOL["float"]."""
+    weights = float_weights(all_biases=True)
+    layer = DecoderLayer.from_arrays(**weights, dtypes=formats, cache_capacity=40,
+                                     activations="float", **hyper())
+    assert layer.activations == "float" and not layer.int8_path
+    x = inputs(27)
+    got = run_layer(layer, x, 22)
+    want = reference_layer(layer.weights, layer.dtypes, x)
+    assert rel_err(got, want) < TOL["float"]
+    assert np.array_equal(layer.reference(x), want)        # reference() follows the mode
+
+
+def test_float_and_int8_activations_differ_on_block_weights():
+    weights = float_weights()
+    x = inputs(12)
+    f = DecoderLayer.from_arrays(**weights, dtypes=MIXED, cache_capacity=16, activations="float",
+                                 **hyper()).prefill(x)
+    q = DecoderLayer.from_arrays(**weights, dtypes=MIXED, cache_capacity=16, **hyper())
+    got = q.prefill(x)
+    assert rel_err(f, got) > 10 * TOL["float"]
+    # and the int8 layer's default reference() is the int8 emulation, not pure float math
+    assert_q8_close(got, q.reference(x), q.reference(x, quantize_activations=False))
+    assert np.array_equal(q.reference(x), reference_layer(q.weights, q.dtypes, x,
+                                                          quantize_activations=True))
+
+
+def test_float_activations_use_the_float_kernels(monkeypatch):
+    calls = []
+    for name in ("mega_fused_attention_prefill", "mega_fused_attention_prefill_q8_0",
+                 "mega_fused_mlp_prefill", "mega_fused_mlp_prefill_f32"):
+        real = getattr(megafuse, name)
+        monkeypatch.setattr(megafuse, name,
+                            lambda *a, _real=real, _name=name: (calls.append(_name), _real(*a)))
+    layer = DecoderLayer.from_arrays(**float_weights(), dtypes=MIXED, cache_capacity=8,
+                                     activations="float", **hyper())
+    layer.prefill(inputs(3))
+    layer.decode(inputs(1)[0])
+    assert calls == ["mega_fused_attention_prefill", "mega_fused_mlp_prefill_f32"] * 2
+
+
+@pytest.mark.parametrize("bad, exc", [("fp32", ValueError), ("INT8", ValueError),
+                                      (8, TypeError), (None, TypeError)])
+def test_activations_keyword_rejects(bad, exc):
+    with pytest.raises(exc, match="activations"):
+        DecoderLayer.from_arrays(**float_weights(), cache_capacity=8, activations=bad, **hyper())

@@ -5,67 +5,14 @@ import pytest
 
 import megafuse
 from megafuse import reference
-from helpers import (BLOCK32, KQUANTS, TOL, WEIGHT_FORMATS, assert_q8_close, copy_args,
-                     encode_weight, prefill_case, rel_err)
+from helpers import (FLOAT_FORMATS, TOL, WEIGHT_FORMATS, assert_q8_close, copy_args,
+                     mlp_case, mlp_weights, outproj_mlp_case, prefill_case, rel_err)
 
 # (name, E, Ea, H, Da, I, Ia)
 QWEN2_05B = ("qwen2-0.5b", 896, 896, 14, 64, 4864, 4864)
 LLAMA_STYLE = ("llama-style", 2048, 2048, 32, 64, 8192, 8192)
 SMALL_256 = ("small-256", 512, 512, 8, 64, 1024, 1024)
 PADDED = ("padded", 200, 256, 6, 48, 300, 320)
-FLOAT_FORMATS = {"FP32", "FP16", "BF16"}
-
-
-def mlp_weights(shape, formats, rng):
-    _, E, Ea, H, Da, I, Ia = shape
-    wo = np.zeros((Ea, H * Da), np.float32)
-    wo[:E] = rng.standard_normal((E, H * Da)) / np.sqrt(H * Da)
-    w1 = np.zeros((2, Ia, Ea), np.float32)
-    w1[:, :I, :E] = rng.standard_normal((2, I, E)) / np.sqrt(E)
-    w2 = np.zeros((Ea, Ia), np.float32)
-    w2[:E, :I] = rng.standard_normal((E, I)) / np.sqrt(I)
-    return {"wo": encode_weight(wo, formats.get("wo", "FP32"), rng),
-            "w1": encode_weight(w1.reshape(2 * Ia, Ea), formats.get("w1", "FP32"), rng),
-            "w2": encode_weight(w2, formats.get("w2", "FP32"), rng)}
-
-
-def outproj_mlp_case(shape, T, formats=None, *, bias=True, residual=True, seed=0):
-    _, E, Ea, H, Da, I, Ia = shape
-    formats = formats or {}
-    rng = np.random.default_rng(seed)
-    f32 = lambda *s: rng.standard_normal(s).astype(np.float32)  # noqa: E731
-    w = mlp_weights(shape, formats, rng)
-    res = f32(T, Ea) if residual else None
-    if res is not None:
-        res[:, E:] = 3.0
-    pad = lambda v, n: np.pad(v, (0, n - v.size)).astype(np.float32)  # noqa: E731
-    b1 = np.zeros((2, Ia), np.float32)
-    b1[:, :I] = 0.1 * rng.standard_normal((2, I))
-    return dict(
-        output=np.full((T, Ea), np.nan, np.float32), attn_out=f32(H, T, Da) * 0.5,
-        residual=res, ln2_gamma=(1 + 0.1 * f32(E)).astype(np.float32),
-        wo=w["wo"], bo=pad(0.1 * f32(E), Ea) if bias else None,
-        wo_dt=megafuse.CKDataType[formats.get("wo", "FP32")],
-        w1=w["w1"], b1=b1.reshape(-1) if bias else None,
-        w1_dt=megafuse.CKDataType[formats.get("w1", "FP32")],
-        w2=w["w2"], b2=pad(0.1 * f32(E), Ea) if bias else None,
-        w2_dt=megafuse.CKDataType[formats.get("w2", "FP32")],
-        tokens=T, embed_dim=E, aligned_embed_dim=Ea, num_heads=H, aligned_head_dim=Da,
-        intermediate_dim=I, aligned_intermediate_dim=Ia, eps=1e-6,
-        scratch=np.zeros(megafuse.mega_fused_outproj_mlp_prefill_scratch_size(T, Ea, H, Da, Ia),
-                         np.uint8))
-
-
-def mlp_case(shape, T, formats=None, **kw):
-    a = outproj_mlp_case(shape, T, formats, **kw)
-    _, E, Ea, H, Da, I, Ia = shape
-    x = np.random.default_rng(99).standard_normal((T, Ea)).astype(np.float32)
-    x[:, E:] = -50.0
-    for key in ("attn_out", "wo", "bo", "wo_dt", "num_heads", "aligned_head_dim"):
-        del a[key]
-    return dict(output=a.pop("output"), input=x, **a,
-                ) | {"scratch": np.zeros(megafuse.mega_fused_mlp_prefill_scratch_size(T, Ea, Ia),
-                                         np.uint8)}
 
 
 def ordered(args, names):
@@ -92,16 +39,11 @@ def run_mlp(args):
 def check(got, want, pure, formats):
     """Float weights: 1e-5; block formats (quantized activations): see assert_q8_close, and
     within 2e-2 of pure float math."""
-    if set(formats.values()) <= FLOAT_FORMATS:
+    if set(formats.values()) <= set(FLOAT_FORMATS):
         assert rel_err(got["output"], want["output"]) < TOL["float"]
     else:
         assert_q8_close(got["output"], want["output"], pure["output"])
         assert rel_err(got["output"], pure["output"]) < TOL["q8_vs_float"]
-
-
-def fits(fmt, cols):
-    block = 256 if fmt in KQUANTS else (32 if fmt in BLOCK32 else 1)
-    return cols % block == 0
 
 
 @pytest.mark.parametrize("fmt", WEIGHT_FORMATS)
@@ -192,7 +134,7 @@ def test_scratch_guard_bytes(entry):
 def test_scratch_is_per_tile_not_per_prompt():
     size = megafuse.mega_fused_outproj_mlp_prefill_scratch_size
     assert size(32, 896, 14, 64, 4864) < 3_166_208          # upstream at T=32
-    tile = 128                                                 # MF_MLP_TOKEN_TILE
+    tile = megafuse._kernels.MLP_TOKEN_TILE                    # MF_MLP_TOKEN_TILE
     assert size(4096, 896, 14, 64, 4864) == size(tile, 896, 14, 64, 4864)  # no [T, I] buffer
     assert size(512, 896, 14, 64, 4864) == size(tile, 896, 14, 64, 4864)
     assert size(tile - 1, 896, 14, 64, 4864) < size(tile, 896, 14, 64, 4864)
@@ -217,17 +159,19 @@ def test_one_and_two_threads_bitwise_equal(simd_level, threads, entry):
 
 # ---- a whole decoder layer -----------------------------------------------------------------
 
-def reference_layer(x, attn_args, mlp_args):
-    """The reference layer in float64 all the way (float activations, dequantized weights)."""
+def reference_layer(x, attn_args, mlp_args, quantize_activations=False):
+    """The reference layer in float64 all the way (dequantized weights): float activations, or
+    with quantize_activations the int8 path's emulation (attention and MLP)."""
     a = copy_args(attn_args)
     a["input"] = x.copy()
     a["residual"] = x.copy()
     a["output"] = np.zeros_like(x)
-    reference.mega_fused_attention_prefill(**a)
+    (reference.mega_fused_attention_prefill_q8_0 if quantize_activations
+     else reference.mega_fused_attention_prefill)(**a)
     m = copy_args(mlp_args)
     m.update(input=a["output"].copy(), residual=a["output"].copy(),
              output=np.zeros_like(x))
-    reference.mega_fused_mlp_prefill(**m, quantize_activations=False)
+    reference.mega_fused_mlp_prefill(**m, quantize_activations=quantize_activations)
     return m["output"], a
 
 
@@ -236,8 +180,12 @@ def reference_layer(x, attn_args, mlp_args):
     {"wq": "Q8_0", "wk": "Q8_0", "wv": "Q8_0", "wo": "Q8_0", "w1": "Q8_0", "w2": "Q8_0"},
 ], ids=["fp32", "q8_0"])
 def test_decoder_layer_from_prefill_and_mlp(formats):
+    """A layer composed as megafuse.DecoderLayer does it: FP32 weights through the float
+    prefill; Q8_0 weights through the int8 path (mega_fused_attention_prefill_q8_0, then the MLP,
+    which quantizes too), checked against the reference's emulation of that path."""
     T = 24
-    attn = prefill_case(("layer", 256, 256, 4, 2, 64, 64), T, formats=formats, seed=3)
+    int8 = formats["w1"] != "FP32"
+    attn = prefill_case(("layer", 256, 256, 4, 2, 64, 64), T, formats=formats, seed=3, int8=int8)
     mlp = mlp_case(("layer", 256, 256, 4, 64, 512, 512), T, {"w1": formats["w1"],
                                                              "w2": formats["w2"]})
     mlp.pop("input"), mlp.pop("residual"), mlp.pop("output")
@@ -245,12 +193,17 @@ def test_decoder_layer_from_prefill_and_mlp(formats):
     # megafuse: attention (output over x) then the MLP in place on the residual stream
     a = copy_args(attn)
     a.update(input=x, residual=x, output=x)
-    megafuse.mega_fused_attention_prefill(**a)
+    (megafuse.mega_fused_attention_prefill_q8_0 if int8 else megafuse.mega_fused_attention_prefill)(
+        **a)
     m = copy_args(mlp)
     megafuse.mega_fused_mlp_prefill(output=x, input=x, residual=x, **m)
-    want, _ = reference_layer(attn["input"], attn, mlp)
-    tol = TOL["float"] if formats["w1"] == "FP32" else TOL["q8_vs_float"]
-    assert rel_err(x, want) < tol
+    pure, _ = reference_layer(attn["input"], attn, mlp)
+    if not int8:
+        assert rel_err(x, pure) < TOL["float"]
+        return
+    emulated, _ = reference_layer(attn["input"], attn, mlp, quantize_activations=True)
+    assert_q8_close(x, emulated, pure)
+    assert rel_err(x, pure) < TOL["q8_vs_float"]
 
 
 def test_decoder_layer_through_outproj_mlp():
@@ -283,3 +236,120 @@ def test_decoder_layer_through_outproj_mlp():
         out2, h1, h1, gamma, w["w1"], None, 0, w["w2"], None, 0, T, E, E, I, I, 1e-6,
         np.zeros(megafuse.mega_fused_mlp_prefill_scratch_size(T, E, I), np.uint8))
     assert rel_err(out, out2) < TOL["float"]
+
+
+# ---- float activations: mega_fused_outproj_mlp_prefill_f32, mega_fused_mlp_prefill_f32 -------
+
+F32_ENTRIES = {
+    "outproj_mlp": (megafuse.mega_fused_outproj_mlp_prefill_f32,
+                    reference.mega_fused_outproj_mlp_prefill_f32,
+                    megafuse.mega_fused_outproj_mlp_prefill, outproj_mlp_case),
+    "mlp": (megafuse.mega_fused_mlp_prefill_f32, reference.mega_fused_mlp_prefill_f32,
+            megafuse.mega_fused_mlp_prefill, mlp_case),
+}
+
+
+def f32_case(entry, shape, T, fmt, **kw):
+    formats = {"wo": fmt, "w1": fmt, "w2": fmt} if entry == "outproj_mlp" else {"w1": fmt,
+                                                                                 "w2": fmt}
+    return F32_ENTRIES[entry][3](shape, T, formats, **kw)
+
+
+def run_f32(entry, args):
+    """(kernel, float64 reference) results of the float-activation entry."""
+    kernel, ref, _, _ = F32_ENTRIES[entry]
+    got, want = copy_args(args), copy_args(args)
+    kernel(**got)
+    ref(**want)
+    return got, want
+
+
+@pytest.mark.parametrize("entry", list(F32_ENTRIES))
+@pytest.mark.parametrize("fmt", WEIGHT_FORMATS)
+@pytest.mark.parametrize("T", [1, 5, 64, 200])
+def test_f32_every_format_matches_the_float_reference(simd_level, entry, fmt, T):
+    """Float activations through every projection: within TOL["float"] of the float64 reference
+    on the dequantized weights, quantized weights included (the int8 path is 1e-3 .. 1e-2 away
+    from it for those: quantizing the activations would fail here)."""
+    got, want = run_f32(entry, f32_case(entry, SMALL_256, T, fmt))
+    assert rel_err(got["output"], want["output"]) < TOL["float"]
+
+
+@pytest.mark.parametrize("entry", list(F32_ENTRIES))
+@pytest.mark.parametrize("fmt", ["Q4_0", "Q8_0", "FP16", "BF16"])
+@pytest.mark.parametrize("option", ["padded", "no_bias", "no_residual"])
+def test_f32_options(simd_level, entry, fmt, option):
+    """Padded dims (E < Ea, Da > head dims, I < Ia), no bias, no residual."""
+    kw = {"bias": option != "no_bias", "residual": option != "no_residual"}
+    got, want = run_f32(entry, f32_case(entry, PADDED, 9, fmt, **kw))
+    assert rel_err(got["output"], want["output"]) < TOL["float"]
+    E = PADDED[1]
+    assert np.all(got["output"][:, E:] == 0.0)                 # padding columns written as 0
+
+
+@pytest.mark.parametrize("entry", list(F32_ENTRIES))
+@pytest.mark.parametrize("fmt", ["FP32", "FP16", "BF16"])
+def test_f32_equals_the_int8_entry_for_float_weights(entry, fmt):
+    """With float weights the int8 entry never quantizes either: both are bitwise the same."""
+    args = f32_case(entry, SMALL_256, 70, fmt)
+    a, b = copy_args(args), copy_args(args)
+    F32_ENTRIES[entry][0](**a)
+    F32_ENTRIES[entry][2](**b)
+    assert np.array_equal(a["output"], b["output"])
+
+
+@pytest.mark.parametrize("entry", list(F32_ENTRIES))
+def test_f32_differs_from_the_int8_entry_for_block_weights(entry):
+    args = f32_case(entry, SMALL_256, 8, "Q4_K")
+    a, b = copy_args(args), copy_args(args)
+    F32_ENTRIES[entry][0](**a)
+    F32_ENTRIES[entry][2](**b)
+    assert rel_err(a["output"], b["output"]) > 10 * TOL["float"]
+
+
+@pytest.mark.parametrize("entry", list(F32_ENTRIES))
+@pytest.mark.parametrize("fmt", ["Q5_K", "Q5_1", "BF16"])
+def test_f32_one_two_three_threads_bitwise_equal(simd_level, threads, entry, fmt):
+    args = f32_case(entry, SMALL_256, 150, fmt)
+    outs = []
+    for n in (1, 2, 3):
+        megafuse.set_num_threads(n)
+        run = copy_args(args)
+        F32_ENTRIES[entry][0](**run)
+        outs.append(run["output"])
+    assert np.array_equal(outs[0], outs[1]) and np.array_equal(outs[0], outs[2])
+
+
+@pytest.mark.parametrize("entry", list(F32_ENTRIES))
+def test_f32_scratch_guard_bytes_and_output_may_alias(entry):
+    """The shared scratch-size helper's bytes are enough and nothing past them is touched; the
+    result does not depend on the scratch's contents; output may be residual (or input)."""
+    args = f32_case(entry, SMALL_256, 45, "Q6_K")
+    kernel = F32_ENTRIES[entry][0]
+    need = args["scratch"].nbytes
+    outputs = []
+    for fill in (0, 0xFF, 0x3C):
+        run = copy_args(args)
+        run["scratch"] = np.full(need + 4096, fill, np.uint8)
+        kernel(**run)
+        assert np.all(run["scratch"][need:] == fill)
+        outputs.append(run["output"])
+    assert np.array_equal(outputs[0], outputs[1]) and np.array_equal(outputs[0], outputs[2])
+    in_place = copy_args(args)
+    in_place["output"] = in_place["residual"]
+    kernel(**in_place)
+    assert np.array_equal(in_place["residual"], outputs[0])
+
+
+@pytest.mark.parametrize("entry", list(F32_ENTRIES))
+def test_f32_validates_like_the_int8_entry(entry):
+    args = f32_case(entry, SMALL_256, 4, "Q8_0")
+    args["scratch"] = args["scratch"][:-1].copy()
+    with pytest.raises(ValueError, match="scratch"):
+        F32_ENTRIES[entry][0](**args)
+    args = f32_case(entry, SMALL_256, 4, "Q8_0")
+    args["w1_dt"] = megafuse.CK_DT_Q8_K
+    before = args["output"].tobytes()
+    with pytest.raises(ValueError, match="w1_dt"):
+        F32_ENTRIES[entry][0](**args)
+    assert args["output"].tobytes() == before

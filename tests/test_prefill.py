@@ -5,8 +5,8 @@ import pytest
 
 import megafuse
 from megafuse import reference
-from helpers import (BLOCK32, KQUANTS, LLAMA_STYLE, MHA, PADDED, QWEN2_05B, TOL, WEIGHT_FORMATS,
-                     assert_q8_close, copy_args, decode_case, encode_weight, prefill_case,
+from helpers import (FLOAT_FORMATS, LLAMA_STYLE, MHA, PADDED, QWEN2_05B, TOL, WEIGHT_FORMATS,
+                     assert_q8_close, copy_args, decode_case, encode_weight, fits, prefill_case,
                      rel_err)
 
 # a shape every format fits (Ea and H*Da multiples of 256)
@@ -38,10 +38,9 @@ def check(got, want, tol, pure=None):
         assert err < tol, f"{name}: relative error {err:.2e} >= {tol:.0e}"
 
 
-def fits(fmt, shape):
+def fits_shape(fmt, shape):
     _, E, Ea, H, G, D, Da = shape
-    block = 256 if fmt in KQUANTS else (32 if fmt in BLOCK32 else 1)
-    return Ea % block == 0 and (H * Da) % block == 0
+    return fits(fmt, Ea) and fits(fmt, H * Da)
 
 
 @pytest.mark.parametrize("fmt", WEIGHT_FORMATS)
@@ -56,7 +55,7 @@ def test_every_format_int8_path(simd_level, fmt):
     args = prefill_case(SMALL_256, 9, formats={w: fmt for w in ("wq", "wk", "wv", "wo")},
                         int8=True)
     got, want, pure = run(args, int8=True)
-    check(got, want, TOL["q8_emulated"] if fmt not in ("FP32", "FP16", "BF16") else TOL["float"],
+    check(got, want, TOL["q8_emulated"] if fmt not in FLOAT_FORMATS else TOL["float"],
           pure)
     assert rel_err(got["output"], pure["output"]) < TOL["q8_vs_float"]
 
@@ -99,7 +98,7 @@ def test_shapes_and_token_counts(shape, T):
 @pytest.mark.parametrize("fmt", ["Q8_0", "Q5_0"])
 @pytest.mark.parametrize("T", [1, 64])
 def test_qwen_shapes_quantized(shape, fmt, T):
-    if not fits(fmt, shape):
+    if not fits_shape(fmt, shape):
         pytest.skip(f"{fmt} does not fit {shape[0]}")
     formats = {w: fmt for w in ("wq", "wk", "wv", "wo")}
     check(*run(prefill_case(shape, T, formats=formats)), TOL["float"])

@@ -26,10 +26,13 @@ import megafuse as mf
 from megafuse import _kernels, _simd
 from megafuse import reference as ref
 
-DT = mf.CKDataType
-FLOAT_FORMATS = [DT.FP32, DT.FP16, DT.BF16]
-BLOCK32_FORMATS = [DT.Q4_0, DT.Q4_1, DT.Q5_0, DT.Q5_1, DT.Q8_0]
-KQUANT_FORMATS = [DT.Q4_K, DT.Q5_K, DT.Q6_K]
+import helpers
+from helpers import DT, block_bytes, block_size
+
+# the format groups of tests/helpers.py, as CKDataType members (the tests here run on them)
+FLOAT_FORMATS = [DT[f] for f in helpers.FLOAT_FORMATS]
+BLOCK32_FORMATS = [DT[f] for f in helpers.BLOCK32_FORMATS]
+KQUANT_FORMATS = [DT[f] for f in helpers.KQUANT_FORMATS]
 BLOCK_FORMATS = BLOCK32_FORMATS + KQUANT_FORMATS
 WEIGHT_FORMATS = FLOAT_FORMATS + BLOCK_FORMATS
 GGUF_QUANTIZES = BLOCK32_FORMATS + [DT.FP16, DT.BF16]   # what gguf.quants.quantize implements
@@ -53,10 +56,6 @@ TOL = {
     "float_dot": 1e-5,            # float-activation dot vs float64, relative to sum |w_i x_i|
     "int8_dot": 1e-6,             # int8 dot vs its float64 emulation, relative to sum |w_i a_i|
 }
-
-
-def block_size(dt):
-    return mf.ck_dtype_block_size(dt)
 
 
 def storage(blob, dt):
@@ -465,13 +464,13 @@ def test_int8_dot_identical_across_levels():
 # ---------------------------------------------------------------------------------------------
 
 def decode_q8_0(raw):
-    b = raw.reshape(-1, 34)
+    b = raw.reshape(-1, block_bytes(DT.Q8_0))
     return (np.ascontiguousarray(b[:, 2:]).view(np.int8).reshape(-1),
             np.ascontiguousarray(b[:, :2]).view(np.float16).astype(np.float32).reshape(-1))
 
 
 def decode_q8_K(raw):
-    b = raw.reshape(-1, 292)
+    b = raw.reshape(-1, block_bytes(DT.Q8_K))
     return (np.ascontiguousarray(b[:, 4:260]).view(np.int8).reshape(-1),
             np.ascontiguousarray(b[:, :4]).view(np.float32).reshape(-1),
             np.ascontiguousarray(b[:, 260:]).view(np.int16).reshape(-1))

@@ -2,7 +2,7 @@
 
 The reference is what every kernel is compared with, so it is checked here against
 independent computations: gguf's dequantizers and Q8_0 quantizer, small hand-written
-formulas, and the identities SPEC section 4 states (decode after prefill equals a longer
+formulas, and the identities docs/contract.md §4 states (decode after prefill equals a longer
 prefill, split prefills equal one prefill, RoPE is a rotation, ...).
 """
 import ast
@@ -16,21 +16,27 @@ import pytest
 
 HERE = Path(__file__).resolve().parent
 REFERENCE_FILE = HERE.parent / 'megafuse' / 'reference.py'
+DTYPE_FILE = HERE.parent / 'megafuse' / '_dtype.py'
+
+
+def _load_file(name, path):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 def _load_reference():
     """``megafuse.reference`` if importable, else the file of this checkout loaded directly
-    (the compiled package may not be built: the reference must not need it)."""
+    (the compiled package may not be built: the reference must not need it), with the one
+    module of megafuse it imports, ``megafuse._dtype`` (plain Python), loaded the same way."""
     try:
         from megafuse import reference  # noqa: PLC0415
         return reference
     except Exception:  # noqa: BLE001 - any failure of the package import
-        spec = importlib.util.spec_from_file_location('_megafuse_reference_selfcheck',
-                                                      REFERENCE_FILE)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module
-        spec.loader.exec_module(module)
-        return module
+        _load_file('megafuse._dtype', DTYPE_FILE)
+        return _load_file('_megafuse_reference_selfcheck', REFERENCE_FILE)
 
 
 ref = _load_reference()
@@ -101,7 +107,7 @@ def rope_tables(rows, D, base=10000.0):
 
 
 def make_layer(rng, E=24, Ea=32, H=4, G=2, D=6, Da=8, C=16, bias=True, rope=True):
-    """An FP32 attention layer with zero padding rows/columns, as SPEC section 3 expects."""
+    """An FP32 attention layer with zero padding rows/columns, as docs/contract.md §3 expects."""
     def weight(heads, rows_per_head, cols, rows_used, cols_used):
         w = np.zeros((heads, rows_per_head, cols), dtype=np.float32)
         w[:, :rows_used, :cols_used] = rng.standard_normal((heads, rows_used, cols_used)) * 0.3
@@ -171,17 +177,20 @@ def run_decode(L, x, residual, cache, pos, eps=1e-5):
 # The module itself
 # ------------------------------------------------------------------------------------------
 
-def test_imports_only_numpy_and_stdlib():
-    tree = ast.parse(REFERENCE_FILE.read_text(encoding='utf-8'))
-    imported = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            imported |= {alias.name.split('.')[0] for alias in node.names}
-        elif isinstance(node, ast.ImportFrom):
-            assert node.level == 0, 'no relative imports (they would reach compiled megafuse)'
-            imported.add(node.module.split('.')[0])
-    third_party = {name for name in imported if name not in sys.stdlib_module_names}
-    assert third_party == {'numpy'}
+def test_imports_only_numpy_stdlib_and_the_dtype_enum():
+    """The reference's math is its own: of megafuse it imports megafuse._dtype (the one
+    CKDataType) and nothing else; megafuse._dtype itself imports only the standard library."""
+    def imports(path):
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding='utf-8'))):
+            if isinstance(node, ast.Import):
+                found |= {alias.name for alias in node.names}
+            elif isinstance(node, ast.ImportFrom):
+                assert node.level == 0, 'no relative imports (they would reach compiled megafuse)'
+                found.add(node.module)
+        return {name for name in found if name.split('.')[0] not in sys.stdlib_module_names}
+    assert imports(REFERENCE_FILE) == {'numpy', 'megafuse._dtype'}
+    assert imports(DTYPE_FILE) == set()
 
 
 def test_ckdatatype_values():
@@ -544,7 +553,7 @@ def test_padding_and_aliasing():
     res2[:, E:] = -1e6
     np.testing.assert_array_equal(run_prefill(L, x2, res2, empty_cache(L), 0), base)
 
-    # SPEC expects zero weight padding; the reference does not even depend on it (it zeroes
+    # docs/contract.md §3 expects zero weight padding; the reference does not even depend on it (it zeroes
     # the padding of every activation: normed input, q/k/v head dims, attention output).
     Lg = dict(L)
     H, G, Da = L['dims']['H'], L['dims']['G'], L['dims']['Da']

@@ -1,4 +1,4 @@
-"""SPEC section 5 for the decode and rmsnorm_qkv entry points: each rule has a test; every
+"""docs/contract.md §5 for the decode and rmsnorm_qkv entry points: each rule has a test; every
 rejected call leaves output, caches and workspaces byte-identical."""
 import numpy as np
 import pytest
@@ -189,6 +189,11 @@ QKV_RULES = [
     ("heads", lambda a: a.update(num_heads=5), ValueError, ["num_heads", "multiple"]),
     ("rope-short", lambda a: a.update(rope_cos=a["rope_cos"][:2].copy()), ValueError,
      ["rope_cos"]),
+    # [max_seq, D/2] tables: fewer rows than max_seq are refused whatever pos is
+    ("rope-shorter-than-max_seq-pos-0", lambda a: a.update(max_seq=a["max_seq"] + 1, pos=0),
+     ValueError, ["rope_cos", "max_seq"]),
+    ("rope-sin-shorter-than-max_seq", lambda a: a.update(rope_sin=a["rope_sin"][:-1].copy()),
+     ValueError, ["rope_sin", "max_seq"]),
     ("k-is-v", lambda a: a.update(v_out=a["k_out"]), ValueError, ["overlaps"]),
     ("q-is-input", lambda a: a.update(q_out=np.zeros(a["hidden"], np.float32),
                                       num_heads=a["hidden"] // a["head_dim"]) or
@@ -286,8 +291,9 @@ PREFILL_RULES = [
     ("kquant-896-columns", lambda a: a.update(wq_dt=megafuse.CK_DT_Q4_K,
                                               wq=np.zeros(10, np.uint8)), ValueError,
      ["wq", "Q4_K", "blocks of 256", "896"]),
-    ("block-byte-count", lambda a: a.update(wq_dt=megafuse.CK_DT_Q8_0,
-                                            wq=np.zeros(896 // 32 * 34 * 896 - 1, np.uint8)),
+    ("block-byte-count", lambda a: a.update(
+        wq_dt=megafuse.CK_DT_Q8_0,
+        wq=np.zeros(896 * megafuse.ck_dtype_row_bytes(megafuse.CK_DT_Q8_0, 896) - 1, np.uint8)),
      ValueError, ["wq", "Q8_0", "bytes"]),
     ("scratch-small", lambda a: a.update(scratch=a["scratch"][:-1].copy()), ValueError,
      ["scratch", "at least"]),

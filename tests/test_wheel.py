@@ -63,8 +63,68 @@ CHECK_INSTALLED = textwrap.dedent('''\
 
 DOWNSTREAM_PYX = textwrap.dedent('''\
     # A downstream Cython module using megafuse's C-level surface (megafuse/_kernels.pxd).
-    from megafuse._kernels cimport (c_mega_fuse_get_optimal_tiles,
-                                    c_mega_fused_attention_decode_workspace)
+    from megafuse._ckernel_dtype cimport CKDataType, CK_DT_Q8_0
+    from megafuse._kernels cimport (
+        c_mega_fuse_get_optimal_tiles, c_mega_fused_attention_decode_workspace,
+        c_mega_fused_attention_prefill, c_mega_fused_attention_prefill_q8_0,
+        c_mega_fused_attention_prefill_scratch_size,
+        c_mega_fused_attention_prefill_q8_0_scratch_size, c_mega_fused_outproj_mlp_prefill,
+        c_mega_fused_outproj_mlp_prefill_scratch_size, c_mega_fused_mlp_prefill,
+        c_mega_fused_mlp_prefill_f32, c_mega_fused_mlp_prefill_scratch_size)
+
+    Q8_0 = CK_DT_Q8_0
+
+
+    def scratch_sizes(int T, int E, int H, int D, int I):
+        return (c_mega_fused_attention_prefill_scratch_size(T, E, H, D),
+                c_mega_fused_attention_prefill_q8_0_scratch_size(T, E, H, D),
+                c_mega_fused_outproj_mlp_prefill_scratch_size(T, E, H, D, I),
+                c_mega_fused_mlp_prefill_scratch_size(T, E, I))
+
+
+    def prefill(bint int8, float[:, ::1] output, const float[:, ::1] x, const float[::1] gamma,
+                const unsigned char[::1] wq, const unsigned char[::1] wk,
+                const unsigned char[::1] wv, const unsigned char[::1] wo, int dt,
+                float[::1] cache_k, float[::1] cache_v, const float[::1] cos,
+                const float[::1] sin, int T, int C, int E, int H, int G, int D,
+                unsigned char[::1] scratch):
+        cdef CKDataType w_dt = <CKDataType>dt
+        with nogil:
+            if int8:
+                c_mega_fused_attention_prefill_q8_0(
+                    &output[0, 0], &x[0, 0], &x[0, 0], &gamma[0], &wq[0], NULL, w_dt, &wk[0],
+                    NULL, w_dt, &wv[0], NULL, w_dt, &wo[0], NULL, w_dt, &cache_k[0],
+                    &cache_v[0], &cos[0], &sin[0], 0, T, C, E, E, H, G, D, D, 1e-6, &scratch[0])
+            else:
+                c_mega_fused_attention_prefill(
+                    &output[0, 0], &x[0, 0], &x[0, 0], &gamma[0], &wq[0], NULL, w_dt, &wk[0],
+                    NULL, w_dt, &wv[0], NULL, w_dt, &wo[0], NULL, w_dt, &cache_k[0],
+                    &cache_v[0], &cos[0], &sin[0], 0, T, C, E, E, H, G, D, D, 1e-6, &scratch[0])
+
+
+    def mlp(bint f32, float[:, ::1] output, const float[:, ::1] x, const float[::1] gamma,
+            const unsigned char[::1] w1, const unsigned char[::1] w2, int dt, int T, int E,
+            int I, unsigned char[::1] scratch):
+        with nogil:
+            if f32:
+                c_mega_fused_mlp_prefill_f32(&output[0, 0], &x[0, 0], &x[0, 0], &gamma[0],
+                                             &w1[0], NULL, <CKDataType>dt, &w2[0], NULL,
+                                             <CKDataType>dt, T, E, E, I, I, 1e-6, &scratch[0])
+            else:
+                c_mega_fused_mlp_prefill(&output[0, 0], &x[0, 0], &x[0, 0], &gamma[0], &w1[0],
+                                         NULL, <CKDataType>dt, &w2[0], NULL, <CKDataType>dt, T,
+                                         E, E, I, I, 1e-6, &scratch[0])
+
+
+    def outproj_mlp(float[:, ::1] output, const float[::1] attn, const float[::1] gamma,
+                    const unsigned char[::1] wo, const unsigned char[::1] w1,
+                    const unsigned char[::1] w2, int dt, int T, int E, int H, int D, int I,
+                    unsigned char[::1] scratch):
+        with nogil:
+            c_mega_fused_outproj_mlp_prefill(
+                &output[0, 0], &attn[0], NULL, &gamma[0], &wo[0], NULL, <CKDataType>dt,
+                &w1[0], NULL, <CKDataType>dt, &w2[0], NULL, <CKDataType>dt, T, E, E, H, D, I,
+                I, 1e-6, &scratch[0])
 
 
     def tiles(int head_dim):
@@ -121,6 +181,68 @@ DOWNSTREAM_RUN = textwrap.dedent('''\
                                          D, D, C, 1e-6)
     assert np.array_equal(out_c, out_py) and np.any(out_c != 0)
     assert np.array_equal(caches[0], caches[2])
+
+    # prefill, prefill_q8_0 and the MLPs through c_<name>: the bits of the Python functions
+    assert downstream.Q8_0 == megafuse.CK_DT_Q8_0
+    T, I = 6, 256
+    assert downstream.scratch_sizes(T, E, H, D, I) == (
+        megafuse.mega_fused_attention_prefill_scratch_size(T, E, H, D),
+        megafuse.mega_fused_attention_prefill_q8_0_scratch_size(T, E, H, D),
+        megafuse.mega_fused_outproj_mlp_prefill_scratch_size(T, E, H, D, I),
+        megafuse.mega_fused_mlp_prefill_scratch_size(T, E, I))
+    assert downstream.scratch_sizes(0, E, H, D, I) == (2**64 - 1,) * 4   # SIZE_MAX: refused
+    dt = megafuse.CK_DT_Q8_0
+    q = lambda *s: megafuse.quantize(f(*s).reshape(s) / 8, dt)  # noqa: E731
+    b = lambda w: w.reshape(-1).view(np.uint8)  # noqa: E731
+    wq, wk, wv, wo = q(H * D, E), q(G * D, E), q(G * D, E), q(E, H * D)
+    w1, w2 = q(2 * I, E), q(E, I)
+    xs = rng.standard_normal((T, E)).astype(np.float32)
+    for int8 in (False, True):
+        fn = (megafuse.mega_fused_attention_prefill_q8_0 if int8
+              else megafuse.mega_fused_attention_prefill)
+        size = (megafuse.mega_fused_attention_prefill_q8_0_scratch_size if int8
+                else megafuse.mega_fused_attention_prefill_scratch_size)(T, E, H, D)
+        outs, kc = [], []
+        for via_c in (True, False):
+            out, ck, cv = np.zeros((T, E), np.float32), f(G * C * D) * 0, f(G * C * D) * 0
+            scratch = np.zeros(size, np.uint8)
+            if via_c:
+                downstream.prefill(int8, out, xs, gamma, b(wq), b(wk), b(wv), b(wo), dt, ck, cv,
+                                   cos, sin, T, C, E, H, G, D, scratch)
+            else:
+                fn(out, xs, xs, gamma, wq, None, dt, wk, None, dt, wv, None, dt, wo, None, dt,
+                   ck, cv, cos, sin, 0, T, C, E, E, H, G, D, D, 1e-6, scratch)
+            outs.append(out)
+            kc.append(ck)
+        assert np.array_equal(outs[0], outs[1]) and np.any(outs[0] != 0), int8
+        assert np.array_equal(kc[0], kc[1]) and np.any(kc[0] != 0), int8
+    for f32 in (False, True):
+        fn = megafuse.mega_fused_mlp_prefill_f32 if f32 else megafuse.mega_fused_mlp_prefill
+        outs = []
+        for via_c in (True, False):
+            out = np.zeros((T, E), np.float32)
+            scratch = np.zeros(megafuse.mega_fused_mlp_prefill_scratch_size(T, E, I), np.uint8)
+            if via_c:
+                downstream.mlp(f32, out, xs, gamma, b(w1), b(w2), dt, T, E, I, scratch)
+            else:
+                fn(out, xs, xs, gamma, w1, None, dt, w2, None, dt, T, E, E, I, I, 1e-6, scratch)
+            outs.append(out)
+        assert np.array_equal(outs[0], outs[1]) and np.any(outs[0] != 0), f32
+    attn = f(H, T, D)
+    outs = []
+    for via_c in (True, False):
+        out = np.zeros((T, E), np.float32)
+        scratch = np.zeros(megafuse.mega_fused_outproj_mlp_prefill_scratch_size(T, E, H, D, I),
+                           np.uint8)
+        if via_c:
+            downstream.outproj_mlp(out, attn, gamma, b(wo), b(w1), b(w2), dt, T, E, H, D, I,
+                                   scratch)
+        else:
+            megafuse.mega_fused_outproj_mlp_prefill(out, attn, None, gamma, wo, None, dt, w1,
+                                                    None, dt, w2, None, dt, T, E, E, H, D, I, I,
+                                                    1e-6, scratch)
+        outs.append(out)
+    assert np.array_equal(outs[0], outs[1]) and np.any(outs[0] != 0)
     print("downstream-ok", downstream.tiles(64))
 ''')
 

@@ -289,6 +289,56 @@ size_t mega_fused_mlp_prefill_scratch_size(int tokens,
                                            int aligned_intermediate_dim);
 
 /**
+ * @brief megafuse addition: mega_fused_outproj_mlp_prefill with float32 activations
+ *
+ * The same parameters, layouts, math and scratch (mega_fused_outproj_mlp_prefill_scratch_size)
+ * as mega_fused_outproj_mlp_prefill, but every projection multiplies float32 activations:
+ * block-format weights are dequantized as they are read (as mega_fused_attention_prefill does),
+ * never met with quantized activations.  The quantized regions of the scratch are not touched.
+ */
+void mega_fused_outproj_mlp_prefill_f32(
+    float *output,
+    const float *attn_out,
+    const float *residual,
+    const float *ln2_gamma,
+    const void *wo, const float *bo, CKDataType wo_dt,
+    const void *w1, const float *b1, CKDataType w1_dt,
+    const void *w2, const float *b2, CKDataType w2_dt,
+    int tokens,
+    int embed_dim,
+    int aligned_embed_dim,
+    int num_heads,
+    int aligned_head_dim,
+    int intermediate_dim,
+    int aligned_intermediate_dim,
+    float eps,
+    void *scratch
+);
+
+/**
+ * @brief megafuse addition: mega_fused_mlp_prefill with float32 activations
+ *
+ * The same parameters and scratch (mega_fused_mlp_prefill_scratch_size) as
+ * mega_fused_mlp_prefill; activations stay float32 as in mega_fused_outproj_mlp_prefill_f32.
+ * A layer of float activations is mega_fused_attention_prefill followed by this.
+ */
+void mega_fused_mlp_prefill_f32(
+    float *output,
+    const float *input,
+    const float *residual,
+    const float *ln2_gamma,
+    const void *w1, const float *b1, CKDataType w1_dt,
+    const void *w2, const float *b2, CKDataType w2_dt,
+    int tokens,
+    int embed_dim,
+    int aligned_embed_dim,
+    int intermediate_dim,
+    int aligned_intermediate_dim,
+    float eps,
+    void *scratch
+);
+
+/**
  * @brief Phase 1: Fused RMSNorm + QKV (intermediates in registers)
  *
  * Simpler step: Just fuse RMSNorm with QKV projection.

@@ -1,0 +1,19 @@
+# include/megafuse/mf_quant.h for Cython: the format layer's row functions (one declaration,
+# cimported by the kernels' megafuse/_quant.pxi and by the boundary's format API).
+#
+# Shapes: w = one weight row, ck_dtype_row_bytes(dt, n) bytes; x, y [n] float32; a = one
+# activation row, mf_activation_row_bytes(dt, n) bytes.
+
+cdef extern from "megafuse/mf_quant.h" nogil:
+    void mf_dequantize_row(const void *w, float *y, Py_ssize_t n, int dt)
+    void mf_quantize_row(const float *x, void *w, Py_ssize_t n, int dt)
+    float mf_weight_row_dot_f32(const void *w, int dt, const float *x, Py_ssize_t n)
+    float mf_weight_row_dot_q8(const void *w, int dt, const void *a, Py_ssize_t n)
+    void mf_quantize_activation_row(const float *x, void *a, Py_ssize_t n, int dt)
+    size_t mf_activation_row_bytes(int dt, size_t n)
+    int mf_activation_dtype(int dt)     # Q8_0 / Q8_K / FP32: the int8 path's activations
+    # out[4 * t + r] = the int8 dot of weight row w[r] (r < nr <= 4) with activation row
+    # a + t * a_stride (t < nt), bit for bit weight_row_dot_q8's; rows decoded once for all tokens
+    void mf_q8_rows_tokens(int dt, const void **w, int nr, const void *a, Py_ssize_t a_stride,
+                           int nt, Py_ssize_t n, float *out)
+    enum: MF_Q8_TILE_TOKENS             # tokens worth a call of mf_q8_rows_tokens
