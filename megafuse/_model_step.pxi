@@ -126,7 +126,7 @@ cdef void normalise_rows(const mf_step *st, const float *x, const float *gamma, 
     """xn[t] = rmsnorm(x[t], gamma) for t0 <= t < t1, and its quantized rows for each format
     among dt_a, dt_b, dt_c that reads them (one Q8_0 and one Q8_K copy at most)."""
     cdef const mf_model *m = st.m
-    cdef Py_ssize_t E = m.E, t, row
+    cdef Py_ssize_t E = m.E, t, row, other_row
     cdef float *xn = <float *>(st.scratch + st.layout.xn)
     cdef char *dst
     cdef int dts[3]
@@ -144,7 +144,7 @@ cdef void normalise_rows(const mf_step *st, const float *x, const float *gamma, 
                 continue
             seen = False
             for j in range(i):                  # that copy was made already
-                if q8_rows_for(st, dts[j], &row) == dst:
+                if q8_rows_for(st, dts[j], &other_row) == dst:
                     seen = True
             if not seen:
                 quantize_activation_row(xn + t * E, dst + t * row, E, dt)
