@@ -237,6 +237,7 @@ cdef class ModelRunner:
           hidden  float32 [L, T, E]: every layer's output
         Everything is checked before anything is written: a bad id, a position past the
         cache, a wrong output is a ValueError / TypeError and leaves the caches as they were.
+        (The checks run in C; messages are built only on a failure.)
         """
         cdef cnp.ndarray tok_arr
         cdef const int32_t *tok_p = NULL
@@ -244,7 +245,9 @@ cdef class ModelRunner:
         cdef float *logits_p = NULL
         cdef float *x_out_p = NULL
         cdef float *hidden_p = NULL
-        cdef int S, T, q_tile = 0, kv_tile = 0, n_threads
+        cdef Py_ssize_t T, i, E = self.embed_dim, V = self.vocab_size, L = self.n_layers
+        cdef int S, q_tile = 0, kv_tile = 0, n_threads, bad = -1
+        cdef int32_t tok_id
         cdef const KernelTable *table = _K
         if self.layers == NULL:
             raise RuntimeError("ModelRunner: not initialised")
@@ -253,58 +256,62 @@ cdef class ModelRunner:
         S = _int_arg(start_pos, "start_pos")
         if S < 0:
             raise ValueError(f"start_pos: expected a position >= 0, got {S}")
-        E, V, L, C = self.embed_dim, self.vocab_size, self.n_layers, self.cache_capacity
         if tokens is not None:
             if self.m.embedding == NULL:
                 raise ValueError("tokens: this model has no embedding; pass hidden states x")
-            if not isinstance(tokens, np.ndarray) or tokens.dtype != np.int32 or \
-                    tokens.ndim != 1 or not tokens.flags.c_contiguous:
+            if not (cnp.PyArray_Check(tokens) and cnp.PyArray_TYPE(<cnp.ndarray>tokens) ==
+                    cnp.NPY_INT32 and cnp.PyArray_NDIM(<cnp.ndarray>tokens) == 1 and
+                    cnp.PyArray_IS_C_CONTIGUOUS(<cnp.ndarray>tokens) and
+                    cnp.PyArray_ISALIGNED(<cnp.ndarray>tokens) and
+                    not cnp.PyArray_ISBYTESWAPPED(<cnp.ndarray>tokens)):
                 raise TypeError("tokens: expected a C-contiguous 1-D numpy.ndarray of int32")
-            T = tokens.shape[0]
+            tok_arr = <cnp.ndarray>tokens
+            T = cnp.PyArray_SIZE(tok_arr)
             if T < 1:
                 raise ValueError("tokens: expected at least one token, got none")
-            lo, hi = int(tokens.min()), int(tokens.max())
-            if lo < 0 or hi >= V:
-                bad = lo if lo < 0 else hi
-                raise ValueError(f"tokens: expected token ids in 0..{V - 1} (the vocabulary), "
-                                 f"got {bad}")
-            tok_arr = <cnp.ndarray>tokens
             tok_p = <const int32_t *>cnp.PyArray_DATA(tok_arr)
-            inputs = (("tokens", tokens),)
+            for i in range(T):
+                tok_id = tok_p[i]
+                if tok_id < 0 or tok_id >= V:
+                    bad = i
+                    break
+            if bad >= 0:
+                raise ValueError(f"tokens: expected token ids in 0..{V - 1} (the vocabulary), "
+                                 f"got {tok_p[bad]} (at index {bad})")
+            first_in, first_name = tokens, "tokens"
         else:
-            if not isinstance(x, np.ndarray) or x.ndim < 1:
-                raise TypeError(f"x: expected a float32 numpy.ndarray [T, {E}]")
-            T = x.size // E if x.size % E == 0 else -1
-            if T < 1:
+            if not cnp.PyArray_Check(x):
+                raise TypeError(f"x: expected a float32 numpy.ndarray [T, {E}], got "
+                                f"{type(x).__name__}")
+            T = cnp.PyArray_SIZE(<cnp.ndarray>x) // E
+            if T < 1 or T * E != cnp.PyArray_SIZE(<cnp.ndarray>x):
                 raise ValueError(f"x: expected [T, embed_dim = {E}] values, got shape {x.shape}")
-            _array(x, "x", _F32, T * E, f"[T, {E}]")
+            _array(x, "x", _F32, T * E, "[T, E]")
             x_p = _fp(x)
-            inputs = (("x", x),)
-        if S + T > C:
+            first_in, first_name = x, "x"
+        if S + T > self.cache_capacity:
             raise ValueError(f"tokens: {T} token{'s' if T != 1 else ''} at position {S} would "
                              f"need cache positions up to {S + T - 1}, but cache_capacity is "
-                             f"{C}; nothing was written")
-        outputs = []
+                             f"{self.cache_capacity}; nothing was written")
         if logits is not None:
             if self.m.head == NULL:
                 raise ValueError("logits: this model has no output head")
-            rows = T if all_logits else 1
-            _array(logits, "logits", _F32, rows * V, f"[{rows}, {V}]", True)
+            _array(logits, "logits", _F32, (T if all_logits else 1) * V,
+                   "[T, V]" if all_logits else "[V]", True)
             logits_p = _wp(logits)
-            outputs.append(("logits", logits))
         if x_out is not None:
-            _array(x_out, "x_out", _F32, T * E, f"[{T}, {E}]", True)
+            _array(x_out, "x_out", _F32, T * E, "[T, E]", True)
             x_out_p = _wp(x_out)
-            outputs.append(("x_out", x_out))
         if hidden is not None:
-            _array(hidden, "hidden", _F32, L * T * E, f"[{L}, {T}, {E}]", True)
+            _array(hidden, "hidden", _F32, L * T * E, "[L, T, E]", True)
             hidden_p = _wp(hidden)
-            outputs.append(("hidden", hidden))
-        _check_separate(outputs, inputs)
-        for name, arr in outputs:
-            if _overlaps(self.spans, arr):
-                raise ValueError(f"{name}: expected memory of its own, got an array that "
-                                 f"overlaps the model's weights or caches")
+        if logits is not None or x_out is not None or hidden is not None:
+            _no_overlap((("logits", logits), ("x_out", x_out), ("hidden", hidden)),
+                        ((first_name, first_in),))
+            for name, arr in (("logits", logits), ("x_out", x_out), ("hidden", hidden)):
+                if arr is not None and _overlaps(self.spans, arr):
+                    raise ValueError(f"{name}: expected memory of its own, got an array that "
+                                     f"overlaps the model's weights or caches")
         if self.busy:
             raise RuntimeError("ModelRunner.forward: the model is running in another thread "
                                "(a model holds one sequence: use one per thread)")
@@ -319,7 +326,7 @@ cdef class ModelRunner:
         self.busy = True
         try:
             with nogil:
-                table.model_forward(&self.st, self.team, tok_p, x_p, T, S, logits_p,
+                table.model_forward(&self.st, self.team, tok_p, x_p, <int>T, S, logits_p,
                                     all_logits, x_out_p, hidden_p, n_threads)
         finally:
             self.busy = False
@@ -340,13 +347,18 @@ def _union_of_spans(arrays):
     return merged
 
 
-def _overlaps(list spans, arr):
-    """True if arr's bytes overlap one of the sorted, disjoint (start, end) spans."""
-    import bisect
-    lo = arr.__array_interface__["data"][0]
-    hi = lo + arr.nbytes
-    i = bisect.bisect_left(spans, (hi, hi)) - 1       # the last span starting before hi
-    return hi > lo and i >= 0 and spans[i][1] > lo
+cdef bint _overlaps(list spans, object arr):
+    """True if arr's bytes overlap one of the sorted, disjoint (start, end) spans (binary
+    search: the last span starting before arr's end)."""
+    cdef Py_ssize_t lo = _addr(arr), hi = lo + cnp.PyArray_NBYTES(<cnp.ndarray>arr)
+    cdef Py_ssize_t a = 0, b = len(spans), mid
+    while a < b:                                  # first span starting at or after hi
+        mid = (a + b) // 2
+        if <Py_ssize_t>(<tuple>spans[mid])[0] < hi:
+            a = mid + 1
+        else:
+            b = mid
+    return hi > lo and a > 0 and <Py_ssize_t>(<tuple>spans[a - 1])[1] > lo
 
 
 def _check_separate(written, read):
