@@ -1,16 +1,17 @@
 """megafuse.layer: one transformer decoder layer (attention block + MLP block) with its KV cache.
 
-Pure Python over the header's functions -- no second implementation of any math:
+A layer runs on the whole-model step with one layer (megafuse._kernels.ModelRunner; the same
+native call megafuse.Model makes for all its layers): ``prefill`` and ``decode`` are one call
+each, without the GIL, on a team of threads kept between calls.  The step is built from the
+kernels of the header functions and computes exactly what they compute, chained:
 
     activations="int8" (the default):
-      prefill(x):  mega_fused_attention_prefill_q8_0   (any weight block-quantized: the int8 path)
-                   or mega_fused_attention_prefill      (FP32 / FP16 / BF16 weights only),
-                   then mega_fused_mlp_prefill with residual = the attention output;
-      decode(x):   mega_fused_attention_decode_workspace (all four attention weights FP32),
-                   else the prefill path with tokens = 1; then mega_fused_mlp_prefill.
+      mega_fused_attention_prefill_q8_0 (the int8 path, for block-quantized weights), then
+      mega_fused_mlp_prefill with residual = the attention output;
     activations="float": float32 activations through every projection, whatever the weights:
-      prefill(x):  mega_fused_attention_prefill, then mega_fused_mlp_prefill_f32;
-      decode(x):   as above, with mega_fused_mlp_prefill_f32.
+      mega_fused_attention_prefill, then mega_fused_mlp_prefill_f32;
+
+bit for bit (tests/test_model.py), for prefill and for decode (one token: the prefill path).
 
 Dimension letters (docs/contract.md §3): E = embed_dim, H = num_heads, G = num_kv_heads,
 D = head_dim, I = intermediate_dim, T = tokens, C = cache_capacity.  The layer uses no padding
@@ -119,13 +120,6 @@ def _storage_dtypes(dt: CKDataType) -> Tuple[np.dtype[Any], ...]:
     return tuple(_kernels._weight_storage(dt))
 
 
-def _aligned_bytes(nbytes: int, align: int = 64) -> npt.NDArray[np.uint8]:
-    """A writeable uint8 array of nbytes whose address is a multiple of align."""
-    raw = np.empty(nbytes + align, dtype=np.uint8)
-    offset = (-raw.ctypes.data) % align
-    return raw[offset:offset + nbytes]
-
-
 class DecoderLayer:
     """One pre-norm decoder layer (Llama / Qwen2) with its KV cache:
 
@@ -205,31 +199,30 @@ class DecoderLayer:
             for n in BIAS_NAMES}
 
         # activations="int8": the int8 path as soon as any weight is block-quantized (with float
-        # weights only, the two prefills are the same math; the float one needs less scratch).
-        # activations="float": float32 activations everywhere.
+        # weights only, the two paths are the same math).  activations="float": float32
+        # activations everywhere.
         self._activations = _activations_arg(activations)
         self._int8 = self._activations == "int8" and any(
             _mf.ck_dtype_is_quantized(dt) for dt in self._dtypes.values())
-        self._attention_prefill = (_mf.mega_fused_attention_prefill_q8_0 if self._int8
-                                   else _mf.mega_fused_attention_prefill)
-        self._attention_scratch_size = (
-            _mf.mega_fused_attention_prefill_q8_0_scratch_size if self._int8
-            else _mf.mega_fused_attention_prefill_scratch_size)
-        self._fp32_decode = all(self._dtypes[n] == CKDataType.FP32
-                                for n in ("wq", "wk", "wv", "wo"))
 
         self.rope_cos, self.rope_sin = rope_tables(D, C, rope_theta, freq_factors=rope_freq_factors,
                                                    position_scale=rope_position_scale)
         # the caches on 2 MiB pages (megafuse.memory): decode reads them end to end every token
         self.kv_cache_k: F32Array = _huge_page_zeros((G, C, D), np.float32)
         self.kv_cache_v: F32Array = _huge_page_zeros((G, C, D), np.float32)
-        self._q_workspace: F32Array = np.zeros(2 * H * D, dtype=np.float32)     # [2, H*D]
-        self._kv_workspace: F32Array = np.zeros(2 * G * D, dtype=np.float32)    # [2, G*D]
-        self._scratch_tokens = 0
-        self._scratch: npt.NDArray[np.uint8] = np.zeros(0, dtype=np.uint8)
+        spec: Dict[str, Any] = {"ln1_gamma": self.ln1_gamma, "ln2_gamma": self.ln2_gamma,
+                                "k_cache": self.kv_cache_k, "v_cache": self.kv_cache_v}
+        spec.update(self._weights)
+        spec.update(self._biases)
+        spec.update({name + "_dt": int(dt) for name, dt in self._dtypes.items()})
+        from megafuse import _kernels
+        self._runner = _kernels.ModelRunner(
+            layers=[spec], embed_dim=E, num_heads=H, num_kv_heads=G, head_dim=D,
+            intermediate_dim=I, cache_capacity=C, eps=self.eps, rope_cos=self.rope_cos,
+            rope_sin=self.rope_sin, activations=self._activations)
         self._position = 0
-        if max_tokens is not None:
-            self._scratch_for(_positive_int(max_tokens, "max_tokens"))
+        if max_tokens is not None:            # (accepted for compatibility: the step's scratch
+            _positive_int(max_tokens, "max_tokens")    # is sized once, whatever T)
 
     # ---- construction ------------------------------------------------------------------------
 
@@ -426,15 +419,6 @@ class DecoderLayer:
                 f"activations={self._activations!r}, "
                 f"position={self._position}/{self.cache_capacity})")
 
-    def _scratch_for(self, tokens: int) -> npt.NDArray[np.uint8]:
-        if tokens > self._scratch_tokens:
-            E, H, D, I = self.embed_dim, self.num_heads, self.head_dim, self.intermediate_dim
-            need = max(int(self._attention_scratch_size(tokens, E, H, D)),
-                       int(_mf.mega_fused_mlp_prefill_scratch_size(tokens, E, I)))
-            self._scratch = _aligned_bytes(need)
-            self._scratch_tokens = tokens
-        return self._scratch
-
     # ---- running -----------------------------------------------------------------------------
 
     def _check_room(self, tokens: int, what: str) -> None:
@@ -447,39 +431,18 @@ class DecoderLayer:
                 f"unchanged")
 
     def _input(self, x: Any, ndim: int, what: str) -> F32Array:
-        a = np.asarray(x)
-        if not np.issubdtype(a.dtype, np.floating):
+        a = x if isinstance(x, np.ndarray) else np.asarray(x)
+        if a.dtype != np.float32 and not np.issubdtype(a.dtype, np.floating):
             raise TypeError(f"{what}: expected float32 hidden states, got dtype {a.dtype}")
         if ndim == 1 and a.ndim == 2 and a.shape[0] == 1:
             a = a.reshape(-1)
-        expected = "[tokens, embed_dim]" if ndim == 2 else "[embed_dim]"
         if a.ndim != ndim or a.shape[-1] != self.embed_dim or (ndim == 2 and a.shape[0] == 0):
+            expected = "[tokens, embed_dim]" if ndim == 2 else "[embed_dim]"
             raise ValueError(f"{what}: expected x of shape {expected} with embed_dim = "
                              f"{self.embed_dim}, got shape {a.shape}")
+        if a.dtype == np.float32 and a.flags.c_contiguous and a.flags.aligned:
+            return a
         return np.require(a, dtype=np.float32, requirements=("C", "A"))
-
-    def _run(self, x: F32Array, tokens: int) -> F32Array:
-        """Attention (out-of-place into a new array), then the MLP in place on it."""
-        E, H, G, D, C = (self.embed_dim, self.num_heads, self.num_kv_heads, self.head_dim,
-                         self.cache_capacity)
-        w, dt, b = self._weights, self._dtypes, self._biases
-        out = np.empty((tokens, E), dtype=np.float32)
-        scratch = self._scratch_for(tokens)
-        self._attention_prefill(
-            out, x, x, self.ln1_gamma, w["wq"], b["bq"], dt["wq"], w["wk"], b["bk"], dt["wk"],
-            w["wv"], b["bv"], dt["wv"], w["wo"], b["bo"], dt["wo"], self.kv_cache_k,
-            self.kv_cache_v, self.rope_cos, self.rope_sin, self._position, tokens, C, E, E, H,
-            G, D, D, self.eps, scratch)
-        self._mlp(out, tokens, scratch)
-        return out
-
-    def _mlp(self, h: F32Array, tokens: int, scratch: npt.NDArray[np.uint8]) -> None:
-        E, I = self.embed_dim, self.intermediate_dim
-        w, dt, b = self._weights, self._dtypes, self._biases
-        mlp = (_mf.mega_fused_mlp_prefill if self._activations == "int8"
-               else _mf.mega_fused_mlp_prefill_f32)
-        mlp(h, h, h, self.ln2_gamma, w["w1"], b["b1"], dt["w1"], w["w2"], b["b2"], dt["w2"],
-            tokens, E, E, I, I, self.eps, scratch)
 
     def prefill(self, x: npt.ArrayLike) -> F32Array:
         """Run the layer on x [T, embed_dim] (float32; the tokens at positions position ..
@@ -491,32 +454,20 @@ class DecoderLayer:
         xa = self._input(x, 2, "prefill")
         tokens = int(xa.shape[0])
         self._check_room(tokens, "prefill")
-        out = self._run(xa, tokens)
+        out = np.empty((tokens, self.embed_dim), dtype=np.float32)
+        self._runner.forward(x=xa, start_pos=self._position, x_out=out)
         self._position += tokens
         return out
 
     def decode(self, x: npt.ArrayLike) -> F32Array:
         """Run the layer on one token x [embed_dim] at position ``position``; returns the new
-        hidden state [embed_dim].  FP32 attention weights take the allocation-free decode kernel
-        (mega_fused_attention_decode_workspace), other formats the prefill path with one
-        token.  Equal to row N of a prefill of N+1 tokens (docs/contract.md §4)."""
+        hidden state [embed_dim].  The prefill path with one token: equal to row N of a
+        prefill of N+1 tokens within the tolerance of docs/contract.md §4 (bit for bit on the
+        int8 path)."""
         xa = self._input(x, 1, "decode")
         self._check_room(1, "decode")
-        if not self._fp32_decode:
-            out = self._run(xa, 1).reshape(self.embed_dim)
-        else:
-            E, H, G, D, C = (self.embed_dim, self.num_heads, self.num_kv_heads, self.head_dim,
-                             self.cache_capacity)
-            w, b = self._weights, self._biases
-            out = np.empty(E, dtype=np.float32)
-            scratch = self._scratch_for(1)
-            _mf.mega_fused_attention_decode_workspace(
-                out, xa, xa, self.ln1_gamma, w["wq"], b["bq"], w["wk"], b["bk"], w["wv"],
-                b["bv"], w["wo"], b["bo"], self.kv_cache_k, self.kv_cache_v, self.rope_cos,
-                self.rope_sin, self._position, E, E, H, G, D, D, C, self.eps,
-                self._q_workspace, self._q_workspace.nbytes, self._kv_workspace,
-                self._kv_workspace.nbytes)
-            self._mlp(out, 1, scratch)
+        out = np.empty(self.embed_dim, dtype=np.float32)
+        self._runner.forward(x=xa, start_pos=self._position, x_out=out)
         self._position += 1
         return out
 

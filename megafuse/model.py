@@ -78,7 +78,8 @@ class Model:
                  embedding: npt.NDArray[Any], embedding_dt: CKDataType,
                  out_norm: F32Array, head: npt.NDArray[Any], head_dt: CKDataType,
                  rope_cos: Optional[F32Array], rope_sin: Optional[F32Array],
-                 cache_capacity: int, activations: str = "int8", source: Any = None) -> None:
+                 cache_capacity: int, activations: str = "int8", source: Any = None,
+                 rope_freq_factors: Optional[F32Array] = None) -> None:
         from megafuse import _kernels
         from megafuse.memory import zeros as huge_page_zeros
         if activations not in _ACTIVATIONS:
@@ -98,6 +99,7 @@ class Model:
         self._head, self._head_dt = head, CKDataType(head_dt)
         self._out_norm = out_norm
         self.rope_cos, self.rope_sin = rope_cos, rope_sin
+        self._rope_freq_factors = rope_freq_factors
         self._runner = _kernels.ModelRunner(
             layers=layers, embed_dim=cfg.embed_dim, num_heads=cfg.num_heads,
             num_kv_heads=G, head_dim=D, intermediate_dim=cfg.intermediate_dim,
@@ -172,7 +174,8 @@ class Model:
             has_rope_freqs=freq_factors is not None, tied_embedding=tied, name=str(name))
         return cls(config=config, layers=layers, embedding=embedding, embedding_dt=emb_dt,
                    out_norm=out_norm, head=head, head_dt=head_dt, rope_cos=cos, rope_sin=sin,
-                   cache_capacity=C, activations=activations, source=reader)
+                   cache_capacity=C, activations=activations, source=reader,
+                   rope_freq_factors=freq_factors)
 
     # ---- state ------------------------------------------------------------------------------
 
@@ -429,11 +432,8 @@ class Model:
                              eps=cfg.eps, rope_theta=cfg.rope_theta,
                              cache_capacity=cache_capacity or self.cache_capacity,
                              rope_position_scale=cfg.rope_position_scale,
+                             rope_freq_factors=self._rope_freq_factors,
                              activations=self.activations)
-        if self.rope_cos is not None:        # the same tables (rope_freqs included)
-            rows = layer.cache_capacity
-            layer.rope_cos = np.ascontiguousarray(self.rope_cos[:rows])
-            layer.rope_sin = np.ascontiguousarray(self.rope_sin[:rows])
         return layer
 
 

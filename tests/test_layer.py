@@ -154,21 +154,38 @@ def test_chunked_prefill_equals_one_prefill():
     assert np.allclose(chunked.kv_cache_k, one.kv_cache_k, atol=1e-5)
 
 
-def test_decode_uses_the_allocation_free_kernel_for_fp32(monkeypatch):
-    calls = []
-    real = megafuse.mega_fused_attention_decode_workspace
-
-    def spy(*args):
-        calls.append(args)
-        return real(*args)
-
-    monkeypatch.setattr(megafuse, "mega_fused_attention_decode_workspace", spy)
-    fp32 = DecoderLayer.from_arrays(**float_weights(), cache_capacity=8, **hyper())
-    fp32.decode(inputs(1)[0])
-    assert len(calls) == 1
-    q8 = DecoderLayer.from_arrays(**float_weights(), dtype="Q8_0", cache_capacity=8, **hyper())
-    q8.decode(inputs(1)[0])
-    assert len(calls) == 1                      # the prefill path with one token
+@pytest.mark.parametrize("activations", ["int8", "float"])
+@pytest.mark.parametrize("dtype", ["FP32", "Q8_0", "Q4_K"])
+def test_prefill_and_decode_are_the_header_chain_bit_for_bit(dtype, activations):
+    """The layer runs on the whole-model step; it computes what the header functions compute
+    chained (attention prefill, then the MLP with the attention output as residual), for a
+    prefill and for decode steps."""
+    E, H, G, D, I = SHAPE
+    layer = DecoderLayer.from_arrays(**float_weights(all_biases=True), dtype=dtype,
+                                     cache_capacity=16, activations=activations, **hyper())
+    int8 = layer.int8_path
+    attention = (megafuse.mega_fused_attention_prefill_q8_0 if int8
+                 else megafuse.mega_fused_attention_prefill)
+    mlp = megafuse.mega_fused_mlp_prefill if int8 else megafuse.mega_fused_mlp_prefill_f32
+    w, dt = layer.weights, layer.dtypes
+    cache_k, cache_v = np.zeros_like(layer.kv_cache_k), np.zeros_like(layer.kv_cache_v)
+    scratch = np.zeros(1 << 22, np.uint8)
+    x = inputs(9)
+    pos = 0
+    for rows in (x[:6], x[6:7], x[7:8], x[8:9]):
+        T = rows.shape[0]
+        want = np.empty((T, E), np.float32)
+        attention(want, rows, rows, w["ln1_gamma"], w["wq"], w["bq"], dt["wq"], w["wk"],
+                  w["bk"], dt["wk"], w["wv"], w["bv"], dt["wv"], w["wo"], w["bo"], dt["wo"],
+                  cache_k, cache_v, layer.rope_cos, layer.rope_sin, pos, T, 16, E, E, H, G, D, D,
+                  layer.eps, scratch)
+        mlp(want, want, want, w["ln2_gamma"], w["w1"], w["b1"], dt["w1"], w["w2"], w["b2"],
+            dt["w2"], T, E, E, I, I, layer.eps, scratch)
+        got = layer.prefill(rows) if T > 1 else layer.decode(rows[0])[None]
+        np.testing.assert_array_equal(got, want)
+        pos += T
+    np.testing.assert_array_equal(layer.kv_cache_k, cache_k)
+    np.testing.assert_array_equal(layer.kv_cache_v, cache_v)
 
 
 def test_no_bias_mha_and_explicit_embed_dim():
@@ -222,31 +239,22 @@ def test_outputs_are_new_arrays_and_inputs_unchanged():
     assert not np.shares_memory(a, x) and not np.shares_memory(b, x)
 
 
-def test_scratch_is_allocated_once_and_grows_only_for_a_longer_prompt():
-    layer = DecoderLayer.from_arrays(**float_weights(), dtype="Q8_0", cache_capacity=64,
+def test_scratch_is_allocated_once_and_long_prompts_run_in_steps():
+    """The layer runs on the whole-model step: its scratch (one step of up to 128 tokens) is
+    sized once, at construction; a longer prompt runs as several steps, with the results of
+    one call over the whole prompt."""
+    layer = DecoderLayer.from_arrays(**float_weights(), dtype="Q8_0", cache_capacity=400,
                                      **hyper())
-    x = inputs(64)
-    layer.prefill(x[:8])
-    first = layer._scratch
-    layer.prefill(x[8:16])
-    layer.decode(x[16])
-    assert layer._scratch is first
-    layer.prefill(x[17:49])                      # 32 tokens: more than before
-    assert layer._scratch is not first and layer._scratch_tokens == 32
-    sized = DecoderLayer.from_arrays(**float_weights(), dtype="Q8_0", cache_capacity=64,
-                                     max_tokens=32, **hyper())
-    pre = sized._scratch
-    sized.prefill(x[:32])
-    assert sized._scratch is pre
-
-
-def test_scratch_is_exactly_what_the_kernels_need():
-    E, H, G, D, I = SHAPE
-    layer = DecoderLayer.from_arrays(**float_weights(), dtype="Q8_0", max_tokens=24,
-                                     cache_capacity=64, **hyper())
-    need = max(megafuse.mega_fused_attention_prefill_q8_0_scratch_size(24, E, H, D),
-               megafuse.mega_fused_mlp_prefill_scratch_size(24, E, I))
-    assert layer._scratch.nbytes == need and layer._scratch.ctypes.data % 64 == 0
+    size = layer._runner.scratch_bytes
+    assert size > 0
+    x = inputs(300)
+    whole = layer.prefill(x)                                  # 300 tokens: steps of 128
+    assert layer._runner.scratch_bytes == size and layer.position == 300
+    layer.reset()
+    parts = np.concatenate([layer.prefill(x[:128]), layer.prefill(x[128:256]),
+                            layer.prefill(x[256:])])
+    np.testing.assert_array_equal(parts, whole)
+    assert_q8_close(whole, layer.reference(x), layer.reference(x, quantize_activations=False))
 
 
 # ---- weights as given: pre-quantized, read-only, no copy -------------------------------------
@@ -380,20 +388,6 @@ def test_float_and_int8_activations_differ_on_block_weights():
     assert_q8_close(got, q.reference(x), q.reference(x, quantize_activations=False))
     assert np.array_equal(q.reference(x), reference_layer(q.weights, q.dtypes, x,
                                                           quantize_activations=True))
-
-
-def test_float_activations_use_the_float_kernels(monkeypatch):
-    calls = []
-    for name in ("mega_fused_attention_prefill", "mega_fused_attention_prefill_q8_0",
-                 "mega_fused_mlp_prefill", "mega_fused_mlp_prefill_f32"):
-        real = getattr(megafuse, name)
-        monkeypatch.setattr(megafuse, name,
-                            lambda *a, _real=real, _name=name: (calls.append(_name), _real(*a)))
-    layer = DecoderLayer.from_arrays(**float_weights(), dtypes=MIXED, cache_capacity=8,
-                                     activations="float", **hyper())
-    layer.prefill(inputs(3))
-    layer.decode(inputs(1)[0])
-    assert calls == ["mega_fused_attention_prefill", "mega_fused_mlp_prefill_f32"] * 2
 
 
 @pytest.mark.parametrize("bad, exc", [("fp32", ValueError), ("INT8", ValueError),

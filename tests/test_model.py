@@ -362,7 +362,9 @@ def test_smollm2_errors_leave_it_usable(smollm2):
 @pytest.mark.parametrize("activations", ["int8", "float"])
 @pytest.mark.parametrize("fmt", ["Q4_1", "Q6_K", {"wq": "Q8_0", "wk": "Q5_0", "wv": "Q4_1",
                                                  "wo": "F16", "gate": "Q4_K", "up": "Q4_K",
-                                                 "w2": "F32"}])
+                                                 "w2": "F32"},
+                                 {"wq": "F16", "wk": "Q4_K", "wv": "Q8_0", "wo": "Q4_1",
+                                  "gate": "Q5_1", "up": "Q5_1", "w2": "Q6_K"}])
 def test_the_step_computes_what_the_header_functions_compute(tmp_path, fmt, activations):
     """Model's one native call equals a chain of the header functions (DecoderLayer.prefill:
     mega_fused_attention_prefill_q8_0 + mega_fused_mlp_prefill) bit for bit, layer by layer,
