@@ -283,10 +283,11 @@ class DecoderLayer:
                   max_tokens: Optional[int] = None) -> "DecoderLayer":
         """Layer ``layer_index`` of a llama- or qwen2-architecture GGUF file.
 
-        reader: a ``gguf.GGUFReader`` or a path.  Weights stay read-only memmaps of the file in
-        their GGML format, except w1 (gate and up rows concatenated) and llama's wq / wk (rows
-        put back in rotate-half order), which are copies.  Hyper-parameters come from the
-        metadata; cache_capacity defaults to min(context length, 4096).  See ``megafuse.gguf``.
+        reader: a path, a ``megafuse.gguf.GGUFFile`` or a ``gguf.GGUFReader``.  Weights stay
+        read-only views of the file in their GGML format, except w1 (gate and up rows
+        concatenated) and llama's wq / wk (rows put back in rotate-half order), which are
+        copies.  Hyper-parameters come from the metadata; cache_capacity defaults to
+        min(context length, 4096).  See ``megafuse.gguf``.
         """
         from megafuse import gguf as _gguf
         kwargs = _gguf.layer_arrays(reader, layer_index)
