@@ -107,7 +107,8 @@ __all__ = [
 
 def __getattr__(name):
     """``megafuse.gguf``, ``megafuse.models`` and ``megafuse.Tokenizer`` are imported on first
-    use (the optional ``gguf``, ``tokenizers`` and ``jinja2`` packages are needed only then)."""
+    use (the optional ``tokenizers`` and ``jinja2`` packages are needed only by the tokenizer;
+    GGUF files are read by megafuse.gguf itself, without the ``gguf`` package)."""
     import importlib
     if name in ("gguf", "models", "tokenizer"):
         return importlib.import_module(f"megafuse.{name}")

@@ -1,9 +1,14 @@
-"""megafuse.gguf: the weights of one decoder layer from a llama.cpp GGUF file.
+"""megafuse.gguf: reading llama.cpp GGUF files, and the weights of one decoder layer.
 
-Reads llama- and qwen2-architecture files with the ``gguf`` package (PyPI; an optional
-dependency, imported on first use: ``pip install gguf``).  Tensors stay what
-``gguf.GGUFReader`` hands out -- read-only memmaps of the file, no copy -- in their GGML format,
-mapped to ``megafuse.CKDataType``:
+``GGUFFile(path)`` is megafuse's own reader (no dependency): the header is parsed with
+``struct`` over one read-only mmap of the file (a 49,152-token vocabulary and its merges in about
+0.1 s), and every tensor is a read-only NumPy view of that mmap -- no copy.  A truncated or
+corrupt file is a ValueError naming the file and what is wrong; a big-endian file is a
+NotImplementedError.  Every function here also takes a ``gguf.GGUFReader`` (the ``gguf``
+package, which megafuse's tests use to write files).
+
+Layers of llama- and qwen2-architecture files come in their GGML format, mapped to
+``megafuse.CKDataType``:
 
     F32 -> FP32, F16 -> FP16, BF16 -> BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K
 
@@ -36,9 +41,11 @@ NotImplementedError.
 """
 from __future__ import annotations
 
-import importlib
+import enum
+import mmap
 import os
-from typing import Any, Dict, Optional, Tuple, Union
+import struct
+from typing import Any, Dict, List, NamedTuple, Optional, Tuple, Union
 
 import numpy as np
 import numpy.typing as npt
@@ -64,28 +71,405 @@ BITS_PER_WEIGHT: Dict[CKDataType, float] = {
     for dt in GGML_TO_CK.values()
 }
 
-PathOrReader = Union[str, "os.PathLike[str]", Any]
+PathOrReader = Union[str, "os.PathLike[str]", "GGUFFile", Any]
 
 
-def _gguf() -> Any:
-    """The ``gguf`` package, or an ImportError that says how to get it."""
+# ---- the file format ----------------------------------------------------------------------------
+#
+# A GGUF file (versions 2 and 3; llama.cpp's ggml/src/gguf.cpp and docs/gguf.md), little-endian:
+#
+#   "GGUF"  u32 version  u64 tensor_count  u64 kv_count
+#   kv_count key / values:    string key, u32 value type, value
+#   tensor_count infos:       string name, u32 n_dims, u64 dims[n_dims] (GGML order: columns
+#                             first), u32 GGML type, u64 offset (from the start of the data)
+#   padding to `general.alignment` (u32, default 32), then the tensor data
+#
+# A string is u64 length + UTF-8 bytes (no terminator); an array is u32 item type, u64 count,
+# the items (arrays of arrays are refused, as llama.cpp refuses them).
+
+GGUF_MAGIC = b"GGUF"
+GGUF_VERSIONS = (2, 3)
+GGUF_DEFAULT_ALIGNMENT = 32
+GGML_MAX_DIMS = 4
+
+
+class GGUFValueType(enum.IntEnum):
+    """The type of a metadata value (gguf's GGUFValueType, llama.cpp's gguf_type)."""
+    UINT8 = 0
+    INT8 = 1
+    UINT16 = 2
+    INT16 = 3
+    UINT32 = 4
+    INT32 = 5
+    FLOAT32 = 6
+    BOOL = 7
+    STRING = 8
+    ARRAY = 9
+    UINT64 = 10
+    INT64 = 11
+    FLOAT64 = 12
+
+
+class GGMLType(enum.IntEnum):
+    """The storage type of a tensor (gguf's GGMLQuantizationType, llama.cpp's ggml_type)."""
+    F32 = 0
+    F16 = 1
+    Q4_0 = 2
+    Q4_1 = 3
+    Q5_0 = 6
+    Q5_1 = 7
+    Q8_0 = 8
+    Q8_1 = 9
+    Q2_K = 10
+    Q3_K = 11
+    Q4_K = 12
+    Q5_K = 13
+    Q6_K = 14
+    Q8_K = 15
+    IQ2_XXS = 16
+    IQ2_XS = 17
+    IQ3_XXS = 18
+    IQ1_S = 19
+    IQ4_NL = 20
+    IQ3_S = 21
+    IQ2_S = 22
+    IQ4_XS = 23
+    I8 = 24
+    I16 = 25
+    I32 = 26
+    I64 = 27
+    F64 = 28
+    IQ1_M = 29
+    BF16 = 30
+    TQ1_0 = 34
+    TQ2_0 = 35
+    MXFP4 = 39
+    NVFP4 = 40
+    Q1_0 = 41
+
+
+#: GGML type -> (values per block, bytes per block)
+GGML_BLOCK_SIZES: Dict[GGMLType, Tuple[int, int]] = {
+    GGMLType.F32: (1, 4), GGMLType.F16: (1, 2), GGMLType.Q4_0: (32, 18),
+    GGMLType.Q4_1: (32, 20), GGMLType.Q5_0: (32, 22), GGMLType.Q5_1: (32, 24),
+    GGMLType.Q8_0: (32, 34), GGMLType.Q8_1: (32, 40), GGMLType.Q2_K: (256, 84),
+    GGMLType.Q3_K: (256, 110), GGMLType.Q4_K: (256, 144), GGMLType.Q5_K: (256, 176),
+    GGMLType.Q6_K: (256, 210), GGMLType.Q8_K: (256, 292), GGMLType.IQ2_XXS: (256, 66),
+    GGMLType.IQ2_XS: (256, 74), GGMLType.IQ3_XXS: (256, 98), GGMLType.IQ1_S: (256, 50),
+    GGMLType.IQ4_NL: (32, 18), GGMLType.IQ3_S: (256, 110), GGMLType.IQ2_S: (256, 82),
+    GGMLType.IQ4_XS: (256, 136), GGMLType.I8: (1, 1), GGMLType.I16: (1, 2),
+    GGMLType.I32: (1, 4), GGMLType.I64: (1, 8), GGMLType.F64: (1, 8),
+    GGMLType.IQ1_M: (256, 56), GGMLType.BF16: (1, 2), GGMLType.TQ1_0: (256, 54),
+    GGMLType.TQ2_0: (256, 66), GGMLType.MXFP4: (32, 17), GGMLType.NVFP4: (64, 36),
+    GGMLType.Q1_0: (128, 18),
+}
+
+#: The element types a tensor's array has (shape: GGML's dims reversed); every other type
+#: (block formats, BF16) is handed out as bytes, shape (..., bytes per row), as gguf does.
+_ELEMENT_DTYPES: Dict[GGMLType, str] = {
+    GGMLType.F32: "<f4", GGMLType.F16: "<f2", GGMLType.F64: "<f8", GGMLType.I8: "i1",
+    GGMLType.I16: "<i2", GGMLType.I32: "<i4", GGMLType.I64: "<i8",
+}
+
+#: Scalar value types: (struct format, bytes), little-endian.
+_SCALARS: Dict[GGUFValueType, Tuple[str, int]] = {
+    GGUFValueType.UINT8: ("<B", 1), GGUFValueType.INT8: ("<b", 1),
+    GGUFValueType.UINT16: ("<H", 2), GGUFValueType.INT16: ("<h", 2),
+    GGUFValueType.UINT32: ("<I", 4), GGUFValueType.INT32: ("<i", 4),
+    GGUFValueType.FLOAT32: ("<f", 4), GGUFValueType.BOOL: ("<?", 1),
+    GGUFValueType.UINT64: ("<Q", 8), GGUFValueType.INT64: ("<q", 8),
+    GGUFValueType.FLOAT64: ("<d", 8),
+}
+
+_HEADER = struct.Struct("<4sIQQ")       # magic, version, tensor count, kv count
+_U32 = struct.Struct("<I")
+_U64 = struct.Struct("<Q")
+_MIN_KV_BYTES = 8 + 4 + 1               # empty key, type, a one-byte value
+_MIN_TENSOR_INFO_BYTES = 8 + 4 + 4 + 8  # empty name, n_dims = 0, type, offset
+
+
+class GGUFField:
+    """One metadata key / value: ``name``; ``types`` ([type], or [ARRAY, item type]);
+    ``offset`` (of the record in the file); ``value`` (int / float / bool / str, or a list of
+    them).  ``contents()`` gives the value as gguf's ReaderField.contents() does."""
+    __slots__ = ("name", "offset", "types", "value")
+
+    def __init__(self, name: str, offset: int, types: List[GGUFValueType], value: Any) -> None:
+        self.name, self.offset, self.types, self.value = name, offset, types, value
+
+    def contents(self) -> Any:
+        """The value (an array: a new list)."""
+        return list(self.value) if isinstance(self.value, list) else self.value
+
+    def __repr__(self) -> str:
+        kind = "/".join(t.name for t in self.types)
+        shown = (f"[{len(self.value)} items]" if isinstance(self.value, list)
+                 else repr(self.value)[:60])
+        return f"GGUFField({self.name!r}, {kind}, {shown})"
+
+
+class GGUFTensor(NamedTuple):
+    """One tensor: ``shape`` in GGML order (columns first), ``data`` a read-only view of the
+    file (no copy) shaped as gguf's reader shapes it: the dims reversed, in bytes per row for
+    block formats and BF16 (rows, bytes) and float / int elements otherwise."""
+    name: str
+    tensor_type: GGMLType
+    shape: Tuple[int, ...]
+    n_elements: int
+    n_bytes: int
+    data_offset: int
+    data: npt.NDArray[Any]
+
+
+class GGUFFile:
+    """A GGUF file opened read-only through one mmap: ``fields`` (key -> GGUFField, with
+    gguf's three pseudo-keys GGUF.version, GGUF.tensor_count, GGUF.kv_count first),
+    ``tensors`` (a list of GGUFTensor in file order; ``tensor_map`` by name), ``data`` (the
+    whole file as a read-only uint8 array), ``version``, ``alignment``, ``data_offset``.
+
+    A file that is not GGUF, a version other than 2 and 3, a truncated or corrupt header, a
+    tensor past the end of the file: ValueError naming the file and what is wrong.  A
+    big-endian file: NotImplementedError."""
+
+    byte_order = "I"                    # (as gguf's reader: host order; the other is refused)
+
+    def __init__(self, path: Union[str, os.PathLike[str]]) -> None:
+        self.path = os.fsdecode(path)
+        self.version, self.alignment, self.data_offset = 0, GGUF_DEFAULT_ALIGNMENT, 0
+        with open(self.path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size < _HEADER.size:
+                raise ValueError(f"{self.path}: truncated or not a GGUF file ({size} bytes, "
+                                 f"less than the {_HEADER.size}-byte header)")
+            self._mmap = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        self.size = len(self._mmap)     # (what was mapped, should the file have changed since)
+        self.data: npt.NDArray[np.uint8] = np.frombuffer(self._mmap, np.uint8)  # [size]
+        self.fields: Dict[str, GGUFField] = {}
+        self.tensors: List[GGUFTensor] = []
+        self.tensor_map: Dict[str, GGUFTensor] = {}
+        _Parser(self).parse()
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """The value of the metadata key (an array: a list), or default."""
+        field = self.fields.get(key)
+        return default if field is None else field.contents()
+
+    def __repr__(self) -> str:
+        return (f"GGUFFile({self.path!r}, version {self.version}, {len(self.fields)} fields, "
+                f"{len(self.tensors)} tensors)")
+
+
+def _is_utf8(piece: bytes) -> bool:
     try:
-        return importlib.import_module("gguf")
-    except ImportError as exc:
-        raise ImportError("megafuse.gguf needs the 'gguf' package to read GGUF files: "
-                          "pip install gguf  (or pip install 'megafuse[gguf]')") from exc
+        piece.decode()
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+class _Parser:
+    """Reads a GGUFFile's header; every read is bounds-checked first."""
+
+    def __init__(self, file: GGUFFile) -> None:
+        self.file = file
+        self.buf = file._mmap
+        self.size = file.size
+        self.pos = 0
+
+    # -- errors --------------------------------------------------------------------------
+
+    def error(self, what: str) -> ValueError:
+        return ValueError(f"{self.file.path}: {what}")
+
+    def need(self, n: int, what: str, pos: Optional[int] = None) -> int:
+        """The start of n bytes at pos (default: the cursor); ValueError if they pass the end
+        of the file."""
+        start = self.pos if pos is None else pos
+        if n > self.size - start:
+            raise self.error(f"truncated or corrupt: {what} at byte {start} needs {n} bytes, "
+                             f"the file has {self.size}")
+        return start
+
+    # -- reads ---------------------------------------------------------------------------
+
+    def u32(self, what: str) -> int:
+        start = self.need(4, what)
+        self.pos = start + 4
+        return int(_U32.unpack_from(self.buf, start)[0])
+
+    def u64(self, what: str) -> int:
+        start = self.need(8, what)
+        self.pos = start + 8
+        return int(_U64.unpack_from(self.buf, start)[0])
+
+    def string(self, what: str) -> str:
+        n = self.u64(f"{what}: length")
+        start = self.need(n, f"{what}: {n}-byte string")
+        self.pos = start + n
+        try:
+            return str(self.buf[start:start + n], "utf-8")
+        except UnicodeDecodeError as exc:
+            raise self.error(f"{what}: not UTF-8 ({exc.reason} at byte {start + exc.start})") \
+                from None
+
+    def value_type(self, what: str) -> GGUFValueType:
+        raw = self.u32(f"{what}: value type")
+        try:
+            return GGUFValueType(raw)
+        except ValueError:
+            raise self.error(f"{what}: unknown GGUF value type {raw}") from None
+
+    def value(self, vtype: GGUFValueType, key: str) -> Any:
+        if vtype == GGUFValueType.STRING:
+            return self.string(key)
+        fmt, n = _SCALARS[vtype]
+        start = self.need(n, f"{key}: {vtype.name} value")
+        self.pos = start + n
+        return struct.unpack_from(fmt, self.buf, start)[0]
+
+    def array(self, key: str) -> Tuple[GGUFValueType, List[Any]]:
+        itype = self.value_type(f"{key}: array item")
+        count = self.u64(f"{key}: array length")
+        if itype == GGUFValueType.ARRAY:
+            raise self.error(f"{key}: arrays of arrays are not supported")
+        least = 8 if itype == GGUFValueType.STRING else _SCALARS[itype][1]
+        self.need(count * least, f"{key}: an array of {count} {itype.name} values")
+        if itype == GGUFValueType.STRING:
+            return itype, self.strings(count, key)
+        fmt, n = _SCALARS[itype]
+        items = np.frombuffer(self.buf, np.dtype(fmt), count, self.pos)   # [count]
+        self.pos += count * n
+        return itype, items.tolist()
+
+    def strings(self, count: int, key: str) -> List[str]:
+        """count strings: the bytes cut out in a tight loop, then decoded (a vocabulary: ~50k
+        tokens and ~50k merges).  The caller checked that count * 8 bytes are left."""
+        buf, size, pos = self.buf, self.size, self.pos
+        unpack = _U64.unpack_from
+        pieces: List[bytes] = []
+        append = pieces.append
+        for i in range(count):
+            if pos + 8 > size:
+                self.need(8, f"{key}[{i}]: length", pos)
+            end = pos + 8 + unpack(buf, pos)[0]
+            if end > size:
+                self.need(end - pos - 8, f"{key}[{i}]: {end - pos - 8}-byte string", pos + 8)
+            append(buf[pos + 8:end])
+            pos = end
+        self.pos = pos
+        try:
+            return [piece.decode() for piece in pieces]
+        except UnicodeDecodeError as exc:
+            bad = next(i for i, piece in enumerate(pieces) if not _is_utf8(piece))
+            raise self.error(f"{key}[{bad}]: not UTF-8 ({exc.reason})") from None
+
+    # -- the file ------------------------------------------------------------------------
+
+    def parse(self) -> None:
+        f = self.file
+        magic, version, n_tensors, n_kv = _HEADER.unpack_from(self.buf, 0)
+        if magic != GGUF_MAGIC:
+            raise self.error(f"not a GGUF file (it starts with {magic!r}, expected "
+                             f"{GGUF_MAGIC!r})")
+        if version not in GGUF_VERSIONS:
+            swapped = int.from_bytes(version.to_bytes(4, "little"), "big")
+            if version & 0xFFFF == 0 and swapped in GGUF_VERSIONS:
+                raise NotImplementedError(f"{f.path}: a big-endian GGUF file (version "
+                                          f"{swapped}) is not supported")
+            raise self.error(f"GGUF version {version} is not supported (megafuse reads "
+                             f"versions {' and '.join(map(str, GGUF_VERSIONS))})")
+        f.version = version
+        u32, u64 = [GGUFValueType.UINT32], [GGUFValueType.UINT64]
+        f.fields = {"GGUF.version": GGUFField("GGUF.version", 4, u32, version),
+                    "GGUF.tensor_count": GGUFField("GGUF.tensor_count", 8, u64, n_tensors),
+                    "GGUF.kv_count": GGUFField("GGUF.kv_count", 16, u64, n_kv)}
+        self.pos = _HEADER.size
+        self.need(n_kv * _MIN_KV_BYTES, f"kv_count = {n_kv} key / values")
+        for k in range(n_kv):
+            offset = self.pos
+            key = self.string(f"key / value {k}: key")
+            vtype = self.value_type(key)
+            if vtype == GGUFValueType.ARRAY:
+                itype, value = self.array(key)
+                types = [vtype, itype]
+            else:
+                value, types = self.value(vtype, key), [vtype]
+            if key in f.fields:
+                raise self.error(f"{key}: duplicate key")
+            f.fields[key] = GGUFField(key, offset, types, value)
+
+        align = f.fields.get("general.alignment")
+        f.alignment = GGUF_DEFAULT_ALIGNMENT
+        if align is not None:
+            if align.types != [GGUFValueType.UINT32]:
+                raise self.error(f"general.alignment: expected a UINT32, got "
+                                 f"{'/'.join(t.name for t in align.types)}")
+            if align.value == 0 or align.value & (align.value - 1):
+                raise self.error(f"general.alignment = {align.value}: not a power of two")
+            f.alignment = int(align.value)
+
+        self.need(n_tensors * _MIN_TENSOR_INFO_BYTES, f"tensor_count = {n_tensors} tensor infos")
+        infos = []
+        for t in range(n_tensors):
+            name = self.string(f"tensor {t}: name")
+            n_dims = self.u32(f"{name}: n_dims")
+            if n_dims > GGML_MAX_DIMS:
+                raise self.error(f"{name}: n_dims = {n_dims}, at most {GGML_MAX_DIMS}")
+            start = self.need(8 * n_dims, f"{name}: dims")
+            dims = struct.unpack_from(f"<{n_dims}Q", self.buf, start)
+            self.pos = start + 8 * n_dims
+            raw = self.u32(f"{name}: type")
+            offset = self.u64(f"{name}: offset")
+            infos.append((name, dims, raw, offset))
+        pad = -self.pos % f.alignment
+        f.data_offset = self.pos + pad
+        for name, dims, raw, offset in infos:
+            self.tensor(name, dims, raw, offset)
+
+    def tensor(self, name: str, dims: Tuple[int, ...], raw: int, offset: int) -> None:
+        f = self.file
+        if name in f.tensor_map:
+            raise self.error(f"{name}: duplicate tensor name")
+        try:
+            ggml_type = GGMLType(raw)
+        except ValueError:
+            raise self.error(f"{name}: unknown GGML type {raw}") from None
+        block, block_bytes = GGML_BLOCK_SIZES[ggml_type]
+        ne0 = dims[0] if dims else 1
+        if ne0 % block:
+            raise self.error(f"{name}: {ne0} values per row is not a multiple of the "
+                             f"{ggml_type.name} block ({block})")
+        n_elements = 1
+        for n in dims:
+            n_elements *= n
+        if max(dims, default=0) >= 2**63 or n_elements >= 2**63:
+            raise self.error(f"{name}: dims {list(dims)}: more than 2**63 - 1 values")
+        n_bytes = n_elements // block * block_bytes
+        start = f.data_offset + offset
+        if start > self.size or n_bytes > self.size - start:
+            raise self.error(f"{name}: data at bytes {start}..{start + n_bytes} is past the end "
+                             f"of the file ({self.size} bytes)")
+        shape = tuple(reversed(dims))
+        dtype = _ELEMENT_DTYPES.get(ggml_type)
+        if dtype is None:               # block formats, BF16: bytes per row
+            dtype, shape = "u1", (*shape[:-1], ne0 // block * block_bytes)
+        data = np.frombuffer(self.buf, np.dtype(dtype), n_bytes // np.dtype(dtype).itemsize,
+                             start).reshape(shape)
+        t = GGUFTensor(name, ggml_type, tuple(dims), n_elements, n_bytes, start, data)
+        f.tensors.append(t)
+        f.tensor_map[name] = t
 
 
 def open_reader(source: PathOrReader) -> Any:
-    """A ``gguf.GGUFReader`` for a path (opened read-only, memory-mapped); a reader is returned
-    as is."""
+    """A ``GGUFFile`` for a path (read-only, memory-mapped); a reader (a GGUFFile, or a
+    ``gguf.GGUFReader``) is returned as is."""
     if isinstance(source, (str, bytes, os.PathLike)):
-        reader = _gguf().GGUFReader(os.fsdecode(source), "r")
+        reader: Any = GGUFFile(os.fsdecode(source))
     elif hasattr(source, "tensors") and hasattr(source, "fields"):
         reader = source
     else:
-        raise TypeError(f"reader: expected a gguf.GGUFReader or a path, got "
-                        f"{type(source).__name__}")
+        raise TypeError(f"reader: expected a path, a megafuse.gguf.GGUFFile or a "
+                        f"gguf.GGUFReader, got {type(source).__name__}")
     if getattr(reader, "byte_order", "I") != "I":
         raise NotImplementedError("reader: a GGUF file of the other byte order (big-endian "
                                   "here) is not supported")
@@ -93,7 +477,7 @@ def open_reader(source: PathOrReader) -> Any:
 
 
 def ck_dtype(ggml_type: Any, tensor_name: str = "tensor") -> CKDataType:
-    """The megafuse format of a GGML type (a gguf.GGMLQuantizationType or its name);
+    """The megafuse format of a GGML type (a GGMLType, a gguf.GGMLQuantizationType or a name);
     NotImplementedError naming the tensor and the type for a format megafuse cannot run."""
     name = getattr(ggml_type, "name", str(ggml_type))
     if name not in GGML_TO_CK:
@@ -185,7 +569,9 @@ def hparams(source: PathOrReader, layer_index: int = 0) -> Dict[str, Any]:
 
 
 def _tensor_map(reader: Any) -> Dict[str, Any]:
-    cache = getattr(reader, "_megafuse_tensor_map", None)
+    if isinstance(reader, GGUFFile):
+        return reader.tensor_map
+    cache = getattr(reader, "_megafuse_tensor_map", None)  # a gguf.GGUFReader
     if cache is None:
         cache = {t.name: t for t in reader.tensors}
         try:
@@ -196,7 +582,7 @@ def _tensor_map(reader: Any) -> Dict[str, Any]:
 
 
 def tensor(source: PathOrReader, name: str) -> Tuple[npt.NDArray[Any], CKDataType]:
-    """(array, format) of the tensor ``name``, zero-copy: a read-only memmap of the file of
+    """(array, format) of the tensor ``name``, zero-copy: a read-only view of the file of
     shape (rows, cols) -- (rows, bytes per row) for block formats, uint16 bits for BF16 -- or
     (n,) for a vector.  KeyError if the file has no such tensor."""
     reader = open_reader(source)
@@ -345,6 +731,8 @@ def layer_arrays(source: PathOrReader, layer_index: int) -> Dict[str, Any]:
     return out
 
 
-__all__ = ["ARCHITECTURES", "GGML_TO_CK", "BITS_PER_WEIGHT", "open_reader", "ck_dtype",
+__all__ = ["GGUFFile", "GGUFField", "GGUFTensor", "GGUFValueType", "GGMLType",
+           "GGML_BLOCK_SIZES", "ARCHITECTURES", "GGML_TO_CK", "BITS_PER_WEIGHT", "open_reader",
+           "ck_dtype",
            "architecture", "hparams", "tensor", "unpermute_rows", "permute_rows",
            "layer_arrays"]

@@ -299,11 +299,11 @@ class DecoderLayer:
                   activations: str = "int8") -> "DecoderLayer":
         """Layer ``layer_index`` of a llama- or qwen2-architecture GGUF file.
 
-        reader: a ``gguf.GGUFReader`` or a path.  Weights stay read-only memmaps of the file in
-        their GGML format, except w1 (gate and up rows concatenated) and llama's wq / wk (rows
-        put back in rotate-half order), which are copies.  Hyper-parameters come from the
-        metadata; cache_capacity defaults to min(context length, 4096); activations as in
-        ``from_arrays``.  See ``megafuse.gguf``.
+        reader: a path, a ``megafuse.gguf.GGUFFile`` or a ``gguf.GGUFReader``.  Weights stay
+        read-only views of the file in their GGML format, except w1 (gate and up rows
+        concatenated) and llama's wq / wk (rows put back in rotate-half order), which are
+        copies.  Hyper-parameters come from the metadata; cache_capacity defaults to
+        min(context length, 4096); activations as in ``from_arrays``.  See ``megafuse.gguf``.
         """
         from megafuse import gguf as _gguf
         kwargs = _gguf.layer_arrays(reader, layer_index)

@@ -118,7 +118,8 @@ class Model:
     def from_gguf(cls, path: Any, *, cache_capacity: Optional[int] = None,
                   activations: str = "int8") -> "Model":
         """The model of a llama- or qwen2-architecture GGUF file (any other architecture is a
-        NotImplementedError naming it).  Weights stay read-only memmaps of the file in their
+        NotImplementedError naming it).  path: a path, a ``megafuse.gguf.GGUFFile`` or a
+        ``gguf.GGUFReader``.  Weights stay read-only views of the file (one mmap) in their
         GGML formats, except what ``megafuse.gguf.layer_arrays`` copies (w1 = gate + up rows;
         llama's q / k rows put back in rotate-half order).  cache_capacity (positions of the KV
         cache) defaults to min(context length, 4096)."""

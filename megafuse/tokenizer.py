@@ -2,7 +2,7 @@
 
 ``Tokenizer.from_gguf(path_or_reader)`` rebuilds the tokenizer llama.cpp's converter stored in
 the file, on the ``tokenizers`` package (encoding), with plain Python for decoding and jinja2 for
-the chat template (``pip install 'megafuse[llm]'``: gguf, tokenizers, jinja2)::
+the chat template (``pip install 'megafuse[llm]'``: tokenizers, jinja2)::
 
     tok = megafuse.Tokenizer.from_gguf("SmolLM2-135M-Instruct.Q4_1.gguf")
     ids = tok.encode("Hello <|im_start|>")        # special tokens are recognised in the text
@@ -254,7 +254,8 @@ class Tokenizer:
 
     @classmethod
     def from_gguf(cls, source: Any) -> "Tokenizer":
-        """The tokenizer of a GGUF file (a path, or an open ``gguf.GGUFReader``)."""
+        """The tokenizer of a GGUF file (a path, a ``megafuse.gguf.GGUFFile`` or a
+        ``gguf.GGUFReader``)."""
         from megafuse import gguf as mf_gguf
         reader = mf_gguf.open_reader(source)
 

@@ -102,7 +102,6 @@ def test_bad_arguments_are_usage_errors(argv, capsys):
 
 
 def test_missing_model_file(tmp_path, capsys):
-    pytest.importorskip("gguf")
     status, _, err = run(["--model", str(tmp_path / "nope.gguf")], capsys)
     assert status == 2 and "nope.gguf" in err
 
