@@ -6,8 +6,8 @@ RMSNorm -> Q/K/V projection -> RoPE -> flash attention over a KV cache -> output
 residual, for one token (decode) and many (prefill), plus the post-attention MLP block.
 
 Kernels release the GIL and run on ``get_num_threads()`` OpenMP threads; results are bitwise the
-same for any thread count.  The SIMD level (generic / avx2 / avx512) is chosen at import;
-``MEGAFUSE_SIMD`` forces a lower one.
+same for any thread count.  The SIMD level (generic / avx2 / avx512) is chosen at import,
+after a self-test against the generic kernels; ``MEGAFUSE_SIMD`` forces a lower one.
 """
 import os as _os
 from importlib import metadata as _metadata
@@ -46,6 +46,11 @@ from megafuse._kernels import (  # noqa: F401
     ck_dtype_row_bytes,
     ck_dtype_supported,
 )
+from megafuse import _selftest
+
+# The SIMD level: the best one the CPU runs, once its known-answer self-test against the generic
+# kernels has passed (a RuntimeWarning and the next level down if not: megafuse/_selftest.py).
+_selftest.select_level()
 
 from megafuse.layer import DecoderLayer, rope_tables  # noqa: E402,F401  (pure Python)
 from megafuse.model import Model, ModelConfig  # noqa: E402,F401  (pure Python)
@@ -147,6 +152,7 @@ def show_config(file=None):
         "simd_level": simd_level(),
         "simd_levels_built": _simd.built_levels(),
         "simd_levels_supported": _simd.supported_levels(),
+        "simd_selftest": _selftest.summary(),
         "l1d_cache_bytes": l1d,
         "l2_cache_bytes": l2,
         "include_dir": get_include(),
@@ -154,5 +160,11 @@ def show_config(file=None):
     out = file if file is not None else sys.stdout
     width = max(len(k) for k in config)
     for key, value in config.items():
-        print(f"{key:<{width}}  {value}", file=out)
+        if isinstance(value, dict):          # one line per entry, under the key
+            lines = [f"{k}: {v}" for k, v in value.items()] or ["-"]
+            print(f"{key:<{width}}  {lines[0]}", file=out)
+            for line in lines[1:]:
+                print(f"{'':<{width}}  {line}", file=out)
+        else:
+            print(f"{key:<{width}}  {value}", file=out)
     return config

@@ -2,8 +2,9 @@
 
 megafuse builds the same kernel sources once per SIMD level (``megafuse._simd_generic``,
 ``_simd_avx2``, ``_simd_avx512``; only ``generic`` off x86-64).  At import the best level the CPU
-supports is chosen; ``MEGAFUSE_SIMD=generic|avx2|avx512`` forces a level (a level above what the
-CPU supports is refused with an ImportError rather than crashing on an illegal instruction).
+supports is chosen, once megafuse._selftest has proven it against ``generic``;
+``MEGAFUSE_SIMD=generic|avx2|avx512`` forces a level (a level above what the CPU supports is
+refused with an ImportError rather than crashing on an illegal instruction).
 """
 import importlib.util
 import os
@@ -39,12 +40,18 @@ def supported_levels():
             if all(features.get(f, False) for f in REQUIRED_FEATURES[lv])]
 
 
+def forced_level():
+    """The level MEGAFUSE_SIMD asks for ('' or unset: None)."""
+    return os.environ.get("MEGAFUSE_SIMD", "").strip().lower() or None
+
+
 def choose_level():
-    """The level to run: MEGAFUSE_SIMD if set, else the best supported one."""
+    """The level to try first: MEGAFUSE_SIMD's if set, else the best supported one.
+    (megafuse._selftest.select_level proves it before it is used.)"""
     supported = supported_levels()
     if not supported:
         raise ImportError("megafuse: no kernel module is built (expected megafuse._simd_generic)")
-    wanted = os.environ.get("MEGAFUSE_SIMD", "").strip().lower()
+    wanted = forced_level()
     if not wanted:
         return supported[-1]
     if wanted not in LEVELS:
