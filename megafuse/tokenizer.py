@@ -147,6 +147,19 @@ def _byte_spelling() -> Tuple[Dict[int, str], Dict[str, int]]:
     return spell, {c: b for b, c in spell.items()}
 
 
+@functools.lru_cache(maxsize=1)
+def _byte_spelling_as_latin1() -> Dict[int, str]:
+    """A str.translate table: each character of GPT-2's byte alphabet -> the Latin-1 character
+    of its byte; each other character below U+0100 -> its UTF-8 bytes as Latin-1 characters.
+    (A translated token whose characters are all below U+0100 encodes to its bytes in
+    Latin-1.)"""
+    spell, _ = _byte_spelling()
+    table = {ord(c): chr(b) for b, c in spell.items()}
+    for code in range(0x100):
+        table.setdefault(code, chr(code).encode("utf-8").decode("latin-1"))
+    return table
+
+
 def _as_id(value: Any, vocab_size: int, what: str = "token id") -> int:
     try:
         i = operator.index(value)
@@ -359,13 +372,19 @@ class Tokenizer:
         """Each token's bytes in a decoded text (special tokens: their text)."""
         out: List[bytes] = []
         _, to_byte = _byte_spelling()
+        as_latin1 = _byte_spelling_as_latin1()
         for token, typ in zip(self._tokens, self._types):
             if typ in (CONTROL, UNKNOWN, USER_DEFINED):
                 out.append(token.encode("utf-8"))
             elif self.model == "gpt2":
-                # a character outside the byte alphabet stands for itself
-                out.append(b"".join(bytes((to_byte[c],)) if c in to_byte else c.encode("utf-8")
-                                    for c in token))
+                # each character of the byte alphabet is its byte; a character outside it
+                # stands for itself (its UTF-8 bytes).  str.translate does both at C speed
+                # for characters below U+0100; a token with others takes the loop.
+                try:
+                    out.append(token.translate(as_latin1).encode("latin-1"))
+                except UnicodeEncodeError:
+                    out.append(b"".join(bytes((to_byte[c],)) if c in to_byte
+                                        else c.encode("utf-8") for c in token))
             elif typ == BYTE:
                 out.append(bytes((int(token[3:5], 16),)))
             else:
