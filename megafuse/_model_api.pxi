@@ -9,8 +9,9 @@ from libc.stdint cimport int32_t, int64_t, uint32_t
 from libc.string cimport memset
 from megafuse._kernel_table cimport (
     mf_team, mf_team_create, mf_team_destroy, mf_team_run, mf_team_claim_gen,
-    mf_team_wait_done, mf_team_chunk_done, mf_atomic_load32, mf_atomic_add32, mf_model, mf_model_layer, mf_step,
-    mf_step_scratch, mf_step_scratch_layout, mf_phase, mf_step_max_phases, MF_STEP_TOKENS)
+    mf_team_wait_done, mf_team_chunk_done, mf_atomic_load32, mf_atomic_add32, mf_model,
+    mf_model_layer, mf_step, mf_step_scratch, mf_step_scratch_layout, mf_phase,
+    mf_step_max_phases)
 
 _LAYER_WEIGHTS = ("wq", "wk", "wv", "wo", "w1", "w2")
 _LAYER_BIASES = ("bq", "bk", "bv", "bo", "b1", "b2")
