@@ -283,8 +283,27 @@ def _venv_python(venv):
 
 
 def _have_build_deps():
-    import importlib.util
-    return all(importlib.util.find_spec(m) is not None for m in ("Cython", "numpy", "setuptools"))
+    """Whether this interpreter already satisfies pyproject.toml's [build-system] requires, so
+    the wheel can be built without an isolated build environment. A venv made by `python -m
+    venv` carries an old setuptools (65 on Python 3.11) that cannot read `license = "MIT"`:
+    then pip must build in isolation, with the versions pyproject.toml asks for."""
+    import importlib.metadata
+    try:
+        import tomllib
+        from pip._vendor.packaging.requirements import Requirement
+    except ImportError:
+        return False
+    with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
+        requires = tomllib.load(f)["build-system"]["requires"]
+    for spec in requires:
+        req = Requirement(spec)
+        try:
+            have = importlib.metadata.version(req.name)
+        except importlib.metadata.PackageNotFoundError:
+            return False
+        if not req.specifier.contains(have, prereleases=True):
+            return False
+    return True
 
 
 def test_wheel_installs_into_a_fresh_venv_and_is_self_contained(tmp_path):
