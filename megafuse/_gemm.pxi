@@ -11,12 +11,13 @@
 # and the 6-token x 16-row register block runs over it for every token of the tile.  Fewer tokens
 # (too little work to pay for packing): the 3-token x 4-row dot-product block (mf_dot_3x4_f32)
 # over the rows in place; with one or two tokens, 4 rows at a time stream past each token
-# (mf_dot_1x4_f32, with prefetch; a block-format row is dotted directly, decoded in registers:
-# decode's paths).
+# (mf_dot_1x4_f32 for FP32, rows_dot_f32 for the other formats: decoded in registers; both with
+# prefetch of the rows ahead: decode's paths).
 # Int8 activations (the _q8_0 prefill, the MLP): the token rows were quantized to the activation
 # format of the weight (Q8_0 for 32-weight blocks, Q8_K for K-quants); each (row, token) is one
 # integer dot product from the format layer, computed 4 weight rows x up to 64 tokens at a time
-# by mf_q8_rows_tokens (rows decoded once into L1; bit-identical to one-row dots per pair).
+# by mf_q8_rows_tokens (one token: the 4 rows stream side by side; more: the rows decoded once
+# into L1), bit-identical to the one-row dot of every pair.
 
 cdef extern from "megafuse/ckernel_dtype.h" nogil:
     size_t ck_dtype_row_bytes(int dt, size_t n)
@@ -78,6 +79,7 @@ cdef void rows_dot_tokens_f32(
     cdef float acc[PROJ_TOKEN_TILE * DOT_ROWS]   # [tile, 4] sums over the chunks so far
     cdef float res[GEMM_TOKENS][DOT_ROWS]
     cdef const float *wp[DOT_ROWS]
+    cdef const void *wq[DOT_ROWS]                # the same rows, any format
     cdef const float *xp[GEMM_TOKENS]
     cdef Py_ssize_t t0, nt, tg, j, r, k0, n
     cdef Py_ssize_t nr = min(<Py_ssize_t>DOT_ROWS, b.n - r0)
@@ -95,11 +97,15 @@ cdef void rows_dot_tokens_f32(
         for r in range(nr):
             store_results(b, r0 + r, acc + r, DOT_ROWS, 0, T, ld)
         return
-    if not direct and T < GEMM_TOKENS:           # one or two tokens: decode in registers
+    if not direct and T < GEMM_TOKENS:           # one or two tokens: 4 rows decoded in registers
+        for r in range(DOT_ROWS):
+            wq[r] = <const void *>b.w[r0 + min(r, nr - 1)]
+        for j in range(T):
+            rows_dot_f32(wq, dt, x + j * ldx, K, &res[0][0])
+            for r in range(nr):
+                acc[j * DOT_ROWS + r] = res[0][r]
         for r in range(nr):
-            for j in range(T):
-                acc[j] = weight_row_dot_f32(b.w[r0 + r], dt, x + j * ldx, K)
-            store_results(b, r0 + r, acc, 1, 0, T, ld)
+            store_results(b, r0 + r, acc + r, DOT_ROWS, 0, T, ld)
         return
     t0 = 0
     while t0 < T:
