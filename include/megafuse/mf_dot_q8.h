@@ -161,6 +161,17 @@ static inline __m256i mf_q_lanes_s(__m256i ulo, __m256i slo, __m256i uhi, __m256
                          uhi, _mm256_sign_epi8(ahi, shi));
 }
 
+/* The same L as mf_q_lanes_uo, another way (the tiles of Q4_0 / Q5_0, where the weights are
+ * decoded once for many tokens): signed codes s = u - off against the activation codes biased to
+ * unsigned, a + 128 (alo, ahi here), minus c = 128 * (the pair sums of s_lo + s_hi), which the
+ * decoding computes once.  No per-token offset term; exact in int16 (|maddubs| <= 2*255*16,
+ * their sum <= 16320, c <= 4*128*16). */
+static inline __m256i mf_q_lanes_b(__m256i slo, __m256i shi, __m256i c, __m256i alo, __m256i ahi)
+{
+    const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(alo, slo), _mm256_maddubs_epi16(ahi, shi));
+    return _mm256_madd_epi16(_mm256_sub_epi16(p, c), _mm256_set1_epi16(1));
+}
+
 /* acc = fma(float(L), D, acc), D = [dd_i x 4 | dd_i+1 x 4]: P's element 0 (pair 0) or 2 (pair
  * 1) of each 128-bit lane (the group's lane order puts blocks 0, 2 in lane 0 and 1, 3 in lane 1). */
 static inline __m256 mf_q_acc_pair(__m256 acc, __m256i L, __m256 P, int pair)
@@ -250,10 +261,12 @@ static inline void mf_q_s8_pair(const int8_t *q0, const int8_t *q1, __m256i *lo,
 }
 
 /* A decoded group of one weight row: what the tiles keep in L1 and the one-token kernels in
- * registers.  u: unsigned codes (Q8_0: |w|), s: Q8_0's signed codes, Y: the scales. */
+ * registers.  u: unsigned codes (Q8_0: |w|), s: Q8_0's signed codes (the tiles' Q4_0 / Q5_0:
+ * u - off), c: the tiles' Q4_0 / Q5_0 bias terms (mf_q_lanes_b), Y: the scales. */
 typedef struct {
     __m256i u[2][2];            /* [pair][lo, hi] */
-    __m256i s[2][2];            /* Q8_0 only */
+    __m256i s[2][2];
+    __m256i c[2];
     __m256 Y;
 } mf_q_wgrp;
 
@@ -302,7 +315,8 @@ MF_ALWAYS_INLINE void mf_q_dec_q8_0(const char *b, int nblk, mf_q_wgrp *G)
 
 /* The canonical group step of one (weight row, activation row): acc + the group's terms (see the
  * top of the file).  kind: 0 unsigned with offset (Q4_0, Q5_0), 1 unsigned with mins (Q4_1,
- * Q5_1), 2 signed (Q8_0); npairs: 1 or 2. */
+ * Q5_1), 2 signed (Q8_0), 3 Q4_0 / Q5_0 as the tiles hold them (mf_q_lanes_b: G from
+ * mf_q_wgrp_bias, A's codes biased by mf_q_agrp_bias); npairs: 1 or 2. */
 MF_ALWAYS_INLINE __m256 mf_q_grp_step(int kind, const mf_q_wgrp *G, const mf_q_agrp *A, int npairs,
                                       __m256 acc)
 {
@@ -313,6 +327,8 @@ MF_ALWAYS_INLINE __m256 mf_q_grp_step(int kind, const mf_q_wgrp *G, const mf_q_a
             L = mf_q_lanes_uo(G->u[p][0], G->u[p][1], A->lo[p], A->hi[p], A->oo[p]);
         else if (kind == 1)
             L = mf_q_lanes_u(G->u[p][0], G->u[p][1], A->lo[p], A->hi[p]);
+        else if (kind == 3)
+            L = mf_q_lanes_b(G->s[p][0], G->s[p][1], G->c[p], A->lo[p], A->hi[p]);
         else
             L = mf_q_lanes_s(G->u[p][0], G->s[p][0], G->u[p][1], G->s[p][1], A->lo[p], A->hi[p]);
         acc = mf_q_acc_pair(acc, L, P, p);
@@ -320,6 +336,28 @@ MF_ALWAYS_INLINE __m256 mf_q_grp_step(int kind, const mf_q_wgrp *G, const mf_q_a
     if (kind == 1)
         acc = mf_q_acc_mins(acc, G->Y, A->f);
     return acc;
+}
+
+/* Q4_0 / Q5_0 groups for kind 3: the signed codes and the bias terms, from the unsigned codes. */
+static inline void mf_q_wgrp_bias(mf_q_wgrp *G, int off)
+{
+    const __m256i o = _mm256_set1_epi8((char)off), b = _mm256_set1_epi8((char)0x80);
+    for (int p = 0; p < 2; p++) {
+        G->s[p][0] = _mm256_sub_epi8(G->u[p][0], o);
+        G->s[p][1] = _mm256_sub_epi8(G->u[p][1], o);
+        G->c[p] = _mm256_add_epi16(_mm256_maddubs_epi16(b, G->s[p][0]),
+                                   _mm256_maddubs_epi16(b, G->s[p][1]));
+    }
+}
+
+/* An activation group's codes for kind 3: a + 128 as unsigned bytes (|a| <= 127). */
+static inline void mf_q_agrp_bias(mf_q_agrp *A)
+{
+    const __m256i b = _mm256_set1_epi8((char)0x80);
+    for (int p = 0; p < 2; p++) {
+        A->lo[p] = _mm256_xor_si256(A->lo[p], b);
+        A->hi[p] = _mm256_xor_si256(A->hi[p], b);
+    }
 }
 
 /* The per-format constants of the 32-weight steps, by CKDataType (constant-folded: every caller

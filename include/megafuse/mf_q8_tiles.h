@@ -40,6 +40,9 @@
 #endif
 #define MF_Q8_TILE_TOKENS 64     /* tokens one tile call accumulates (its stack accumulators) */
 #define MF_Q8_CHUNK 1024         /* weights of each row decoded at once: 8 groups, 4 super-blocks */
+#ifndef MF_Q_TILE_PF
+#  define MF_Q_TILE_PF 1         /* tokens ahead whose activation groups the tiles prefetch to L1 */
+#endif
 
 #if defined(MF_Q_AVX2)
 
@@ -371,7 +374,8 @@ MF_ALWAYS_INLINE void mf_q8_tile_row32(int dt, const void *const *vw, const char
     __m256 acc[MF_Q8_TILE_TOKENS][4];                      /* [token][row] */
     const ptrdiff_t nb = n / QK8_0, ng = (ptrdiff_t)mf_act_q8_0_groups((size_t)n);
     const ptrdiff_t gb = 4 * mf_q_bsz(dt);
-    const int off = mf_q_off(dt), kind = mf_q_kind(dt);
+    const int biased = mf_q_off(dt) != 0;                  /* Q4_0 / Q5_0: mf_q_lanes_b */
+    const int kind = biased ? 3 : mf_q_kind(dt);
     for (int t = 0; t < nt; t++)
         for (int r = 0; r < 4; r++)
             acc[t][r] = _mm256_setzero_ps();
@@ -379,15 +383,25 @@ MF_ALWAYS_INLINE void mf_q8_tile_row32(int dt, const void *const *vw, const char
         const int nc = (int)(ng - c0 < CG ? ng - c0 : CG);
         const int full = (int)(nb / 4 - c0 < nc ? nb / 4 - c0 : nc);   /* whole groups */
         for (int c = 0; c < nc; c++)
-            for (int r = 0; r < 4; r++)
+            for (int r = 0; r < 4; r++) {
                 mf_q_dec(dt, (const char *)vw[r] + (c0 + c) * gb, mf_q_grp_blocks(nb, c0 + c),
                          &W[c][r]);
+                if (biased)
+                    mf_q_wgrp_bias(&W[c][r], mf_q_off(dt));
+            }
         for (int t = 0; t < nt; t++) {
             const char *a = xq + t * xs;
             __m256 a0 = acc[t][0], a1 = acc[t][1], a2 = acc[t][2], a3 = acc[t][3];
+            const char *an = t + MF_Q_TILE_PF < nt ? a + MF_Q_TILE_PF * xs : a;   /* into L1 */
             for (int c = 0; c < full; c++) {
                 mf_q_agrp A;
-                mf_q_agrp_load(a, n, c0 + c, off, &A);
+                const char *pc = (const char *)mf_act_q8_0_codes(an, (size_t)(c0 + c));
+                _mm_prefetch(pc, _MM_HINT_T0);
+                _mm_prefetch(pc + 64, _MM_HINT_T0);
+                _mm_prefetch((const char *)mf_act_q8_0_f(an, (size_t)n, (size_t)(c0 + c)), _MM_HINT_T0);
+                mf_q_agrp_load(a, n, c0 + c, 0, &A);
+                if (biased)
+                    mf_q_agrp_bias(&A);
                 a0 = mf_q_grp_step(kind, &W[c][0], &A, 2, a0);
                 a1 = mf_q_grp_step(kind, &W[c][1], &A, 2, a1);
                 a2 = mf_q_grp_step(kind, &W[c][2], &A, 2, a2);
@@ -396,7 +410,9 @@ MF_ALWAYS_INLINE void mf_q8_tile_row32(int dt, const void *const *vw, const char
             if (full < nc) {                               /* the row's last group, 1..3 blocks */
                 const int np = (mf_q_grp_blocks(nb, c0 + full) + 1) / 2;
                 mf_q_agrp A;
-                mf_q_agrp_load(a, n, c0 + full, off, &A);
+                mf_q_agrp_load(a, n, c0 + full, 0, &A);
+                if (biased)
+                    mf_q_agrp_bias(&A);
                 a0 = mf_q_grp_step(kind, &W[full][0], &A, np, a0);
                 a1 = mf_q_grp_step(kind, &W[full][1], &A, np, a1);
                 a2 = mf_q_grp_step(kind, &W[full][2], &A, np, a2);
@@ -493,7 +509,14 @@ static inline void mf_q8_tile_kq(int dt, const void *const *vw, const char *xq, 
             /* the integer sums of the chunk's super-blocks first (long independent chains), then
              * their reductions and float terms (which would otherwise stall each next chain) */
             __m256i P[NS][8];               /* [super-block][row r, token 0 | row r, token 1] */
+            /* the next pair's super-blocks, into L1 while these compute */
+            const int tn = t + 2 * MF_Q_TILE_PF + 1 < nt ? t + 2 * MF_Q_TILE_PF : t;
             for (int s = 0; s < ns; s++) {
+                for (int k = 0; k < 2; k++) {
+                    const char *pn = (const char *)((const block_q8_K *)(const void *)(xq + (tn + k) * xs) + s0 + s);
+                    for (int o = 0; o < (int)sizeof(block_q8_K); o += 64)
+                        _mm_prefetch(pn + o, _MM_HINT_T0);
+                }
                 __m256i p00 = _mm256_setzero_si256(), p10 = p00, p20 = p00, p30 = p00;
                 __m256i p01 = p00, p11 = p00, p21 = p00, p31 = p00;
                 MF_Q_NO_UNROLL               /* unrolled, GCC spills the 8 accumulators */
