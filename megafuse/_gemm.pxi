@@ -230,13 +230,15 @@ cdef void block_dot_tokens_q8(
         Py_ssize_t xq_row_bytes, Py_ssize_t T, Py_ssize_t ld) noexcept nogil:
     """b.out[r][t * ld] = int8 dot(w_r, xq[t]) + b.bias[r] (+ b.add[r][t * ld]).
 
-    4 rows x MF_Q8_TILE_TOKENS tokens at a time, the rows decoded once for all of them
+    4 rows x up to MF_Q8_TILE_TOKENS tokens at a time (fewer for long rows: the tokens' rows stay
+    in L2 while the block's rows go past them), the rows decoded once for all of them
     (rows_tokens_dot_q8: the bits of one weight_row_dot_q8 per pair)."""
     cdef float res[MF_Q8_TILE_TOKENS * DOT_ROWS]     # [tokens, 4] dot products
     cdef Py_ssize_t r0, r, nr, t0, nt
+    cdef Py_ssize_t tile = mf_q8_tile_tokens(<size_t>xq_row_bytes)
     t0 = 0
     while t0 < T:
-        nt = min(<Py_ssize_t>MF_Q8_TILE_TOKENS, T - t0)
+        nt = min(tile, T - t0)
         r0 = 0
         while r0 < b.n:
             nr = min(<Py_ssize_t>DOT_ROWS, b.n - r0)

@@ -39,6 +39,7 @@
 #  define MF_Q_NO_UNROLL
 #endif
 #define MF_Q8_TILE_TOKENS 64     /* tokens one tile call accumulates (its stack accumulators) */
+#define MF_Q8_TILE_ACT_BYTES (192 * 1024)   /* activation rows a pass of the tiles keeps in L2 */
 #define MF_Q8_CHUNK 1024         /* weights of each row decoded at once: 8 groups, 4 super-blocks */
 #ifndef MF_Q_TILE_PF
 #  define MF_Q_TILE_PF 1         /* tokens ahead whose activation groups the tiles prefetch to L1 */
@@ -587,6 +588,16 @@ static inline void mf_q8_tile_kq(int dt, const void *const *vw, const char *xq, 
 }
 
 #endif /* MF_Q_AVX2 */
+
+/* Tokens a caller hands mf_q8_rows_tokens at once, for activation rows of row_bytes: up to
+ * MF_Q8_TILE_TOKENS, as many as keep their rows within MF_Q8_TILE_ACT_BYTES (every group of 4
+ * weight rows reads all of them: from L2, not L3), an even number of at least 8. */
+static inline int mf_q8_tile_tokens(size_t row_bytes)
+{
+    size_t t = row_bytes ? MF_Q8_TILE_ACT_BYTES / row_bytes : MF_Q8_TILE_TOKENS;
+    t = t < 8 ? 8 : t > MF_Q8_TILE_TOKENS ? MF_Q8_TILE_TOKENS : t;
+    return (int)(t & ~(size_t)1);
+}
 
 typedef void (*mf_dot4_fn)(const void *const *w, const void *a, ptrdiff_t n, float *out);
 typedef void (*mf_q8_tile_fn)(const void *const *w, const char *xq, ptrdiff_t xs, int nt,
