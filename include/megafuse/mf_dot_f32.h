@@ -197,21 +197,44 @@ static inline void mf_q_lanes_x32(const float *x, float s[8])
 #endif
 
 #if defined(MF_Q_AVX2)
+/* The dword codes route: 8 bytes zero-extended to 8 dwords (one load-and-extend), nibbles split
+ * by a mask and a 32-bit shift, each code c made a float by OR-ing the exponent of 2^23 and
+ * subtracting 2^23 + off (exact: c - off), or by vcvtdq2ps where there is no offset. */
+static inline __m256i mf_q_u8x8_epi32(const uint8_t *p)
+{
+    return _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)p));
+}
+
+static inline __m256 mf_q_code_off_ps(__m256i c, __m256 bias /* 2^23 + off */)
+{
+    return _mm256_sub_ps(_mm256_castsi256_ps(_mm256_or_si256(c, _mm256_set1_epi32(0x4B000000))),
+                         bias);
+}
+
+/* sum_j (c_j - off) x[j] over the 32 codes of 16 nibble bytes at q (weight j: the low nibble of
+ * byte j for j < 16, the high nibble of byte j - 16), as 8 lanes: one product chain. */
+static inline __m256 mf_q_nib32_dot(const uint8_t *q, float off, const float *x)
+{
+    const __m256i m4 = _mm256_set1_epi32(0x0F);
+    const __m256 bias = _mm256_set1_ps(8388608.0f + off);                /* exact */
+    const __m256i v0 = mf_q_u8x8_epi32(q), v1 = mf_q_u8x8_epi32(q + 8);
+    __m256 s = _mm256_mul_ps(mf_q_code_off_ps(_mm256_and_si256(v0, m4), bias), _mm256_loadu_ps(x));
+    s = _mm256_fmadd_ps(mf_q_code_off_ps(_mm256_and_si256(v1, m4), bias), _mm256_loadu_ps(x + 8), s);
+    s = _mm256_fmadd_ps(mf_q_code_off_ps(_mm256_srli_epi32(v0, 4), bias), _mm256_loadu_ps(x + 16), s);
+    return _mm256_fmadd_ps(mf_q_code_off_ps(_mm256_srli_epi32(v1, 4), bias), _mm256_loadu_ps(x + 24), s);
+}
+#endif
+
+#if defined(MF_Q_AVX2)
 /* One 32-weight block against x[0..31]: acc + d * (q . x) (+ m * sum x). */
 static inline __m256 mf_q_fblk_q4_0(const block_q4_0 *b, const float *x, __m256 acc)
 {
-    const __m256i m4 = _mm256_set1_epi8(0x0F), v = mf_q_bcast16(b->qs);
-    __m256 s = mf_q_u8x32_dot(_mm256_and_si256(v, m4), _mm256_and_si256(_mm256_srli_epi16(v, 4), m4),
-                              _mm256_set1_ps(8.0f), x);
-    return _mm256_fmadd_ps(_mm256_set1_ps(mf_q_fp16(b->d)), s, acc);
+    return _mm256_fmadd_ps(_mm256_set1_ps(mf_q_fp16(b->d)), mf_q_nib32_dot(b->qs, 8.0f, x), acc);
 }
 
 static inline __m256 mf_q_fblk_q4_1(const block_q4_1 *b, const float *x, __m256 acc)
 {
-    const __m256i m4 = _mm256_set1_epi8(0x0F), v = mf_q_bcast16(b->qs);
-    __m256 s = mf_q_u8x32_dot(_mm256_and_si256(v, m4), _mm256_and_si256(_mm256_srli_epi16(v, 4), m4),
-                              _mm256_setzero_ps(), x);
-    __m256 a = _mm256_fmadd_ps(_mm256_set1_ps(mf_q_fp16(b->d)), s, acc);
+    __m256 a = _mm256_fmadd_ps(_mm256_set1_ps(mf_q_fp16(b->d)), mf_q_nib32_dot(b->qs, 0.0f, x), acc);
     return _mm256_fmadd_ps(_mm256_set1_ps(mf_q_fp16(b->m)), mf_q_sum32(x), a);
 }
 
@@ -238,11 +261,13 @@ static inline __m256 mf_q_fblk_q5_1(const block_q5_1 *b, const float *x, __m256 
 
 static inline __m256 mf_q_fblk_q8_0(const block_q8_0 *b, const float *x, __m256 acc)
 {
-    const __m256i flip = _mm256_set1_epi8((char)0x80);     /* int8 q -> unsigned q + 128 */
-    __m256i lo = _mm256_xor_si256(mf_q_bcast16((const uint8_t *)b->qs), flip);
-    __m256i hi = _mm256_xor_si256(mf_q_bcast16((const uint8_t *)b->qs + 16), flip);
-    return _mm256_fmadd_ps(_mm256_set1_ps(mf_q_fp16(b->d)),
-                           mf_q_u8x32_dot(lo, hi, _mm256_set1_ps(128.0f), x), acc);
+    const int8_t *q = b->qs;
+    __m256 s = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
+        _mm_loadl_epi64((const __m128i *)(const void *)q))), _mm256_loadu_ps(x));
+    for (int k = 1; k < 4; k++)
+        s = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
+            _mm_loadl_epi64((const __m128i *)(const void *)(q + 8 * k)))), _mm256_loadu_ps(x + 8 * k), s);
+    return _mm256_fmadd_ps(_mm256_set1_ps(mf_q_fp16(b->d)), s, acc);
 }
 
 /* Blocks alternate between two accumulators (register-resident, independent chains). */
