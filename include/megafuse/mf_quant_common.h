@@ -1,9 +1,10 @@
 /*
  * mf_quant_common.h -- what several roles of the weight formats share: the SIMD level switches
  * of the quant headers, scalar arithmetic helpers (products that never fuse, GGML's rounding),
- * the AVX2 building blocks of the integer paths, and the block pieces that dequantize, the float
- * dots and the int8 dots all decode the same way (fp16 scales, K-quant sub-block scales, Q6_K
- * codes).  A helper only one role uses lives in that role's header.
+ * the software prefetch of the multi-row kernels, the AVX2 building blocks of the integer paths,
+ * and the block pieces that dequantize, the float dots and the int8 dots all decode the same way
+ * (fp16 scales, K-quant sub-block scales, Q6_K codes).  A helper only one role uses lives in that
+ * role's header.
  *
  * SIMD levels.  One source, compiled once per level with the #if ladder of mf_simd.h
  * (MF_SIMD_AVX512 / MF_SIMD_AVX2 / generic).  MF_Q_AVX2 selects the 256-bit integer + FMA bodies
@@ -107,10 +108,10 @@ static inline uint32_t mf_le32(const uint8_t *qh)
 /* Prefetch of the weight rows ahead                                                            */
 /* ============================================================================================ */
 
-/* Software prefetch of the weight streams of the one-token multi-row kernels (int8 and float).  They read four rows side
- * by side with little load traffic per instruction, so the out-of-order window alone keeps too
- * few DRAM misses in flight (measured here: ~10 GB/s a core from DRAM against ~25 from L3); the
- * hardware prefetchers do not run far enough ahead either.  Each row prefetches what it will
+/* Software prefetch of the weight streams of the one-token multi-row kernels (int8 and float).
+ * They read four rows side by side with little load traffic per instruction, so the out-of-order
+ * window alone keeps too few DRAM misses in flight (measured here: ~10 GB/s a core from DRAM
+ * against ~25 from L3); the hardware prefetchers do not run far enough ahead either.  Each row prefetches what it will
  * read MF_Q_PF_ROWS rows further on -- the projections hand the rows of a weight in order, and
  * row r + 4 is where the next register block of this thread reads (rows of a matrix are
  * contiguous; a prefetch past the end of the array is harmless). */
@@ -195,12 +196,6 @@ static inline __m256i mf_q_dot_u8s8(__m256i acc, __m256i u, __m256i s)
     __m256i p = _mm256_maddubs_epi16(u, s);
     return _mm256_add_epi32(acc, _mm256_madd_epi16(p, _mm256_set1_epi16(1)));
 #endif
-}
-
-/* Per int32 lane: sum of 4 products w * a of signed bytes (|a| <= 127). */
-static inline __m256i mf_q_dot_s8s8(__m256i w, __m256i a)
-{
-    return mf_q_dot_u8s8(_mm256_setzero_si256(), _mm256_sign_epi8(w, w), _mm256_sign_epi8(a, w));
 }
 
 #endif /* MF_Q_AVX2 */
