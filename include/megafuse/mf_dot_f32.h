@@ -618,10 +618,7 @@ static inline void NAME(const void *const *vw, const float *MF_RESTRICT x, ptrdi
     ptrdiff_t ib = 0;                                                                          \
     for (; ib + 2 <= nb; ib += 2) {                                                            \
         const float *xb = x + ib * 32;                                                         \
-        mf_q_prefetch(w0 + ib, pb, pf);                                                        \
-        mf_q_prefetch(w1 + ib, pb, pf);                                                        \
-        mf_q_prefetch(w2 + ib, pb, pf);                                                        \
-        mf_q_prefetch(w3 + ib, pb, pf);                                                        \
+        mf_q_prefetch4(w0, ib * (ptrdiff_t)sizeof(BLOCK), pb, pf);                             \
         a00 = BLOCK_FN(&w0[ib], xb, a00);                                                      \
         a10 = BLOCK_FN(&w1[ib], xb, a10);                                                      \
         a20 = BLOCK_FN(&w2[ib], xb, a20);                                                      \
@@ -660,11 +657,11 @@ static inline void NAME(const void *const *vw, const float *MF_RESTRICT x, ptrdi
     __m256 acc[4][2];                                                                          \
     for (int r = 0; r < 4; r++)                                                                \
         acc[r][0] = acc[r][1] = _mm256_setzero_ps();                                           \
-    for (ptrdiff_t ib = 0; ib < nb; ib++)                                                      \
-        for (int r = 0; r < 4; r++) {                                                          \
-            mf_q_prefetch(&w[r][ib], (ptrdiff_t)sizeof(BLOCK), pf);                            \
+    for (ptrdiff_t ib = 0; ib < nb; ib++) {                                                    \
+        mf_q_prefetch4(w[0], ib * (ptrdiff_t)sizeof(BLOCK), (ptrdiff_t)sizeof(BLOCK), pf);      \
+        for (int r = 0; r < 4; r++)                                                            \
             SB_FN(&w[r][ib], x + ib * QK_K, acc[r]);                                           \
-        }                                                                                      \
+    }                                                                                          \
     for (int r = 0; r < 4; r++)                                                                \
         out[r] = mf_q_hsum_ps(_mm256_add_ps(acc[r][0], acc[r][1]));                            \
 }

@@ -91,10 +91,7 @@ MF_ALWAYS_INLINE void mf_dot4_row32(int dt, const void *const *vw, const void *v
         mf_q_agrp A;
         mf_q_wgrp G;
         const ptrdiff_t o = g * gb;
-        mf_q_prefetch(w0 + o, gb, pf);
-        mf_q_prefetch(w1 + o, gb, pf);
-        mf_q_prefetch(w2 + o, gb, pf);
-        mf_q_prefetch(w3 + o, gb, pf);
+        mf_q_prefetch4(w0, o, gb, pf);
         mf_q_agrp_load(va, n, g, off, &A);
         mf_q_dec(dt, w0 + o, 4, &G);
         acc0 = mf_q_grp_step(kind, &G, &A, 2, acc0);
@@ -267,10 +264,7 @@ static inline void NAME(const void *const *vw, const void *va, ptrdiff_t n, floa
     __m256d acc = _mm256_setzero_pd();                                                         \
     for (ptrdiff_t ib = 0; ib < nb; ib++) {                                                    \
         const block_q8_K *ab = &a[ib];                                                         \
-        mf_q_prefetch(&w0[ib], (ptrdiff_t)sizeof(BLOCK), pf);                                  \
-        mf_q_prefetch(&w1[ib], (ptrdiff_t)sizeof(BLOCK), pf);                                  \
-        mf_q_prefetch(&w2[ib], (ptrdiff_t)sizeof(BLOCK), pf);                                  \
-        mf_q_prefetch(&w3[ib], (ptrdiff_t)sizeof(BLOCK), pf);                                  \
+        mf_q_prefetch4(w0, ib * (ptrdiff_t)sizeof(BLOCK), (ptrdiff_t)sizeof(BLOCK), pf);        \
         const __m128i ps = _mm_hadd_epi16(                                                     \
             _mm_loadu_si128((const __m128i *)(const void *)ab->bsums),                         \
             _mm_loadu_si128((const __m128i *)(const void *)(ab->bsums + 8)));                  \
@@ -345,10 +339,9 @@ static inline void mf_dot4_q6_K_q8_K(const void *const *vw, const void *va, ptrd
         const block_q8_K *ab = &a[ib];
         const __m256i bs = mf_q_loadu256(ab->bsums);
         __m256i s[4];
-        for (int r = 0; r < 4; r++) {
-            mf_q_prefetch(&w[r][ib], (ptrdiff_t)sizeof(block_q6_K), pf);
+        mf_q_prefetch4(w[0], ib * (ptrdiff_t)sizeof(block_q6_K), (ptrdiff_t)sizeof(block_q6_K), pf);
+        for (int r = 0; r < 4; r++)
             s[r] = mf_q_sumi_q6_K(&w[r][ib], ab, bs);
-        }
         const __m128i sumi = mf_q_hsum4_epi32(s[0], s[1], s[2], s[3]);
         const __m256d dd = _mm256_mul_pd(_mm256_cvtps_pd(mf_q_fp16x4(
             w[0][ib].d, w[1][ib].d, w[2][ib].d, w[3][ib].d)), _mm256_set1_pd((double)ab->d));
