@@ -618,7 +618,7 @@ static inline void NAME(const void *const *vw, const float *MF_RESTRICT x, ptrdi
     ptrdiff_t ib = 0;                                                                          \
     for (; ib + 2 <= nb; ib += 2) {                                                            \
         const float *xb = x + ib * 32;                                                         \
-        mf_q_prefetch4(w0, ib * (ptrdiff_t)sizeof(BLOCK), pb, pf);                             \
+        mf_q_prefetch4(w0, nb * (ptrdiff_t)sizeof(BLOCK), ib * (ptrdiff_t)sizeof(BLOCK), pb, pf); \
         a00 = BLOCK_FN(&w0[ib], xb, a00);                                                      \
         a10 = BLOCK_FN(&w1[ib], xb, a10);                                                      \
         a20 = BLOCK_FN(&w2[ib], xb, a20);                                                      \
@@ -658,7 +658,8 @@ static inline void NAME(const void *const *vw, const float *MF_RESTRICT x, ptrdi
     for (int r = 0; r < 4; r++)                                                                \
         acc[r][0] = acc[r][1] = _mm256_setzero_ps();                                           \
     for (ptrdiff_t ib = 0; ib < nb; ib++) {                                                    \
-        mf_q_prefetch4(w[0], ib * (ptrdiff_t)sizeof(BLOCK), (ptrdiff_t)sizeof(BLOCK), pf);      \
+        mf_q_prefetch4(w[0], nb * (ptrdiff_t)sizeof(BLOCK), ib * (ptrdiff_t)sizeof(BLOCK),        \
+                       (ptrdiff_t)sizeof(BLOCK), pf);                                          \
         for (int r = 0; r < 4; r++)                                                            \
             SB_FN(&w[r][ib], x + ib * QK_K, acc[r]);                                           \
     }                                                                                          \

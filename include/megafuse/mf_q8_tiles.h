@@ -91,7 +91,7 @@ MF_ALWAYS_INLINE void mf_dot4_row32(int dt, const void *const *vw, const void *v
         mf_q_agrp A;
         mf_q_wgrp G;
         const ptrdiff_t o = g * gb;
-        mf_q_prefetch4(w0, o, gb, pf);
+        mf_q_prefetch4(w0, nb * mf_q_bsz(dt), o, gb, pf);
         mf_q_agrp_load(va, n, g, off, &A);
         mf_q_dec(dt, w0 + o, 4, &G);
         acc0 = mf_q_grp_step(kind, &G, &A, 2, acc0);
@@ -264,7 +264,8 @@ static inline void NAME(const void *const *vw, const void *va, ptrdiff_t n, floa
     __m256d acc = _mm256_setzero_pd();                                                         \
     for (ptrdiff_t ib = 0; ib < nb; ib++) {                                                    \
         const block_q8_K *ab = &a[ib];                                                         \
-        mf_q_prefetch4(w0, ib * (ptrdiff_t)sizeof(BLOCK), (ptrdiff_t)sizeof(BLOCK), pf);        \
+        mf_q_prefetch4(w0, nb * (ptrdiff_t)sizeof(BLOCK), ib * (ptrdiff_t)sizeof(BLOCK),            \
+                       (ptrdiff_t)sizeof(BLOCK), pf);                                          \
         const __m128i ps = _mm_hadd_epi16(                                                     \
             _mm_loadu_si128((const __m128i *)(const void *)ab->bsums),                         \
             _mm_loadu_si128((const __m128i *)(const void *)(ab->bsums + 8)));                  \
@@ -339,7 +340,8 @@ static inline void mf_dot4_q6_K_q8_K(const void *const *vw, const void *va, ptrd
         const block_q8_K *ab = &a[ib];
         const __m256i bs = mf_q_loadu256(ab->bsums);
         __m256i s[4];
-        mf_q_prefetch4(w[0], ib * (ptrdiff_t)sizeof(block_q6_K), (ptrdiff_t)sizeof(block_q6_K), pf);
+        mf_q_prefetch4(w[0], nb * (ptrdiff_t)sizeof(block_q6_K), ib * (ptrdiff_t)sizeof(block_q6_K),
+                       (ptrdiff_t)sizeof(block_q6_K), pf);
         for (int r = 0; r < 4; r++)
             s[r] = mf_q_sumi_q6_K(&w[r][ib], ab, bs);
         const __m128i sumi = mf_q_hsum4_epi32(s[0], s[1], s[2], s[3]);

@@ -118,13 +118,15 @@ static inline uint32_t mf_le32(const uint8_t *qh)
  * thread follows it.  As each row advances by `bytes` (from offset `done`), the same share of the
  * region `dist` bytes further on is prefetched in address order: one stream, which the memory
  * controller reads page by page, rather than four streams a row apart (measured here, Q4_0 rows
- * of 2048 weights, 2 threads from DRAM: ~72 % -> ~90 % of a plain read's rate).  A prefetch past
- * the end of the array is harmless. */
+ * of 2048 weights, 2 threads from DRAM: ~72 % -> ~90 % of a plain read's rate).  The lead is at
+ * least MF_Q_PF_MIN_BYTES: the region's last row is prefetched late in the call before its own,
+ * so a lead of one group of short rows (1 KiB of Q4_0 a row) would leave it ~100 ns ahead only.
+ * A prefetch past the end of the array is harmless. */
 #ifndef MF_Q_PF_ROWS
 #  define MF_Q_PF_ROWS 4
 #endif
 #ifndef MF_Q_PF_MIN_BYTES
-#  define MF_Q_PF_MIN_BYTES 4096
+#  define MF_Q_PF_MIN_BYTES 16384
 #endif
 /* How far ahead four rows of row_bytes prefetch: MF_Q_PF_ROWS rows, a whole number of 4-row
  * groups at least MF_Q_PF_MIN_BYTES ahead (short rows need more rows of lead). */
@@ -151,9 +153,16 @@ static inline void mf_q_prefetch(const void *p, ptrdiff_t bytes, ptrdiff_t dist)
 
 /* Four rows from row0 (contiguous) have read `done` bytes each and go on by `bytes`: prefetch
  * 4 * bytes of the region dist = mf_q_pf_dist(row bytes) ahead, in address order. */
-static inline void mf_q_prefetch4(const void *row0, ptrdiff_t done, ptrdiff_t bytes, ptrdiff_t dist)
+static inline void mf_q_prefetch4(const void *row0, ptrdiff_t row_bytes, ptrdiff_t done,
+                                  ptrdiff_t bytes, ptrdiff_t dist)
 {
+#if defined(MF_Q_PF_PERROW)
+    for (int r = 0; r < 4; r++)
+        mf_q_prefetch((const char *)row0 + r * row_bytes + done, bytes, dist);
+#else
+    (void)row_bytes;
     mf_q_prefetch((const char *)row0 + 4 * done, 4 * bytes, dist);
+#endif
 }
 
 
