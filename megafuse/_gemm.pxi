@@ -11,12 +11,13 @@
 # and the 6-token x 16-row register block runs over it for every token of the tile.  Fewer tokens
 # (too little work to pay for packing): the 3-token x 4-row dot-product block (mf_dot_3x4_f32)
 # over the rows in place; with one or two tokens, 4 rows at a time stream past each token
-# (mf_dot_1x4_f32, with prefetch; a block-format row is dotted directly, decoded in registers:
-# decode's paths).
+# (mf_dot_1x4_f32 for FP32, rows_dot_f32 for the other formats: decoded in registers; both with
+# prefetch of the rows ahead: decode's paths).
 # Int8 activations (the _q8_0 prefill, the MLP): the token rows were quantized to the activation
 # format of the weight (Q8_0 for 32-weight blocks, Q8_K for K-quants); each (row, token) is one
 # integer dot product from the format layer, computed 4 weight rows x up to 64 tokens at a time
-# by mf_q8_rows_tokens (rows decoded once into L1; bit-identical to one-row dots per pair).
+# by mf_q8_rows_tokens (one token: the 4 rows stream side by side; more: the rows decoded once
+# into L1), bit-identical to the one-row dot of every pair.
 
 cdef extern from "megafuse/mf_gemm.h" nogil:
     enum: MF_PANEL_ROWS                  # 16 weight rows a packed panel
@@ -73,6 +74,7 @@ cdef void rows_dot_tokens_f32(
     cdef float acc[PROJ_TOKEN_TILE * DOT_ROWS]   # [tile, 4] sums over the chunks so far
     cdef float res[GEMM_TOKENS][DOT_ROWS]
     cdef const float *wp[DOT_ROWS]
+    cdef const void *wq[DOT_ROWS]                # the same rows, any format
     cdef const float *xp[GEMM_TOKENS]
     cdef Py_ssize_t t0, nt, tg, j, r, k0, n
     cdef Py_ssize_t nr = min(<Py_ssize_t>DOT_ROWS, b.n - r0)
@@ -90,11 +92,15 @@ cdef void rows_dot_tokens_f32(
         for r in range(nr):
             store_results(b, r0 + r, acc + r, DOT_ROWS, 0, T, ld)
         return
-    if not direct and T < GEMM_TOKENS:           # one or two tokens: decode in registers
+    if not direct and T < GEMM_TOKENS:           # one or two tokens: 4 rows decoded in registers
+        for r in range(DOT_ROWS):
+            wq[r] = <const void *>b.w[r0 + min(r, nr - 1)]
+        for j in range(T):
+            rows_dot_f32(wq, dt, x + j * ldx, K, &res[0][0])
+            for r in range(nr):
+                acc[j * DOT_ROWS + r] = res[0][r]
         for r in range(nr):
-            for j in range(T):
-                acc[j] = weight_row_dot_f32(b.w[r0 + r], dt, x + j * ldx, K)
-            store_results(b, r0 + r, acc, 1, 0, T, ld)
+            store_results(b, r0 + r, acc + r, DOT_ROWS, 0, T, ld)
         return
     t0 = 0
     while t0 < T:
@@ -219,13 +225,15 @@ cdef void block_dot_tokens_q8(
         Py_ssize_t xq_row_bytes, Py_ssize_t T, Py_ssize_t ld) noexcept nogil:
     """b.out[r][t * ld] = int8 dot(w_r, xq[t]) + b.bias[r] (+ b.add[r][t * ld]).
 
-    4 rows x MF_Q8_TILE_TOKENS tokens at a time, the rows decoded once for all of them
+    4 rows x up to MF_Q8_TILE_TOKENS tokens at a time (fewer for long rows: the tokens' rows stay
+    in L2 while the block's rows go past them), the rows decoded once for all of them
     (rows_tokens_dot_q8: the bits of one weight_row_dot_q8 per pair)."""
     cdef float res[MF_Q8_TILE_TOKENS * DOT_ROWS]     # [tokens, 4] dot products
     cdef Py_ssize_t r0, r, nr, t0, nt
+    cdef Py_ssize_t tile = mf_q8_tile_tokens(<size_t>xq_row_bytes)
     t0 = 0
     while t0 < T:
-        nt = min(<Py_ssize_t>MF_Q8_TILE_TOKENS, T - t0)
+        nt = min(tile, T - t0)
         r0 = 0
         while r0 < b.n:
             nr = min(<Py_ssize_t>DOT_ROWS, b.n - r0)

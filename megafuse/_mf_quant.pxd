@@ -17,3 +17,8 @@ cdef extern from "megafuse/mf_quant.h" nogil:
     void mf_q8_rows_tokens(int dt, const void **w, int nr, const void *a, Py_ssize_t a_stride,
                            int nt, Py_ssize_t n, float *out)
     enum: MF_Q8_TILE_TOKENS             # tokens worth a call of mf_q8_rows_tokens
+    int mf_q8_tile_tokens(size_t row_bytes)     # tokens a call, for activation rows that long
+    # out[r] = the float dot of weight row w[r] (r < 4) with x, bit for bit weight_row_dot_f32's;
+    # NULL for FP32 (mf_dot_1x4_f32) and non-formats
+    ctypedef void (*mf_dot4_f32_fn)(const void **w, const float *x, Py_ssize_t n, float *out)
+    mf_dot4_f32_fn mf_dot4_f32_for(int dt)

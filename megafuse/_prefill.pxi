@@ -188,7 +188,7 @@ cdef void fused_prefill(
     # ---- phase 3: out-projection + bias + residual -----------------------------------------------
     if int8_path and uses_q8_activations(wo_dt):
         fmt = activation_format(wo_dt)
-        attn_q8_row = ck_dtype_row_bytes(fmt, HDa)
+        attn_q8_row = activation_row_bytes(fmt, HDa)
         for t in prange(T, num_threads=num_threads, schedule='static', nogil=True):
             quantize_activation_row(attn + t * HDa, attn_q8 + t * attn_q8_row, HDa, fmt)
     t0 = 0

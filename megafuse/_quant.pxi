@@ -36,10 +36,20 @@ cdef inline float weight_row_dot_f32(const void *w_row, int dt, const float *x,
 cdef inline float weight_row_dot_q8(const void *w_row, int dt, const void *a_row_q8,
                                     Py_ssize_t n) noexcept nogil:
     """The int8 path: one weight row (format dt) against an activation row that
-    quantize_activation_row made for dt (Q8_0 blocks for the 32-weight formats, Q8_K for the
-    K-quants, plain float32 for FP32/FP16/BF16).  Integer sums per (sub-)block, GGML's scheme;
-    the same bits at every SIMD level."""
+    quantize_activation_row made for dt (a Q8_0 activation row for the 32-weight formats, Q8_K
+    blocks for the K-quants, plain float32 for FP32/FP16/BF16).  Integer sums per (sub-)block,
+    GGML's scheme: one fixed sequence of operations per (row, activation row) at each SIMD level,
+    which rows_tokens_dot_q8 reproduces bit for bit."""
     return mf_weight_row_dot_q8(w_row, dt, a_row_q8, n)
+
+
+cdef inline void rows_dot_f32(const void **w_rows, int dt, const float *x, Py_ssize_t n,
+                              float *out) noexcept nogil:
+    """out[r] = weight_row_dot_f32(w_rows[r], dt, x, n) for r < 4 -- the same bits, the four rows
+    streaming side by side past x (with prefetch of the rows ahead).  dt: any weight format but
+    FP32 (its 4-row dot is mf_dot_1x4_f32)."""
+    cdef mf_dot4_f32_fn f = mf_dot4_f32_for(dt)
+    f(w_rows, x, n, out)
 
 
 cdef inline void quantize_activation_row(const float *x, void *dst, Py_ssize_t n,
@@ -129,11 +139,16 @@ cdef void rows_dot_kernel(const void *w, int dt, const float *x, Py_ssize_t rows
                           int num_threads) noexcept nogil:
     """out[r] = w[r] . x for r < R: weight rows w [R, RB] (format dt) against x [C], by the float
     path (quantized = 0: one dot per row) or the int8 path (x quantized once into act_scratch
-    [AB]; rows in groups of 4, as the projections take them).  Rows spread over threads."""
+    [AB]; rows in groups of 4, as the projections take them).  Rows spread over threads.  One row
+    (R = 1) on the int8 path: the one-row dot itself (weight_row_dot_q8), which the multi-row
+    kernels must reproduce."""
     cdef Py_ssize_t RB = <Py_ssize_t>ck_dtype_row_bytes(dt, <size_t>cols)
     cdef Py_ssize_t r, g, n_groups = (rows + 3) // 4
     cdef int nt
-    if quantized:                     # as the projections do it: 4 rows a call
+    if quantized and rows == 1:
+        quantize_activation_row(x, act_scratch, cols, dt)
+        out[0] = weight_row_dot_q8(w, dt, act_scratch, cols)
+    elif quantized:                   # as the projections do it: 4 rows a call
         nt = team_size(n_groups, num_threads)
         quantize_activation_row(x, act_scratch, cols, dt)
         for g in prange(n_groups, num_threads=nt, schedule='static', nogil=True):

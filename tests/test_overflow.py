@@ -101,9 +101,17 @@ def _round64(n):
     return (n + 63) // 64 * 64
 
 
+def _q8_0_act_row(n):
+    """Bytes of a Q8_0 activation row of n values (n % 32 == 0) in the dots' layout
+    (include/megafuse/mf_act_layout.h): groups of 4 blocks, 128 code bytes and 8 floats a
+    group, rounded up to 64 bytes."""
+    groups = (n // 32 + 3) // 4
+    return _round64(groups * (128 + 8 * 4))
+
+
 def _q8_row(n):
-    """The larger of a Q8_0 row (n % 32 == 0) and a Q8_K row (n % 256 == 0) of n values."""
-    q8_0 = n // 32 * block_bytes(DT.Q8_0) if n % 32 == 0 else 0
+    """The larger of a Q8_0 activation row (n % 32 == 0) and a Q8_K row (n % 256 == 0)."""
+    q8_0 = _q8_0_act_row(n) if n % 32 == 0 else 0
     q8_k = n // 256 * block_bytes(DT.Q8_K) if n % 256 == 0 else 0
     return max(q8_0, q8_k)
 
@@ -114,7 +122,7 @@ def prefill_scratch_bytes(T, Ea, H, Da, int8):
     b = _round64(T * hda * 4)
     if not int8:
         return b + T * widest * 4
-    q8_0 = Ea // 32 * block_bytes(DT.Q8_0) if Ea % 32 == 0 else 0
+    q8_0 = _q8_0_act_row(Ea) if Ea % 32 == 0 else 0
     q8_k = Ea // 256 * block_bytes(DT.Q8_K) if Ea % 256 == 0 else 0
     c_q8_k = _round64(_round64(b + T * widest * 4) + T * q8_0)
     return c_q8_k + T * q8_k

@@ -273,3 +273,17 @@ def test_one_token_over_a_long_context(simd_level, fmt):
     else:
         got, want, pure = run(args, int8=True)
         check(got, want, TOL["q8_emulated"], pure)
+
+
+@pytest.mark.parametrize("T", [1, 9])
+def test_int8_out_projection_of_one_32_wide_head(simd_level, T):
+    """H * Da = 32: the quantized attention rows (a Q8_0 activation row of 32 values: 192 bytes)
+    are wider than the float rows they replace in region A of scratch; the scratch layout makes
+    room, and nothing past scratch_size is written."""
+    args = prefill_case(("one-head-32", 64, 64, 1, 1, 32, 32), T,
+                        formats={"wq": "Q8_0", "wk": "Q4_1", "wv": "Q5_0", "wo": "Q8_0"}, int8=True)
+    need = args["scratch"].nbytes
+    args["scratch"] = np.full(need + 256, 0x5A, np.uint8)
+    got, want, pure = run(args, int8=True)
+    assert np.all(got["scratch"][need:] == 0x5A), "the kernel wrote past scratch_size bytes"
+    check(got, want, TOL["q8_emulated"], pure)

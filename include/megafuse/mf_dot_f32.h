@@ -16,6 +16,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "ckernel_dtype.h"
 #include "ggml_blocks.h"
 #include "mf_simd.h"
 #include "mf_quant_common.h"
@@ -196,21 +197,44 @@ static inline void mf_q_lanes_x32(const float *x, float s[8])
 #endif
 
 #if defined(MF_Q_AVX2)
+/* The dword codes route: 8 bytes zero-extended to 8 dwords (one load-and-extend), nibbles split
+ * by a mask and a 32-bit shift, each code c made a float by OR-ing the exponent of 2^23 and
+ * subtracting 2^23 + off (exact: c - off), or by vcvtdq2ps where there is no offset. */
+static inline __m256i mf_q_u8x8_epi32(const uint8_t *p)
+{
+    return _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)p));
+}
+
+static inline __m256 mf_q_code_off_ps(__m256i c, __m256 bias /* 2^23 + off */)
+{
+    return _mm256_sub_ps(_mm256_castsi256_ps(_mm256_or_si256(c, _mm256_set1_epi32(0x4B000000))),
+                         bias);
+}
+
+/* sum_j (c_j - off) x[j] over the 32 codes of 16 nibble bytes at q (weight j: the low nibble of
+ * byte j for j < 16, the high nibble of byte j - 16), as 8 lanes: one product chain. */
+static inline __m256 mf_q_nib32_dot(const uint8_t *q, float off, const float *x)
+{
+    const __m256i m4 = _mm256_set1_epi32(0x0F);
+    const __m256 bias = _mm256_set1_ps(8388608.0f + off);                /* exact */
+    const __m256i v0 = mf_q_u8x8_epi32(q), v1 = mf_q_u8x8_epi32(q + 8);
+    __m256 s = _mm256_mul_ps(mf_q_code_off_ps(_mm256_and_si256(v0, m4), bias), _mm256_loadu_ps(x));
+    s = _mm256_fmadd_ps(mf_q_code_off_ps(_mm256_and_si256(v1, m4), bias), _mm256_loadu_ps(x + 8), s);
+    s = _mm256_fmadd_ps(mf_q_code_off_ps(_mm256_srli_epi32(v0, 4), bias), _mm256_loadu_ps(x + 16), s);
+    return _mm256_fmadd_ps(mf_q_code_off_ps(_mm256_srli_epi32(v1, 4), bias), _mm256_loadu_ps(x + 24), s);
+}
+#endif
+
+#if defined(MF_Q_AVX2)
 /* One 32-weight block against x[0..31]: acc + d * (q . x) (+ m * sum x). */
 static inline __m256 mf_q_fblk_q4_0(const block_q4_0 *b, const float *x, __m256 acc)
 {
-    const __m256i m4 = _mm256_set1_epi8(0x0F), v = mf_q_bcast16(b->qs);
-    __m256 s = mf_q_u8x32_dot(_mm256_and_si256(v, m4), _mm256_and_si256(_mm256_srli_epi16(v, 4), m4),
-                              _mm256_set1_ps(8.0f), x);
-    return _mm256_fmadd_ps(_mm256_set1_ps(mf_q_fp16(b->d)), s, acc);
+    return _mm256_fmadd_ps(_mm256_set1_ps(mf_q_fp16(b->d)), mf_q_nib32_dot(b->qs, 8.0f, x), acc);
 }
 
 static inline __m256 mf_q_fblk_q4_1(const block_q4_1 *b, const float *x, __m256 acc)
 {
-    const __m256i m4 = _mm256_set1_epi8(0x0F), v = mf_q_bcast16(b->qs);
-    __m256 s = mf_q_u8x32_dot(_mm256_and_si256(v, m4), _mm256_and_si256(_mm256_srli_epi16(v, 4), m4),
-                              _mm256_setzero_ps(), x);
-    __m256 a = _mm256_fmadd_ps(_mm256_set1_ps(mf_q_fp16(b->d)), s, acc);
+    __m256 a = _mm256_fmadd_ps(_mm256_set1_ps(mf_q_fp16(b->d)), mf_q_nib32_dot(b->qs, 0.0f, x), acc);
     return _mm256_fmadd_ps(_mm256_set1_ps(mf_q_fp16(b->m)), mf_q_sum32(x), a);
 }
 
@@ -237,11 +261,13 @@ static inline __m256 mf_q_fblk_q5_1(const block_q5_1 *b, const float *x, __m256 
 
 static inline __m256 mf_q_fblk_q8_0(const block_q8_0 *b, const float *x, __m256 acc)
 {
-    const __m256i flip = _mm256_set1_epi8((char)0x80);     /* int8 q -> unsigned q + 128 */
-    __m256i lo = _mm256_xor_si256(mf_q_bcast16((const uint8_t *)b->qs), flip);
-    __m256i hi = _mm256_xor_si256(mf_q_bcast16((const uint8_t *)b->qs + 16), flip);
-    return _mm256_fmadd_ps(_mm256_set1_ps(mf_q_fp16(b->d)),
-                           mf_q_u8x32_dot(lo, hi, _mm256_set1_ps(128.0f), x), acc);
+    const int8_t *q = b->qs;
+    __m256 s = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
+        _mm_loadl_epi64((const __m128i *)(const void *)q))), _mm256_loadu_ps(x));
+    for (int k = 1; k < 4; k++)
+        s = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
+            _mm_loadl_epi64((const __m128i *)(const void *)(q + 8 * k)))), _mm256_loadu_ps(x + 8 * k), s);
+    return _mm256_fmadd_ps(_mm256_set1_ps(mf_q_fp16(b->d)), s, acc);
 }
 
 /* Blocks alternate between two accumulators (register-resident, independent chains). */
@@ -381,31 +407,104 @@ static inline float mf_dot_q8_0_f32(const void *MF_RESTRICT vw, const float *MF_
 #endif
 }
 
+#if defined(MF_Q_AVX2)
+/* Super-block b of a Q4_K row against xb[0..255]: acc[0] (even sub-blocks), acc[1] (odd) += the
+ * sub-blocks' d * sc * (q . x) - dmin * m * sum x.  The one-row and the 4-row dots share it. */
+static inline void mf_q_fsb_q4_K(const block_q4_K *b, const float *xb, __m256 acc[2])
+{
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    const __m256 zero = _mm256_setzero_ps();
+    float dsc[8], dm[8];
+    mf_kquant_scales(b->scales, b->d, b->dmin, dsc, dm);
+    for (int c = 0; c < 4; c++) {
+        const __m256i v0 = mf_q_bcast16(b->qs + 32 * c), v1 = mf_q_bcast16(b->qs + 32 * c + 16);
+        const float *x1 = xb + 64 * c, *x2 = x1 + 32;
+        __m256 s1 = mf_q_u8x32_dot(_mm256_and_si256(v0, m4), _mm256_and_si256(v1, m4), zero, x1);
+        __m256 s2 = mf_q_u8x32_dot(_mm256_and_si256(_mm256_srli_epi16(v0, 4), m4),
+                                   _mm256_and_si256(_mm256_srli_epi16(v1, 4), m4), zero, x2);
+        __m256 a = _mm256_fmadd_ps(_mm256_set1_ps(dsc[2 * c]), s1, acc[0]);
+        acc[0] = _mm256_fnmadd_ps(_mm256_set1_ps(dm[2 * c]), mf_q_sum32(x1), a);
+        __m256 t = _mm256_fmadd_ps(_mm256_set1_ps(dsc[2 * c + 1]), s2, acc[1]);
+        acc[1] = _mm256_fnmadd_ps(_mm256_set1_ps(dm[2 * c + 1]), mf_q_sum32(x2), t);
+    }
+}
+
+/* The same for Q5_K. */
+static inline void mf_q_fsb_q5_K(const block_q5_K *b, const float *xb, __m256 acc[2])
+{
+    const __m256i m4 = _mm256_set1_epi8(0x0F), x10 = _mm256_set1_epi8(0x10);
+    const __m256 zero = _mm256_setzero_ps();
+    float dsc[8], dm[8];
+    mf_kquant_scales(b->scales, b->d, b->dmin, dsc, dm);
+    const __m256i h0 = mf_q_bcast16(b->qh), h1 = mf_q_bcast16(b->qh + 16);
+    for (int c = 0; c < 4; c++) {
+        const __m256i b1 = _mm256_set1_epi8((char)(1 << (2 * c)));
+        const __m256i b2 = _mm256_set1_epi8((char)(1 << (2 * c + 1)));
+        const __m256i v0 = mf_q_bcast16(b->qs + 32 * c), v1 = mf_q_bcast16(b->qs + 32 * c + 16);
+        __m256i lo1 = _mm256_or_si256(_mm256_and_si256(v0, m4), _mm256_and_si256(
+            _mm256_cmpeq_epi8(_mm256_and_si256(h0, b1), b1), x10));
+        __m256i hi1 = _mm256_or_si256(_mm256_and_si256(v1, m4), _mm256_and_si256(
+            _mm256_cmpeq_epi8(_mm256_and_si256(h1, b1), b1), x10));
+        __m256i lo2 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v0, 4), m4), _mm256_and_si256(
+            _mm256_cmpeq_epi8(_mm256_and_si256(h0, b2), b2), x10));
+        __m256i hi2 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v1, 4), m4), _mm256_and_si256(
+            _mm256_cmpeq_epi8(_mm256_and_si256(h1, b2), b2), x10));
+        const float *x1 = xb + 64 * c, *x2 = x1 + 32;
+        __m256 a = _mm256_fmadd_ps(_mm256_set1_ps(dsc[2 * c]), mf_q_u8x32_dot(lo1, hi1, zero, x1), acc[0]);
+        acc[0] = _mm256_fnmadd_ps(_mm256_set1_ps(dm[2 * c]), mf_q_sum32(x1), a);
+        __m256 t = _mm256_fmadd_ps(_mm256_set1_ps(dsc[2 * c + 1]), mf_q_u8x32_dot(lo2, hi2, zero, x2), acc[1]);
+        acc[1] = _mm256_fnmadd_ps(_mm256_set1_ps(dm[2 * c + 1]), mf_q_sum32(x2), t);
+    }
+}
+
+/* The same for Q6_K: acc[0] / acc[1] take the even / odd sub-blocks of 16. */
+static inline void mf_q_fsb_q6_K(const block_q6_K *b, const float *xb, __m256 acc[2])
+{
+    const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(0x03);
+    const __m256 off = _mm256_set1_ps(32.0f);
+    const float d = mf_q_fp16(b->d);
+    for (int h = 0; h < 2; h++) {
+        const uint8_t *ql = b->ql + 64 * h, *qhp = b->qh + 32 * h;
+        /* codes of weights l and l + 16 (l < 16) of each quarter k, in the broadcast layout */
+        const __m256i a0 = mf_q_bcast16(ql), a1 = mf_q_bcast16(ql + 16);
+        const __m256i b0 = mf_q_bcast16(ql + 32), b1 = mf_q_bcast16(ql + 48);
+        const __m256i h0 = mf_q_bcast16(qhp), h1 = mf_q_bcast16(qhp + 16);
+        __m256i lo[4], hi[4];
+        lo[0] = _mm256_or_si256(_mm256_and_si256(a0, m4), _mm256_slli_epi16(_mm256_and_si256(h0, m2), 4));
+        hi[0] = _mm256_or_si256(_mm256_and_si256(a1, m4), _mm256_slli_epi16(_mm256_and_si256(h1, m2), 4));
+        lo[1] = _mm256_or_si256(_mm256_and_si256(b0, m4),
+                                _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h0, 2), m2), 4));
+        hi[1] = _mm256_or_si256(_mm256_and_si256(b1, m4),
+                                _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h1, 2), m2), 4));
+        lo[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(a0, 4), m4),
+                                _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h0, 4), m2), 4));
+        hi[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(a1, 4), m4),
+                                _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h1, 4), m2), 4));
+        lo[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(b0, 4), m4),
+                                _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h0, 6), m2), 4));
+        hi[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(b1, 4), m4),
+                                _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h1, 6), m2), 4));
+        for (int k = 0; k < 4; k++) {
+            const int j = 8 * h + 2 * k;         /* sub-blocks j (codes 0..15), j+1 (16..31) */
+            __m256 sa, sb;
+            mf_q_u8x32_dot2(lo[k], hi[k], off, xb + 128 * h + 32 * k, &sa, &sb);
+            acc[0] = _mm256_fmadd_ps(_mm256_set1_ps(d * (float)b->scales[j]), sa, acc[0]);
+            acc[1] = _mm256_fmadd_ps(_mm256_set1_ps(d * (float)b->scales[j + 1]), sb, acc[1]);
+        }
+    }
+}
+
+#endif /* MF_Q_AVX2 */
+
 static inline float mf_dot_q4_K_f32(const void *MF_RESTRICT vw, const float *MF_RESTRICT x,
                                     ptrdiff_t n)
 {
     const block_q4_K *w = (const block_q4_K *)vw;   /* [n / 256] */
     const ptrdiff_t nb = n / QK_K;
 #if defined(MF_Q_AVX2)
-    const __m256i m4 = _mm256_set1_epi8(0x0F);
-    const __m256 zero = _mm256_setzero_ps();
     __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
-    for (ptrdiff_t ib = 0; ib < nb; ib++) {
-        float dsc[8], dm[8];
-        mf_kquant_scales(w[ib].scales, w[ib].d, w[ib].dmin, dsc, dm);
-        const float *xb = x + ib * QK_K;
-        for (int c = 0; c < 4; c++) {
-            const __m256i v0 = mf_q_bcast16(w[ib].qs + 32 * c), v1 = mf_q_bcast16(w[ib].qs + 32 * c + 16);
-            const float *x1 = xb + 64 * c, *x2 = x1 + 32;
-            __m256 s1 = mf_q_u8x32_dot(_mm256_and_si256(v0, m4), _mm256_and_si256(v1, m4), zero, x1);
-            __m256 s2 = mf_q_u8x32_dot(_mm256_and_si256(_mm256_srli_epi16(v0, 4), m4),
-                                       _mm256_and_si256(_mm256_srli_epi16(v1, 4), m4), zero, x2);
-            __m256 a = _mm256_fmadd_ps(_mm256_set1_ps(dsc[2 * c]), s1, acc[0]);
-            acc[0] = _mm256_fnmadd_ps(_mm256_set1_ps(dm[2 * c]), mf_q_sum32(x1), a);
-            __m256 b = _mm256_fmadd_ps(_mm256_set1_ps(dsc[2 * c + 1]), s2, acc[1]);
-            acc[1] = _mm256_fnmadd_ps(_mm256_set1_ps(dm[2 * c + 1]), mf_q_sum32(x2), b);
-        }
-    }
+    for (ptrdiff_t ib = 0; ib < nb; ib++)
+        mf_q_fsb_q4_K(&w[ib], x + ib * QK_K, acc);
     return mf_q_hsum_ps(_mm256_add_ps(acc[0], acc[1]));
 #else
     float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
@@ -436,33 +535,9 @@ static inline float mf_dot_q5_K_f32(const void *MF_RESTRICT vw, const float *MF_
     const block_q5_K *w = (const block_q5_K *)vw;   /* [n / 256] */
     const ptrdiff_t nb = n / QK_K;
 #if defined(MF_Q_AVX2)
-    const __m256i m4 = _mm256_set1_epi8(0x0F), x10 = _mm256_set1_epi8(0x10);
-    const __m256 zero = _mm256_setzero_ps();
     __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
-    for (ptrdiff_t ib = 0; ib < nb; ib++) {
-        float dsc[8], dm[8];
-        mf_kquant_scales(w[ib].scales, w[ib].d, w[ib].dmin, dsc, dm);
-        const float *xb = x + ib * QK_K;
-        const __m256i h0 = mf_q_bcast16(w[ib].qh), h1 = mf_q_bcast16(w[ib].qh + 16);
-        for (int c = 0; c < 4; c++) {
-            const __m256i b1 = _mm256_set1_epi8((char)(1 << (2 * c)));
-            const __m256i b2 = _mm256_set1_epi8((char)(1 << (2 * c + 1)));
-            const __m256i v0 = mf_q_bcast16(w[ib].qs + 32 * c), v1 = mf_q_bcast16(w[ib].qs + 32 * c + 16);
-            __m256i lo1 = _mm256_or_si256(_mm256_and_si256(v0, m4), _mm256_and_si256(
-                _mm256_cmpeq_epi8(_mm256_and_si256(h0, b1), b1), x10));
-            __m256i hi1 = _mm256_or_si256(_mm256_and_si256(v1, m4), _mm256_and_si256(
-                _mm256_cmpeq_epi8(_mm256_and_si256(h1, b1), b1), x10));
-            __m256i lo2 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v0, 4), m4), _mm256_and_si256(
-                _mm256_cmpeq_epi8(_mm256_and_si256(h0, b2), b2), x10));
-            __m256i hi2 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v1, 4), m4), _mm256_and_si256(
-                _mm256_cmpeq_epi8(_mm256_and_si256(h1, b2), b2), x10));
-            const float *x1 = xb + 64 * c, *x2 = x1 + 32;
-            __m256 a = _mm256_fmadd_ps(_mm256_set1_ps(dsc[2 * c]), mf_q_u8x32_dot(lo1, hi1, zero, x1), acc[0]);
-            acc[0] = _mm256_fnmadd_ps(_mm256_set1_ps(dm[2 * c]), mf_q_sum32(x1), a);
-            __m256 b = _mm256_fmadd_ps(_mm256_set1_ps(dsc[2 * c + 1]), mf_q_u8x32_dot(lo2, hi2, zero, x2), acc[1]);
-            acc[1] = _mm256_fnmadd_ps(_mm256_set1_ps(dm[2 * c + 1]), mf_q_sum32(x2), b);
-        }
-    }
+    for (ptrdiff_t ib = 0; ib < nb; ib++)
+        mf_q_fsb_q5_K(&w[ib], x + ib * QK_K, acc);
     return mf_q_hsum_ps(_mm256_add_ps(acc[0], acc[1]));
 #else
     float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
@@ -493,41 +568,9 @@ static inline float mf_dot_q6_K_f32(const void *MF_RESTRICT vw, const float *MF_
     const block_q6_K *w = (const block_q6_K *)vw;   /* [n / 256] */
     const ptrdiff_t nb = n / QK_K;
 #if defined(MF_Q_AVX2)
-    const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(0x03);
-    const __m256 off = _mm256_set1_ps(32.0f);
     __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
-    for (ptrdiff_t ib = 0; ib < nb; ib++) {
-        const float d = mf_q_fp16(w[ib].d);
-        for (int h = 0; h < 2; h++) {
-            const uint8_t *ql = w[ib].ql + 64 * h, *qhp = w[ib].qh + 32 * h;
-            /* codes of weights l and l + 16 (l < 16) of each quarter k, in the broadcast layout */
-            const __m256i a0 = mf_q_bcast16(ql), a1 = mf_q_bcast16(ql + 16);
-            const __m256i b0 = mf_q_bcast16(ql + 32), b1 = mf_q_bcast16(ql + 48);
-            const __m256i h0 = mf_q_bcast16(qhp), h1 = mf_q_bcast16(qhp + 16);
-            __m256i lo[4], hi[4];
-            lo[0] = _mm256_or_si256(_mm256_and_si256(a0, m4), _mm256_slli_epi16(_mm256_and_si256(h0, m2), 4));
-            hi[0] = _mm256_or_si256(_mm256_and_si256(a1, m4), _mm256_slli_epi16(_mm256_and_si256(h1, m2), 4));
-            lo[1] = _mm256_or_si256(_mm256_and_si256(b0, m4),
-                                    _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h0, 2), m2), 4));
-            hi[1] = _mm256_or_si256(_mm256_and_si256(b1, m4),
-                                    _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h1, 2), m2), 4));
-            lo[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(a0, 4), m4),
-                                    _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h0, 4), m2), 4));
-            hi[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(a1, 4), m4),
-                                    _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h1, 4), m2), 4));
-            lo[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(b0, 4), m4),
-                                    _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h0, 6), m2), 4));
-            hi[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(b1, 4), m4),
-                                    _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h1, 6), m2), 4));
-            for (int k = 0; k < 4; k++) {
-                const int j = 8 * h + 2 * k;         /* sub-blocks j (codes 0..15), j+1 (16..31) */
-                __m256 sa, sb;
-                mf_q_u8x32_dot2(lo[k], hi[k], off, x + ib * QK_K + 128 * h + 32 * k, &sa, &sb);
-                acc[0] = _mm256_fmadd_ps(_mm256_set1_ps(d * (float)w[ib].scales[j]), sa, acc[0]);
-                acc[1] = _mm256_fmadd_ps(_mm256_set1_ps(d * (float)w[ib].scales[j + 1]), sb, acc[1]);
-            }
-        }
-    }
+    for (ptrdiff_t ib = 0; ib < nb; ib++)
+        mf_q_fsb_q6_K(&w[ib], x + ib * QK_K, acc);
     return mf_q_hsum_ps(_mm256_add_ps(acc[0], acc[1]));
 #else
     float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
@@ -548,6 +591,137 @@ static inline float mf_dot_q6_K_f32(const void *MF_RESTRICT vw, const float *MF_
     }
     return mf_sum8(acc);
 #endif
+}
+
+/* ============================================================================================ */
+/* Four weight rows against one float32 activation row (decode's float path): each row's result */
+/* is exactly its one-row dot above -- the same blocks into the same accumulators in the same    */
+/* order -- while x is loaded once for the four rows and the rows ahead are prefetched.          */
+/* ============================================================================================ */
+
+typedef void (*mf_dot4_f32_fn)(const void *const *w, const float *x, ptrdiff_t n, float *out);
+
+#if defined(MF_Q_AVX2)
+/* 32-weight formats: block ib of each row into accumulator (ib % 2) of that row, as
+ * MF_Q_FDOT_LOOP. */
+#define MF_DOT4_F32_32(NAME, BLOCK, BLOCK_FN)                                                  \
+static inline void NAME(const void *const *vw, const float *MF_RESTRICT x, ptrdiff_t n,       \
+                        float *out)                                                            \
+{                                                                                              \
+    const BLOCK *w0 = (const BLOCK *)vw[0], *w1 = (const BLOCK *)vw[1];   /* [n / 32] each */  \
+    const BLOCK *w2 = (const BLOCK *)vw[2], *w3 = (const BLOCK *)vw[3];                        \
+    const ptrdiff_t nb = n / 32;                                                               \
+    const ptrdiff_t pf = mf_q_pf_dist(nb * (ptrdiff_t)sizeof(BLOCK));                          \
+    const ptrdiff_t pb = 2 * (ptrdiff_t)sizeof(BLOCK);                                         \
+    __m256 a00 = _mm256_setzero_ps(), a01 = a00, a10 = a00, a11 = a00;                         \
+    __m256 a20 = a00, a21 = a00, a30 = a00, a31 = a00;                                         \
+    ptrdiff_t ib = 0;                                                                          \
+    for (; ib + 2 <= nb; ib += 2) {                                                            \
+        const float *xb = x + ib * 32;                                                         \
+        mf_q_prefetch4(w0, nb * (ptrdiff_t)sizeof(BLOCK), ib * (ptrdiff_t)sizeof(BLOCK), pb, pf); \
+        a00 = BLOCK_FN(&w0[ib], xb, a00);                                                      \
+        a10 = BLOCK_FN(&w1[ib], xb, a10);                                                      \
+        a20 = BLOCK_FN(&w2[ib], xb, a20);                                                      \
+        a30 = BLOCK_FN(&w3[ib], xb, a30);                                                      \
+        a01 = BLOCK_FN(&w0[ib + 1], xb + 32, a01);                                             \
+        a11 = BLOCK_FN(&w1[ib + 1], xb + 32, a11);                                             \
+        a21 = BLOCK_FN(&w2[ib + 1], xb + 32, a21);                                             \
+        a31 = BLOCK_FN(&w3[ib + 1], xb + 32, a31);                                             \
+    }                                                                                          \
+    if (ib < nb) {                                                                             \
+        a00 = BLOCK_FN(&w0[ib], x + ib * 32, a00);                                             \
+        a10 = BLOCK_FN(&w1[ib], x + ib * 32, a10);                                             \
+        a20 = BLOCK_FN(&w2[ib], x + ib * 32, a20);                                             \
+        a30 = BLOCK_FN(&w3[ib], x + ib * 32, a30);                                             \
+    }                                                                                          \
+    out[0] = mf_q_hsum_ps(_mm256_add_ps(a00, a01));                                            \
+    out[1] = mf_q_hsum_ps(_mm256_add_ps(a10, a11));                                            \
+    out[2] = mf_q_hsum_ps(_mm256_add_ps(a20, a21));                                            \
+    out[3] = mf_q_hsum_ps(_mm256_add_ps(a30, a31));                                            \
+}
+MF_DOT4_F32_32(mf_dot4_q4_0_f32, block_q4_0, mf_q_fblk_q4_0)
+MF_DOT4_F32_32(mf_dot4_q4_1_f32, block_q4_1, mf_q_fblk_q4_1)
+MF_DOT4_F32_32(mf_dot4_q5_0_f32, block_q5_0, mf_q_fblk_q5_0)
+MF_DOT4_F32_32(mf_dot4_q5_1_f32, block_q5_1, mf_q_fblk_q5_1)
+MF_DOT4_F32_32(mf_dot4_q8_0_f32, block_q8_0, mf_q_fblk_q8_0)
+
+/* K-quants: super-block by super-block, each row's two accumulators as in its one-row dot. */
+#define MF_DOT4_F32_K(NAME, BLOCK, SB_FN)                                                      \
+static inline void NAME(const void *const *vw, const float *MF_RESTRICT x, ptrdiff_t n,       \
+                        float *out)                                                            \
+{                                                                                              \
+    const BLOCK *w[4] = {(const BLOCK *)vw[0], (const BLOCK *)vw[1], (const BLOCK *)vw[2],     \
+                         (const BLOCK *)vw[3]};                         /* [n / 256] each */   \
+    const ptrdiff_t nb = n / QK_K;                                                             \
+    const ptrdiff_t pf = mf_q_pf_dist(nb * (ptrdiff_t)sizeof(BLOCK));                          \
+    __m256 acc[4][2];                                                                          \
+    for (int r = 0; r < 4; r++)                                                                \
+        acc[r][0] = acc[r][1] = _mm256_setzero_ps();                                           \
+    for (ptrdiff_t ib = 0; ib < nb; ib++) {                                                    \
+        mf_q_prefetch4(w[0], nb * (ptrdiff_t)sizeof(BLOCK), ib * (ptrdiff_t)sizeof(BLOCK),        \
+                       (ptrdiff_t)sizeof(BLOCK), pf);                                          \
+        for (int r = 0; r < 4; r++)                                                            \
+            SB_FN(&w[r][ib], x + ib * QK_K, acc[r]);                                           \
+    }                                                                                          \
+    for (int r = 0; r < 4; r++)                                                                \
+        out[r] = mf_q_hsum_ps(_mm256_add_ps(acc[r][0], acc[r][1]));                            \
+}
+MF_DOT4_F32_K(mf_dot4_q4_K_f32, block_q4_K, mf_q_fsb_q4_K)
+MF_DOT4_F32_K(mf_dot4_q5_K_f32, block_q5_K, mf_q_fsb_q5_K)
+MF_DOT4_F32_K(mf_dot4_q6_K_f32, block_q6_K, mf_q_fsb_q6_K)
+
+#else /* generic: four one-row dots */
+
+#define MF_DOT4_F32_GENERIC(NAME, ONE)                                                         \
+static inline void NAME(const void *const *vw, const float *MF_RESTRICT x, ptrdiff_t n,       \
+                        float *out)                                                            \
+{                                                                                              \
+    for (int r = 0; r < 4; r++)                                                                \
+        out[r] = ONE(vw[r], x, n);                                                             \
+}
+MF_DOT4_F32_GENERIC(mf_dot4_q4_0_f32, mf_dot_q4_0_f32)
+MF_DOT4_F32_GENERIC(mf_dot4_q4_1_f32, mf_dot_q4_1_f32)
+MF_DOT4_F32_GENERIC(mf_dot4_q5_0_f32, mf_dot_q5_0_f32)
+MF_DOT4_F32_GENERIC(mf_dot4_q5_1_f32, mf_dot_q5_1_f32)
+MF_DOT4_F32_GENERIC(mf_dot4_q8_0_f32, mf_dot_q8_0_f32)
+MF_DOT4_F32_GENERIC(mf_dot4_q4_K_f32, mf_dot_q4_K_f32)
+MF_DOT4_F32_GENERIC(mf_dot4_q5_K_f32, mf_dot_q5_K_f32)
+MF_DOT4_F32_GENERIC(mf_dot4_q6_K_f32, mf_dot_q6_K_f32)
+
+#endif /* MF_Q_AVX2 */
+
+/* FP16 / BF16 rows: four one-row dots (their loops stream on their own). */
+static inline void mf_dot4_fp16_f32(const void *const *vw, const float *MF_RESTRICT x,
+                                    ptrdiff_t n, float *out)
+{
+    for (int r = 0; r < 4; r++)
+        out[r] = mf_dot_fp16_f32(vw[r], x, n);
+}
+
+static inline void mf_dot4_bf16_f32(const void *const *vw, const float *MF_RESTRICT x,
+                                    ptrdiff_t n, float *out)
+{
+    for (int r = 0; r < 4; r++)
+        out[r] = mf_dot_bf16_f32(vw[r], x, n);
+}
+
+/* The 4-row float dot of a block or half-precision format (NULL for FP32, which has its own:
+ * mf_dot_1x4_f32, and for anything else). */
+static inline mf_dot4_f32_fn mf_dot4_f32_for(int dt)
+{
+    switch (dt) {
+    case CK_DT_FP16: return mf_dot4_fp16_f32;
+    case CK_DT_BF16: return mf_dot4_bf16_f32;
+    case CK_DT_Q4_0: return mf_dot4_q4_0_f32;
+    case CK_DT_Q4_1: return mf_dot4_q4_1_f32;
+    case CK_DT_Q5_0: return mf_dot4_q5_0_f32;
+    case CK_DT_Q5_1: return mf_dot4_q5_1_f32;
+    case CK_DT_Q8_0: return mf_dot4_q8_0_f32;
+    case CK_DT_Q4_K: return mf_dot4_q4_K_f32;
+    case CK_DT_Q5_K: return mf_dot4_q5_K_f32;
+    case CK_DT_Q6_K: return mf_dot4_q6_K_f32;
+    default: return NULL;
+    }
 }
 
 #endif /* MEGAFUSE_MF_DOT_F32_H */

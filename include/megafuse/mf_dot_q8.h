@@ -1,39 +1,60 @@
 /*
  * mf_dot_q8.h -- the int8 dots of one weight row with one quantized activation row:
- * mf_dot_{q4_0,q4_1,q5_0,q5_1,q8_0}_q8_0(const void *w, const void *a, n) against Q8_0 blocks and
- * mf_dot_{q4_K,q5_K,q6_K}_q8_K against Q8_K blocks (a: from mf_act_quant.h, [n / 32] block_q8_0
- * or [n / 256] block_q8_K).
+ * mf_dot_{q4_0,q4_1,q5_0,q5_1,q8_0}_q8_0(const void *w, const void *a, n) against a Q8_0
+ * activation row and mf_dot_{q4_K,q5_K,q6_K}_q8_K against Q8_K blocks (a: from mf_act_quant.h, in
+ * the layouts of mf_act_layout.h).
  *
- * GGML's vec_dot_*_q8_0 / *_q8_K scheme.  Per block (32) or sub-block (K-quants), the products of
- * the 8-bit codes are summed exactly in int32; each block's contribution d_w * d_a * isum (plus
- * the min term) is then formed in double, where it is exact for the 32-weight formats, and added
- * to one of 4 double accumulators (block b -> accumulator b % 4; the K-quants use one), combined
- * as (a0 + a1) + (a2 + a3) and rounded once to float.  That float part is the same sequence of
- * operations at every SIMD level, so an integer dot gives the same bits on generic, AVX2 and
- * AVX-512.  Q4_1 / Q5_1 need the activation block sum s = d_a * sum(q_a) (GGML keeps it in a
- * separate block_q8_1, rounded to fp16): here it is computed on the fly from the Q8_0 block,
- * exactly (d_a * isum in double), so the result is the exact emulation
- * sum_b (d_w q_w + m_w) . (d_a q_a) up to the final roundings.  Precondition of every integer dot:
- * activation codes lie in [-127, 127] (the quantizers of mf_act_quant.h never produce -128).
+ * GGML's vec_dot_*_q8_0 / *_q8_K scheme: the products of the 8-bit codes are summed exactly in
+ * int32, per block (32-weight formats) or super-block (K-quants), then scaled in floating point.
+ * Each dot is ONE fixed sequence of operations per (weight row, activation row) at a given SIMD
+ * level, and the multi-row kernels of mf_q8_tiles.h (one token: 4 rows streaming side by side;
+ * many tokens: rows decoded once into L1) run exactly that sequence for every pair, so a result
+ * never depends on the rows or tokens it was computed with, nor on the thread count.
+ * Precondition of every integer dot: activation codes lie in [-127, 127] (the quantizers of
+ * mf_act_quant.h never produce -128).
  *
- * The per-block integer sums (mf_isum_*) are also the tails of the multi-row kernels of
- * mf_q8_tiles.h.
+ * 32-weight formats, AVX2 / AVX-512 (per-lane float accumulation, as ggml does).  The row goes in
+ * groups of 4 blocks (the activation row's groups, mf_act_layout.h); a group is two pairs of
+ * blocks (i, i+1), and a pair is two 32-byte registers whose 128-bit lanes are the two blocks.
+ *   - L = 8 int32 lanes, exact: lane k < 4 sums the products of weights 4k..4k+3 and
+ *     16+4k..16+4k+3 of block i, lane 4 + k the same of block i+1 (q_w the signed weight code for
+ *     Q4_0 / Q5_0 / Q8_0, the unsigned code for Q4_1 / Q5_1);
+ *   - Y = the group's fp16 scales as floats [d0, m0, d2, m2 | d1, m1, d3, m3] (m = 0 for the
+ *     symmetric formats, m the min for Q4_1 / Q5_1), A = the activation's [d, s] floats in the
+ *     same order (s = d * sum of the codes), P = Y * A (one rounding a lane: d_w * d_a in the
+ *     even lanes);
+ *   - acc = fma(float(L_pair0), [P0 x 4 | P4 x 4], acc), then the same for pair 1 with
+ *     [P2 x 4 | P6 x 4] (a pair whose blocks are both past the row end is skipped; a pair with
+ *     one block has zero codes and scales in the other);
+ *   - Q4_1 / Q5_1: then acc = acc + (Y & odd lanes) * A (the mins times the activation sums:
+ *     m_w * s_a in the odd lanes);
+ *   - the result is the sum of acc's 8 lanes in mf_hsum256's order.
+ * acc starts at +0, so it never holds -0 and adding a zero lane never changes it.
  *
- * Depends on: mf_quant_common.h (levels, AVX2 byte products and horizontal sums, fp16 scales,
- * Q6_K codes, mf_mul_nc_d), ggml_blocks.h (block structs, mf_get_scale_min_k4).
+ * 32-weight formats, generic level: per block the integer sum, its contribution d_w * d_a * isum
+ * (+ m_w * s_a) formed in double, where it is exact, added to one of 4 double accumulators (block
+ * b -> accumulator b % 4), combined as (a0 + a1) + (a2 + a3) and rounded once to float.
+ *
+ * K-quants, every level: per super-block the exact integer sum of the scaled sub-block products
+ * and of the min (offset) term from the activation's bsums, then acc += (d_w d_a) sumi -
+ * (dmin_w d_a) summ in double (one accumulator), rounded once to float.
+ *
+ * Depends on: mf_act_layout.h (the activation rows), mf_quant_common.h (levels, AVX2 byte
+ * products and horizontal sums, fp16 scales, Q6_K codes, mf_mul_nc_d), mf_simd.h (mf_hsum256),
+ * ggml_blocks.h (block structs, mf_get_scale_min_k4).
  */
 #ifndef MEGAFUSE_MF_DOT_Q8_H
 #define MEGAFUSE_MF_DOT_Q8_H
 
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
+#include "ckernel_dtype.h"
 #include "ggml_blocks.h"
+#include "mf_act_layout.h"
 #include "mf_quant_common.h"
-
-/* ============================================================================================ */
-/* Integer dots: weights x quantized activations (the scheme: see the top of this file)         */
-/* ============================================================================================ */
+#include "mf_simd.h"
 
 #if defined(MF_Q_AVX2)
 static inline int32_t mf_q_hsum_epi32(__m256i v)
@@ -45,206 +66,448 @@ static inline int32_t mf_q_hsum_epi32(__m256i v)
 }
 #endif /* MF_Q_AVX2 */
 
-/* Block b of a 32-weight row adds its exact double contribution to acc[b % 4]. */
-static inline float mf_q_combine4(const double acc[4])
+/* The fp16 at p (any alignment). */
+static inline mf_fp16_t mf_q_ld16(const void *p)
 {
-    return (float)((acc[0] + acc[1]) + (acc[2] + acc[3]));
+    mf_fp16_t h;
+    memcpy(&h, p, sizeof h);
+    return h;
+}
+
+/* The little-endian uint32 at p (any alignment). */
+static inline uint32_t mf_q_ld32(const void *p)
+{
+    uint32_t u;
+    memcpy(&u, p, sizeof u);
+    return u;
+}
+
+/* ============================================================================================ */
+/* 32-weight formats x a Q8_0 activation row                                                    */
+/* ============================================================================================ */
+
+/* The codes of block ib of a Q8_0 activation row: lo = values 0..15, hi = values 16..31. */
+static inline const int8_t *mf_act_lo(const void *a, ptrdiff_t ib)
+{
+    return (const int8_t *)a + (ib >> 1) * 64 + (ib & 1) * 16;
 }
 
 #if defined(MF_Q_AVX2)
-/* d_w * d_a of blocks ib..ib+3 (float: an exact product of two fp16 values) as doubles. */
-static inline __m256d mf_q_dd4(mf_fp16_t w0, mf_fp16_t w1, mf_fp16_t w2, mf_fp16_t w3,
-                               const block_q8_0 *a)
-{
-    __m128 dw = mf_q_fp16x4(w0, w1, w2, w3);
-    __m128 da = mf_q_fp16x4(a[0].d, a[1].d, a[2].d, a[3].d);
-    return _mm256_cvtps_pd(_mm_mul_ps(dw, da));
-}
-#endif
 
-/* Integer sum of one Q4_0 / Q5_0 / Q8_0 block against one Q8_0 block (generic). */
-static inline int32_t mf_isum_q4_0(const block_q4_0 *w, const block_q8_0 *a)
+/* Block format parameters: bytes a block, where its fp16 d (and m) sit, the nibbles, the 5th
+ * bits (Q5_0 / Q5_1). */
+#define MF_Q_BSZ_Q4_0 ((ptrdiff_t)sizeof(block_q4_0))
+#define MF_Q_BSZ_Q4_1 ((ptrdiff_t)sizeof(block_q4_1))
+#define MF_Q_BSZ_Q5_0 ((ptrdiff_t)sizeof(block_q5_0))
+#define MF_Q_BSZ_Q5_1 ((ptrdiff_t)sizeof(block_q5_1))
+#define MF_Q_BSZ_Q8_0 ((ptrdiff_t)sizeof(block_q8_0))
+#define MF_Q_QS_Q4_0 ((ptrdiff_t)offsetof(block_q4_0, qs))
+#define MF_Q_QS_Q4_1 ((ptrdiff_t)offsetof(block_q4_1, qs))
+#define MF_Q_QS_Q5_0 ((ptrdiff_t)offsetof(block_q5_0, qs))
+#define MF_Q_QS_Q5_1 ((ptrdiff_t)offsetof(block_q5_1, qs))
+#define MF_Q_QS_Q8_0 ((ptrdiff_t)offsetof(block_q8_0, qs))
+#define MF_Q_QH_Q5_0 ((ptrdiff_t)offsetof(block_q5_0, qh))
+#define MF_Q_QH_Q5_1 ((ptrdiff_t)offsetof(block_q5_1, qh))
+
+/* One group of a Q8_0 activation row in registers (mf_act_layout.h). */
+typedef struct {
+    __m256i lo[2], hi[2];       /* the codes of pairs 0 and 1 */
+    __m256i oo[2];              /* Q4_0 / Q5_0: off * (a_lo + a_hi) as int16 pair sums */
+    __m256 f;                   /* [d0, s0, d2, s2 | d1, s1, d3, s3] */
+} mf_q_agrp;
+
+/* Group g of the activation row a (n values); off: the weight codes' offset (8 for Q4_0, 16 for
+ * Q5_0), 0 for none. */
+static inline void mf_q_agrp_load(const void *a, ptrdiff_t n, ptrdiff_t g, int off, mf_q_agrp *A)
 {
+    const int8_t *c = mf_act_q8_0_codes(a, (size_t)g);
+    A->lo[0] = _mm256_loadu_si256((const __m256i *)(const void *)c);
+    A->hi[0] = _mm256_loadu_si256((const __m256i *)(const void *)(c + 32));
+    A->lo[1] = _mm256_loadu_si256((const __m256i *)(const void *)(c + 64));
+    A->hi[1] = _mm256_loadu_si256((const __m256i *)(const void *)(c + 96));
+    A->f = _mm256_loadu_ps(mf_act_q8_0_f(a, (size_t)n, (size_t)g));
+    if (off) {
+        const __m256i o = _mm256_set1_epi8((char)off);
+        for (int p = 0; p < 2; p++)
+            A->oo[p] = _mm256_add_epi16(_mm256_maddubs_epi16(o, A->lo[p]),
+                                        _mm256_maddubs_epi16(o, A->hi[p]));
+    } else {
+        A->oo[0] = A->oo[1] = _mm256_setzero_si256();
+    }
+}
+
+/* L of a pair (see the top of the file).  Unsigned codes u (0..31) with offset: (u - off) . a
+ * = pmaddwd(maddubs(u_lo, a_lo) + maddubs(u_hi, a_hi) - off * (a_lo + a_hi), 1), exact in int16
+ * (|maddubs| <= 2*31*127 each, their sum <= 15748, the difference <= 4*16*127). */
+static inline __m256i mf_q_lanes_uo(__m256i ulo, __m256i uhi, __m256i alo, __m256i ahi, __m256i oo)
+{
+    const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(ulo, alo), _mm256_maddubs_epi16(uhi, ahi));
+    return _mm256_madd_epi16(_mm256_sub_epi16(p, oo), _mm256_set1_epi16(1));
+}
+
+/* Unsigned codes without offset (Q4_1, Q5_1). */
+static inline __m256i mf_q_lanes_u(__m256i ulo, __m256i uhi, __m256i alo, __m256i ahi)
+{
+    const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(ulo, alo), _mm256_maddubs_epi16(uhi, ahi));
+    return _mm256_madd_epi16(p, _mm256_set1_epi16(1));
+}
+
+/* Signed codes s (Q8_0) with u = |s|: the sign trick, one pmaddwd per register (two int16 pairs
+ * of 127 * 127 would overflow). */
+static inline __m256i mf_q_lanes_s(__m256i ulo, __m256i slo, __m256i uhi, __m256i shi, __m256i alo,
+                                   __m256i ahi)
+{
+    return mf_q_dot_u8s8(mf_q_dot_u8s8(_mm256_setzero_si256(), ulo, _mm256_sign_epi8(alo, slo)),
+                         uhi, _mm256_sign_epi8(ahi, shi));
+}
+
+/* The same L as mf_q_lanes_uo, another way (the tiles of Q4_0 / Q5_0, where the weights are
+ * decoded once for many tokens): signed codes s = u - off against the activation codes biased to
+ * unsigned, a + 128 (alo, ahi here), minus c = 128 * (the pair sums of s_lo + s_hi), which the
+ * decoding computes once.  No per-token offset term; exact in int16 (|maddubs| <= 2*255*16,
+ * their sum <= 16320, c <= 4*128*16). */
+static inline __m256i mf_q_lanes_b(__m256i slo, __m256i shi, __m256i c, __m256i alo, __m256i ahi)
+{
+    const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(alo, slo), _mm256_maddubs_epi16(ahi, shi));
+    return _mm256_madd_epi16(_mm256_sub_epi16(p, c), _mm256_set1_epi16(1));
+}
+
+/* acc = fma(float(L), D, acc), D = [dd_i x 4 | dd_i+1 x 4]: P's element 0 (pair 0) or 2 (pair
+ * 1) of each 128-bit lane (the group's lane order puts blocks 0, 2 in lane 0 and 1, 3 in lane 1). */
+static inline __m256 mf_q_acc_pair(__m256 acc, __m256i L, __m256 P, int pair)
+{
+    const __m256 D = pair ? _mm256_permute_ps(P, 0xAA) : _mm256_permute_ps(P, 0x00);
+    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(L), D, acc);
+}
+
+/* Q4_1 / Q5_1: acc + (Y & odd lanes) * A.f, the mins times the activation sums. */
+static inline __m256 mf_q_acc_mins(__m256 acc, __m256 Y, __m256 f)
+{
+    const __m256 odd = _mm256_castsi256_ps(_mm256_setr_epi32(0, -1, 0, -1, 0, -1, 0, -1));
+    return _mm256_add_ps(acc, _mm256_mul_ps(_mm256_and_ps(Y, odd), f));
+}
+
+/* ---- decoding a group of weight blocks (shared by the one-token kernels and the tiles) ------ */
+
+/* Y of nblk (1..4) blocks at b (stride bsz): the fp16 d at offset 0 of each block (symmetric
+ * formats: the m lanes 0) or d, m at offsets 0, 2 (asym), as floats in the group's lane order
+ * [d0, m0, d2, m2 | d1, m1, d3, m3]; blocks past nblk are 0.  Gathered in general registers (the
+ * empty asm keeps GCC from turning the gather into a chain of vector shuffles). */
+static inline __m256 mf_q_y(const char *b, ptrdiff_t bsz, int nblk, int asym)
+{
+    uint64_t u[4] = {0, 0, 0, 0};
+    for (int k = 0; k < nblk; k++)
+        u[k] = asym ? mf_q_ld32(b + k * bsz) : mf_q_ld16(b + k * bsz);
+    uint64_t lo = u[0] | u[2] << 32, hi = u[1] | u[3] << 32;
+#if defined(__GNUC__)
+    __asm__("" : "+r"(lo), "+r"(hi));
+#endif
+    return _mm256_cvtph_ps(_mm_set_epi64x((long long)hi, (long long)lo));
+}
+
+/* Nibbles of blocks i, i+1 (qs at q0, q1) -> unsigned codes lo = [i 0..15 | i+1 0..15], hi = [i
+ * 16..31 | i+1 16..31].  q1 == NULL: block i alone (the other lane 0). */
+static inline void mf_q_nib_pair(const uint8_t *q0, const uint8_t *q1, __m256i *lo, __m256i *hi)
+{
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    const __m128i v0 = _mm_loadu_si128((const __m128i *)(const void *)q0);
+    const __m256i v = q1 ? _mm256_inserti128_si256(_mm256_castsi128_si256(v0),
+                                                   _mm_loadu_si128((const __m128i *)(const void *)q1), 1)
+                         : _mm256_zextsi128_si256(v0);
+    *lo = _mm256_and_si256(v, m4);
+    *hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+}
+
+/* The 5th bits of blocks i, i+1 of Q5_0 / Q5_1 (blocks of bsz bytes at b, qh at offset qho) as
+ * 0x10 bytes in the layout of mf_q_nib_pair, ORed into lo, hi.  Pair: one 32-byte load from block
+ * i holds both qh (i's in lane 0, i+1's in lane 1: qho + 4 <= 16 and bsz + qho + 4 <= 32); one
+ * block: from its qh alone (the load would pass the row end). */
+static inline void mf_q_hbits_pair(const char *b, ptrdiff_t bsz, ptrdiff_t qho, int two,
+                                   __m256i *lo, __m256i *hi)
+{
+    const __m256i sel = _mm256_set1_epi64x(0x7fbfdfeff7fbfdfeLL), ones = _mm256_set1_epi64x(-1LL);
+    const __m256i x10 = _mm256_set1_epi8(0x10);
+    __m256i v, shl, shh;
+    if (two) {
+        const char q = (char)qho, r = (char)(bsz + qho - 16);
+        v = _mm256_loadu_si256((const __m256i *)(const void *)b);
+        shl = _mm256_setr_epi8(q, q, q, q, q, q, q, q, q + 1, q + 1, q + 1, q + 1, q + 1, q + 1, q + 1, q + 1,
+                               r, r, r, r, r, r, r, r, r + 1, r + 1, r + 1, r + 1, r + 1, r + 1, r + 1, r + 1);
+    } else {
+        v = _mm256_zextsi128_si256(_mm_cvtsi32_si128((int)mf_q_ld32(b + qho)));
+        shl = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+                               -128, -128, -128, -128, -128, -128, -128, -128,
+                               -128, -128, -128, -128, -128, -128, -128, -128);
+    }
+    shh = _mm256_add_epi8(shl, _mm256_set1_epi8(2));       /* bytes 2, 3 of each qh; -126: 0 */
+    const __m256i bl = _mm256_cmpeq_epi8(_mm256_or_si256(_mm256_shuffle_epi8(v, shl), sel), ones);
+    const __m256i bh = _mm256_cmpeq_epi8(_mm256_or_si256(_mm256_shuffle_epi8(v, shh), sel), ones);
+    *lo = _mm256_or_si256(*lo, _mm256_and_si256(bl, x10));
+    *hi = _mm256_or_si256(*hi, _mm256_and_si256(bh, x10));
+}
+
+/* Signed codes of Q8_0 blocks i, i+1 (the same layout). */
+static inline void mf_q_s8_pair(const int8_t *q0, const int8_t *q1, __m256i *lo, __m256i *hi)
+{
+    if (q1) {
+        const __m256i a = _mm256_loadu_si256((const __m256i *)(const void *)q0);
+        const __m256i b = _mm256_loadu_si256((const __m256i *)(const void *)q1);
+        *lo = _mm256_permute2x128_si256(a, b, 0x20);
+        *hi = _mm256_permute2x128_si256(a, b, 0x31);
+    } else {
+        *lo = _mm256_zextsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)q0));
+        *hi = _mm256_zextsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)(q0 + 16)));
+    }
+}
+
+/* A decoded group of one weight row: what the tiles keep in L1 and the one-token kernels in
+ * registers.  u: unsigned codes (Q8_0: |w|), s: Q8_0's signed codes (the tiles' Q4_0 / Q5_0:
+ * u - off), c: the tiles' Q4_0 / Q5_0 bias terms (mf_q_lanes_b), Y: the scales. */
+typedef struct {
+    __m256i u[2][2];            /* [pair][lo, hi] */
+    __m256i s[2][2];
+    __m256i c[2];
+    __m256 Y;
+} mf_q_wgrp;
+
+/* Decode nblk (1..4) blocks of format dt starting at b into G. */
+#define MF_Q_DEC_NIB(BSZ, QS)                                                                      for (int p = 0; 2 * p < nblk; p++) {                                                               const char *bp = b + 2 * p * (BSZ);                                                            mf_q_nib_pair((const uint8_t *)bp + (QS),                                                                    2 * p + 1 < nblk ? (const uint8_t *)bp + (BSZ) + (QS) : NULL,                                  &G->u[p][0], &G->u[p][1]);                                                   }
+#define MF_Q_DEC_HB(BSZ, QH)                                                                       for (int p = 0; 2 * p < nblk; p++)                                                                 mf_q_hbits_pair(b + 2 * p * (BSZ), BSZ, QH, 2 * p + 1 < nblk, &G->u[p][0], &G->u[p][1]);
+
+MF_ALWAYS_INLINE void mf_q_dec_q4_0(const char *b, int nblk, mf_q_wgrp *G)
+{
+    G->Y = mf_q_y(b, MF_Q_BSZ_Q4_0, nblk, 0);
+    MF_Q_DEC_NIB(MF_Q_BSZ_Q4_0, MF_Q_QS_Q4_0)
+}
+
+MF_ALWAYS_INLINE void mf_q_dec_q4_1(const char *b, int nblk, mf_q_wgrp *G)
+{
+    G->Y = mf_q_y(b, MF_Q_BSZ_Q4_1, nblk, 1);
+    MF_Q_DEC_NIB(MF_Q_BSZ_Q4_1, MF_Q_QS_Q4_1)
+}
+
+MF_ALWAYS_INLINE void mf_q_dec_q5_0(const char *b, int nblk, mf_q_wgrp *G)
+{
+    G->Y = mf_q_y(b, MF_Q_BSZ_Q5_0, nblk, 0);
+    MF_Q_DEC_NIB(MF_Q_BSZ_Q5_0, MF_Q_QS_Q5_0)
+    MF_Q_DEC_HB(MF_Q_BSZ_Q5_0, MF_Q_QH_Q5_0)
+}
+
+MF_ALWAYS_INLINE void mf_q_dec_q5_1(const char *b, int nblk, mf_q_wgrp *G)
+{
+    G->Y = mf_q_y(b, MF_Q_BSZ_Q5_1, nblk, 1);
+    MF_Q_DEC_NIB(MF_Q_BSZ_Q5_1, MF_Q_QS_Q5_1)
+    MF_Q_DEC_HB(MF_Q_BSZ_Q5_1, MF_Q_QH_Q5_1)
+}
+
+MF_ALWAYS_INLINE void mf_q_dec_q8_0(const char *b, int nblk, mf_q_wgrp *G)
+{
+    G->Y = mf_q_y(b, MF_Q_BSZ_Q8_0, nblk, 0);
+    for (int p = 0; 2 * p < nblk; p++) {
+        const char *bp = b + 2 * p * MF_Q_BSZ_Q8_0;
+        mf_q_s8_pair((const int8_t *)bp + MF_Q_QS_Q8_0,
+                     2 * p + 1 < nblk ? (const int8_t *)bp + MF_Q_BSZ_Q8_0 + MF_Q_QS_Q8_0 : NULL,
+                     &G->s[p][0], &G->s[p][1]);
+        G->u[p][0] = _mm256_sign_epi8(G->s[p][0], G->s[p][0]);
+        G->u[p][1] = _mm256_sign_epi8(G->s[p][1], G->s[p][1]);
+    }
+}
+
+/* The canonical group step of one (weight row, activation row): acc + the group's terms (see the
+ * top of the file).  kind: 0 unsigned with offset (Q4_0, Q5_0), 1 unsigned with mins (Q4_1,
+ * Q5_1), 2 signed (Q8_0), 3 Q4_0 / Q5_0 as the tiles hold them (mf_q_lanes_b: G from
+ * mf_q_wgrp_bias, A's codes biased by mf_q_agrp_bias); npairs: 1 or 2. */
+MF_ALWAYS_INLINE __m256 mf_q_grp_step(int kind, const mf_q_wgrp *G, const mf_q_agrp *A, int npairs,
+                                      __m256 acc)
+{
+    const __m256 P = _mm256_mul_ps(G->Y, A->f);
+    for (int p = 0; p < npairs; p++) {
+        __m256i L;
+        if (kind == 0)
+            L = mf_q_lanes_uo(G->u[p][0], G->u[p][1], A->lo[p], A->hi[p], A->oo[p]);
+        else if (kind == 1)
+            L = mf_q_lanes_u(G->u[p][0], G->u[p][1], A->lo[p], A->hi[p]);
+        else if (kind == 3)
+            L = mf_q_lanes_b(G->s[p][0], G->s[p][1], G->c[p], A->lo[p], A->hi[p]);
+        else
+            L = mf_q_lanes_s(G->u[p][0], G->s[p][0], G->u[p][1], G->s[p][1], A->lo[p], A->hi[p]);
+        acc = mf_q_acc_pair(acc, L, P, p);
+    }
+    if (kind == 1)
+        acc = mf_q_acc_mins(acc, G->Y, A->f);
+    return acc;
+}
+
+/* Q4_0 / Q5_0 groups for kind 3: the signed codes and the bias terms, from the unsigned codes. */
+static inline void mf_q_wgrp_bias(mf_q_wgrp *G, int off)
+{
+    const __m256i o = _mm256_set1_epi8((char)off), b = _mm256_set1_epi8((char)0x80);
+    for (int p = 0; p < 2; p++) {
+        G->s[p][0] = _mm256_sub_epi8(G->u[p][0], o);
+        G->s[p][1] = _mm256_sub_epi8(G->u[p][1], o);
+        G->c[p] = _mm256_add_epi16(_mm256_maddubs_epi16(b, G->s[p][0]),
+                                   _mm256_maddubs_epi16(b, G->s[p][1]));
+    }
+}
+
+/* An activation group's codes for kind 3: a + 128 as unsigned bytes (|a| <= 127). */
+static inline void mf_q_agrp_bias(mf_q_agrp *A)
+{
+    const __m256i b = _mm256_set1_epi8((char)0x80);
+    for (int p = 0; p < 2; p++) {
+        A->lo[p] = _mm256_xor_si256(A->lo[p], b);
+        A->hi[p] = _mm256_xor_si256(A->hi[p], b);
+    }
+}
+
+/* The per-format constants of the 32-weight steps, by CKDataType (constant-folded: every caller
+ * passes a literal dt). */
+MF_ALWAYS_INLINE int mf_q_off(int dt) { return dt == CK_DT_Q4_0 ? 8 : dt == CK_DT_Q5_0 ? 16 : 0; }
+MF_ALWAYS_INLINE int mf_q_kind(int dt)
+{
+    return (dt == CK_DT_Q4_1 || dt == CK_DT_Q5_1) ? 1 : dt == CK_DT_Q8_0 ? 2 : 0;
+}
+MF_ALWAYS_INLINE ptrdiff_t mf_q_bsz(int dt)
+{
+    switch (dt) {
+    case CK_DT_Q4_0: return MF_Q_BSZ_Q4_0;
+    case CK_DT_Q4_1: return MF_Q_BSZ_Q4_1;
+    case CK_DT_Q5_0: return MF_Q_BSZ_Q5_0;
+    case CK_DT_Q5_1: return MF_Q_BSZ_Q5_1;
+    default: return MF_Q_BSZ_Q8_0;
+    }
+}
+MF_ALWAYS_INLINE void mf_q_dec(int dt, const char *b, int nblk, mf_q_wgrp *G)
+{
+    switch (dt) {
+    case CK_DT_Q4_0: mf_q_dec_q4_0(b, nblk, G); break;
+    case CK_DT_Q4_1: mf_q_dec_q4_1(b, nblk, G); break;
+    case CK_DT_Q5_0: mf_q_dec_q5_0(b, nblk, G); break;
+    case CK_DT_Q5_1: mf_q_dec_q5_1(b, nblk, G); break;
+    default: mf_q_dec_q8_0(b, nblk, G); break;
+    }
+}
+
+/* Blocks of group g of a row of nb blocks (1..4). */
+MF_ALWAYS_INLINE int mf_q_grp_blocks(ptrdiff_t nb, ptrdiff_t g)
+{
+    return (int)(nb - 4 * g < 4 ? nb - 4 * g : 4);
+}
+
+/* One weight row of format dt x one activation row. */
+MF_ALWAYS_INLINE float mf_q_dot_row(int dt, const void *vw, const void *va, ptrdiff_t n)
+{
+    const char *w = (const char *)vw;                   /* [n / 32] blocks */
+    const ptrdiff_t nb = n / QK8_0, ng = (ptrdiff_t)mf_act_q8_0_groups((size_t)n);
+    __m256 acc = _mm256_setzero_ps();
+    for (ptrdiff_t g = 0; g < ng; g++) {
+        const int nblk = mf_q_grp_blocks(nb, g);
+        mf_q_agrp A;
+        mf_q_wgrp G;
+        mf_q_agrp_load(va, n, g, mf_q_off(dt), &A);
+        mf_q_dec(dt, w + 4 * g * mf_q_bsz(dt), nblk, &G);
+        acc = mf_q_grp_step(mf_q_kind(dt), &G, &A, (nblk + 1) / 2, acc);
+    }
+    return mf_hsum256(acc);
+}
+
+#define MF_DOT_Q8_0(NAME, DT)                                                                  \
+static inline float NAME(const void *MF_RESTRICT vw, const void *MF_RESTRICT va, ptrdiff_t n)  \
+{                                                                                              \
+    return mf_q_dot_row(DT, vw, va, n);                                                        \
+}
+MF_DOT_Q8_0(mf_dot_q4_0_q8_0, CK_DT_Q4_0)
+MF_DOT_Q8_0(mf_dot_q4_1_q8_0, CK_DT_Q4_1)
+MF_DOT_Q8_0(mf_dot_q5_0_q8_0, CK_DT_Q5_0)
+MF_DOT_Q8_0(mf_dot_q5_1_q8_0, CK_DT_Q5_1)
+MF_DOT_Q8_0(mf_dot_q8_0_q8_0, CK_DT_Q8_0)
+
+#else /* generic */
+
+/* Integer sums of one block against activation block ib (generic). */
+static inline int32_t mf_isum_q4_0(const block_q4_0 *w, const void *a, ptrdiff_t ib)
+{
+    const int8_t *lo = mf_act_lo(a, ib), *hi = lo + 32;
     int32_t s = 0;
     for (int j = 0; j < 16; j++)
-        s += ((w->qs[j] & 0x0F) - 8) * a->qs[j] + ((w->qs[j] >> 4) - 8) * a->qs[j + 16];
+        s += ((w->qs[j] & 0x0F) - 8) * lo[j] + ((w->qs[j] >> 4) - 8) * hi[j];
     return s;
 }
 
-static inline int32_t mf_isum_q5_0(const block_q5_0 *w, const block_q8_0 *a)
+static inline int32_t mf_isum_q5_0(const block_q5_0 *w, const void *a, ptrdiff_t ib)
 {
+    const int8_t *lo = mf_act_lo(a, ib), *hi = lo + 32;
     const uint32_t qh = mf_le32(w->qh);
     int32_t s = 0;
     for (int j = 0; j < 16; j++) {
         const int q0 = ((w->qs[j] & 0x0F) | (int)(((qh >> j) & 1u) << 4)) - 16;
         const int q1 = ((w->qs[j] >> 4) | (int)(((qh >> (j + 16)) & 1u) << 4)) - 16;
-        s += q0 * a->qs[j] + q1 * a->qs[j + 16];
+        s += q0 * lo[j] + q1 * hi[j];
     }
     return s;
 }
 
-static inline int32_t mf_isum_q8_0(const block_q8_0 *w, const block_q8_0 *a)
+static inline int32_t mf_isum_q8_0(const block_q8_0 *w, const void *a, ptrdiff_t ib)
 {
+    const int8_t *lo = mf_act_lo(a, ib), *hi = lo + 32;
     int32_t s = 0;
-    for (int j = 0; j < QK8_0; j++)
-        s += w->qs[j] * a->qs[j];
+    for (int j = 0; j < 16; j++)
+        s += w->qs[j] * lo[j] + w->qs[j + 16] * hi[j];
     return s;
 }
 
-/* Sum of q_w * q_a (q_w the unsigned codes) and of q_a, for Q4_1 / Q5_1 (generic). */
-static inline void mf_isum_q4_1(const block_q4_1 *w, const block_q8_0 *a, int32_t *sqa,
-                                int32_t *sa)
+/* Q4_1 / Q5_1: the sum of q_w * q_a, q_w the unsigned codes. */
+static inline int32_t mf_isum_q4_1(const block_q4_1 *w, const void *a, ptrdiff_t ib)
 {
-    int32_t s = 0, t = 0;
-    for (int j = 0; j < 16; j++) {
-        s += (w->qs[j] & 0x0F) * a->qs[j] + (w->qs[j] >> 4) * a->qs[j + 16];
-        t += a->qs[j] + a->qs[j + 16];
-    }
-    *sqa = s;
-    *sa = t;
+    const int8_t *lo = mf_act_lo(a, ib), *hi = lo + 32;
+    int32_t s = 0;
+    for (int j = 0; j < 16; j++)
+        s += (w->qs[j] & 0x0F) * lo[j] + (w->qs[j] >> 4) * hi[j];
+    return s;
 }
 
-static inline void mf_isum_q5_1(const block_q5_1 *w, const block_q8_0 *a, int32_t *sqa,
-                                int32_t *sa)
+static inline int32_t mf_isum_q5_1(const block_q5_1 *w, const void *a, ptrdiff_t ib)
 {
+    const int8_t *lo = mf_act_lo(a, ib), *hi = lo + 32;
     const uint32_t qh = mf_le32(w->qh);
-    int32_t s = 0, t = 0;
+    int32_t s = 0;
     for (int j = 0; j < 16; j++) {
         const int q0 = (w->qs[j] & 0x0F) | (int)(((qh >> j) & 1u) << 4);
         const int q1 = (w->qs[j] >> 4) | (int)(((qh >> (j + 16)) & 1u) << 4);
-        s += q0 * a->qs[j] + q1 * a->qs[j + 16];
-        t += a->qs[j] + a->qs[j + 16];
+        s += q0 * lo[j] + q1 * hi[j];
     }
-    *sqa = s;
-    *sa = t;
+    return s;
 }
 
-#if defined(MF_Q_AVX2)
-static inline __m256i mf_q_vec_q4_0(const block_q4_0 *w, const block_q8_0 *a)
-{
-    __m256i q = _mm256_sub_epi8(mf_q_nibbles32(w->qs), _mm256_set1_epi8(8));
-    return mf_q_dot_s8s8(q, mf_q_loadu256(a->qs));
-}
-
-static inline __m256i mf_q_vec_q5_0(const block_q5_0 *w, const block_q8_0 *a)
-{
-    __m256i q = _mm256_or_si256(mf_q_nibbles32(w->qs), mf_q_bits32_x10(w->qh));
-    return mf_q_dot_s8s8(_mm256_sub_epi8(q, _mm256_set1_epi8(16)), mf_q_loadu256(a->qs));
-}
-
-static inline __m256i mf_q_vec_q8_0(const block_q8_0 *w, const block_q8_0 *a)
-{
-    return mf_q_dot_s8s8(mf_q_loadu256(w->qs), mf_q_loadu256(a->qs));
-}
-#endif
-
-/* Q4_0 / Q5_0 / Q8_0 weights: sum_b (d_w d_a) * isum_b. */
-#if defined(MF_Q_AVX2)
-#define MF_DOT_SYMMETRIC_Q8_0(NAME, BLOCK, VEC, ISUM)                                          \
+/* Block ib's contribution d_w * d_a * isum (+ m_w * s_a), exact in double: d_w * d_a is exact in
+ * float (11 x 11 bits), times |isum| < 2^16; m_w * s_a is 11 x 23 bits. */
+#define MF_DOT_Q8_0_GENERIC(NAME, BLOCK, ISUM, MINS)                                           \
 static inline float NAME(const void *MF_RESTRICT vw, const void *MF_RESTRICT va, ptrdiff_t n)  \
 {                                                                                              \
-    const BLOCK *w = (const BLOCK *)vw;             /* [n / 32] */                             \
-    const block_q8_0 *a = (const block_q8_0 *)va;   /* [n / 32] */                             \
-    const ptrdiff_t nb = n / QK8_0;                                                            \
-    double acc[4] = {0.0, 0.0, 0.0, 0.0};                                                      \
-    ptrdiff_t ib = 0;                                                                          \
-    __m256d acc4 = _mm256_setzero_pd();                                                        \
-    for (; ib + 4 <= nb; ib += 4) {                                                            \
-        __m128i is = mf_q_hsum4_epi32(VEC(&w[ib], &a[ib]), VEC(&w[ib + 1], &a[ib + 1]),        \
-                                      VEC(&w[ib + 2], &a[ib + 2]), VEC(&w[ib + 3], &a[ib + 3]));\
-        __m256d dd = mf_q_dd4(w[ib].d, w[ib + 1].d, w[ib + 2].d, w[ib + 3].d, &a[ib]);         \
-        acc4 = _mm256_add_pd(acc4, _mm256_mul_pd(dd, _mm256_cvtepi32_pd(is)));                 \
-    }                                                                                          \
-    _mm256_storeu_pd(acc, acc4);                                                               \
-    for (; ib < nb; ib++) {                                                                    \
-        const float dd = mf_q_fp16(w[ib].d) * mf_q_fp16(a[ib].d);                  \
-        acc[ib & 3] += (double)dd * (double)ISUM(&w[ib], &a[ib]);                              \
-    }                                                                                          \
-    return mf_q_combine4(acc);                                                                 \
-}
-#else
-#define MF_DOT_SYMMETRIC_Q8_0(NAME, BLOCK, VEC, ISUM)                                          \
-static inline float NAME(const void *MF_RESTRICT vw, const void *MF_RESTRICT va, ptrdiff_t n)  \
-{                                                                                              \
-    const BLOCK *w = (const BLOCK *)vw;             /* [n / 32] */                             \
-    const block_q8_0 *a = (const block_q8_0 *)va;   /* [n / 32] */                             \
+    const BLOCK *w = (const BLOCK *)vw;                 /* [n / 32] */                         \
+    const float *f = mf_act_q8_0_f(va, (size_t)n, 0);   /* [groups][8] */                      \
     const ptrdiff_t nb = n / QK8_0;                                                            \
     double acc[4] = {0.0, 0.0, 0.0, 0.0};                                                      \
     for (ptrdiff_t ib = 0; ib < nb; ib++) {                                                    \
-        const float dd = mf_q_fp16(w[ib].d) * mf_q_fp16(a[ib].d);                  \
-        acc[ib & 3] += (double)dd * (double)ISUM(&w[ib], &a[ib]);                              \
+        const float *fb = f + ib / 4 * 8 + mf_act_q8_0_f_slot((size_t)(ib % 4));   /* [d, s] */  \
+        const double t = (double)(mf_q_fp16(w[ib].d) * fb[0]) * (double)ISUM(&w[ib], va, ib); \
+        acc[ib & 3] += MINS(t);                                                                \
     }                                                                                          \
-    return mf_q_combine4(acc);                                                                 \
+    return (float)((acc[0] + acc[1]) + (acc[2] + acc[3]));                                     \
 }
-#endif
+#define MF_Q_NO_MINS(t) (t)
+#define MF_Q_MINS(t) ((t) + (double)mf_q_fp16(w[ib].m) * (double)fb[1])
+MF_DOT_Q8_0_GENERIC(mf_dot_q4_0_q8_0, block_q4_0, mf_isum_q4_0, MF_Q_NO_MINS)
+MF_DOT_Q8_0_GENERIC(mf_dot_q4_1_q8_0, block_q4_1, mf_isum_q4_1, MF_Q_MINS)
+MF_DOT_Q8_0_GENERIC(mf_dot_q5_0_q8_0, block_q5_0, mf_isum_q5_0, MF_Q_NO_MINS)
+MF_DOT_Q8_0_GENERIC(mf_dot_q5_1_q8_0, block_q5_1, mf_isum_q5_1, MF_Q_MINS)
+MF_DOT_Q8_0_GENERIC(mf_dot_q8_0_q8_0, block_q8_0, mf_isum_q8_0, MF_Q_NO_MINS)
 
-MF_DOT_SYMMETRIC_Q8_0(mf_dot_q4_0_q8_0, block_q4_0, mf_q_vec_q4_0, mf_isum_q4_0)
-MF_DOT_SYMMETRIC_Q8_0(mf_dot_q5_0_q8_0, block_q5_0, mf_q_vec_q5_0, mf_isum_q5_0)
-MF_DOT_SYMMETRIC_Q8_0(mf_dot_q8_0_q8_0, block_q8_0, mf_q_vec_q8_0, mf_isum_q8_0)
+#endif /* MF_Q_AVX2 */
 
-/* Q4_1 / Q5_1 weights: sum_b (d_w d_a) * isum_qa + m_w * (d_a * isum_a). */
-#if defined(MF_Q_AVX2)
-static inline void mf_q_vec_q4_1(const block_q4_1 *w, const block_q8_0 *a, __m256i *sqa,
-                                 __m256i *sa)
-{
-    const __m256i av = mf_q_loadu256(a->qs);
-    *sqa = mf_q_dot_u8s8(_mm256_setzero_si256(), mf_q_nibbles32(w->qs), av);
-    *sa = mf_q_dot_u8s8(_mm256_setzero_si256(), _mm256_set1_epi8(1), av);
-}
-
-static inline void mf_q_vec_q5_1(const block_q5_1 *w, const block_q8_0 *a, __m256i *sqa,
-                                 __m256i *sa)
-{
-    const __m256i av = mf_q_loadu256(a->qs);
-    __m256i q = _mm256_or_si256(mf_q_nibbles32(w->qs), mf_q_bits32_x10(w->qh));
-    *sqa = mf_q_dot_u8s8(_mm256_setzero_si256(), q, av);
-    *sa = mf_q_dot_u8s8(_mm256_setzero_si256(), _mm256_set1_epi8(1), av);
-}
-
-#define MF_DOT_ASYM_AVX2_BODY(VEC, ISUM)                                                       \
-    __m256d acc4 = _mm256_setzero_pd();                                                        \
-    for (; ib + 4 <= nb; ib += 4) {                                                            \
-        __m256i s0, s1, s2, s3, t0, t1, t2, t3;                                                \
-        VEC(&w[ib], &a[ib], &s0, &t0);                                                         \
-        VEC(&w[ib + 1], &a[ib + 1], &s1, &t1);                                                 \
-        VEC(&w[ib + 2], &a[ib + 2], &s2, &t2);                                                 \
-        VEC(&w[ib + 3], &a[ib + 3], &s3, &t3);                                                 \
-        __m256d iqa = _mm256_cvtepi32_pd(mf_q_hsum4_epi32(s0, s1, s2, s3));                    \
-        __m256d ia = _mm256_cvtepi32_pd(mf_q_hsum4_epi32(t0, t1, t2, t3));                     \
-        __m128 da = mf_q_fp16x4(a[ib].d, a[ib + 1].d, a[ib + 2].d, a[ib + 3].d);               \
-        __m128 dw = mf_q_fp16x4(w[ib].d, w[ib + 1].d, w[ib + 2].d, w[ib + 3].d);               \
-        __m128 mw = mf_q_fp16x4(w[ib].m, w[ib + 1].m, w[ib + 2].m, w[ib + 3].m);               \
-        __m256d t = _mm256_add_pd(_mm256_mul_pd(_mm256_cvtps_pd(_mm_mul_ps(dw, da)), iqa),     \
-                                  _mm256_mul_pd(_mm256_cvtps_pd(_mm_mul_ps(mw, da)), ia));     \
-        acc4 = _mm256_add_pd(acc4, t);                                                         \
-    }                                                                                          \
-    _mm256_storeu_pd(acc, acc4);
-#else
-#define MF_DOT_ASYM_AVX2_BODY(VEC, ISUM)
-#endif
-
-#define MF_DOT_ASYM_Q8_0(NAME, BLOCK, VEC, ISUM)                                               \
-static inline float NAME(const void *MF_RESTRICT vw, const void *MF_RESTRICT va, ptrdiff_t n)  \
-{                                                                                              \
-    const BLOCK *w = (const BLOCK *)vw;             /* [n / 32] */                             \
-    const block_q8_0 *a = (const block_q8_0 *)va;   /* [n / 32] */                             \
-    const ptrdiff_t nb = n / QK8_0;                                                            \
-    double acc[4] = {0.0, 0.0, 0.0, 0.0};                                                      \
-    ptrdiff_t ib = 0;                                                                          \
-    MF_DOT_ASYM_AVX2_BODY(VEC, ISUM)                                                           \
-    for (; ib < nb; ib++) {                                                                    \
-        int32_t sqa, sa;                                                                       \
-        ISUM(&w[ib], &a[ib], &sqa, &sa);                                                       \
-        const float da = mf_q_fp16(a[ib].d);                                             \
-        const float dd = mf_q_fp16(w[ib].d) * da;                                        \
-        const float md = mf_q_fp16(w[ib].m) * da;                                        \
-        acc[ib & 3] += (double)dd * (double)sqa + (double)md * (double)sa;                     \
-    }                                                                                          \
-    return mf_q_combine4(acc);                                                                 \
-}
-
-MF_DOT_ASYM_Q8_0(mf_dot_q4_1_q8_0, block_q4_1, mf_q_vec_q4_1, mf_isum_q4_1)
-MF_DOT_ASYM_Q8_0(mf_dot_q5_1_q8_0, block_q5_1, mf_q_vec_q5_1, mf_isum_q5_1)
+/* ============================================================================================ */
+/* K-quants x Q8_K                                                                              */
+/* ============================================================================================ */
 
 /* K-quants x Q8_K, per super-block: sumi = sum_j sc_j * (q_j . a_j) exactly, the min term from
  * the activation's bsums; acc += (d_w d_a) sumi - (dmin_w d_a) summ in double. */

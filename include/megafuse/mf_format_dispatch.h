@@ -6,7 +6,7 @@
  * dtype (mf_dequantize_row, mf_quantize_row, mf_weight_row_dot_f32, mf_weight_row_dot_q8).
  *
  * Depends on: mf_dequant.h, mf_dot_f32.h, mf_act_quant.h, mf_dot_q8.h, mf_weight_quant.h (the
- * functions it dispatches to), ckernel_dtype.h (CKDataType, ck_dtype_row_bytes).
+ * functions it dispatches to), mf_act_layout.h (activation row sizes), ckernel_dtype.h (CKDataType).
  */
 #ifndef MEGAFUSE_MF_FORMAT_DISPATCH_H
 #define MEGAFUSE_MF_FORMAT_DISPATCH_H
@@ -17,6 +17,7 @@
 
 #include "ckernel_dtype.h"
 #include "mf_quant_common.h"
+#include "mf_act_layout.h"
 #include "mf_dequant.h"
 #include "mf_dot_f32.h"
 #include "mf_act_quant.h"
@@ -125,11 +126,16 @@ static inline int mf_activation_dtype(int dt)
     }
 }
 
-/* Bytes of one activation row of n values for weights of dt (0 for a non-weight dt). */
+/* Bytes of one activation row of n values for weights of dt (0 for a non-weight dt): the Q8_0 /
+ * Q8_K activation rows of mf_act_layout.h, n float32 for the float formats. */
 static inline size_t mf_activation_row_bytes(int dt, size_t n)
 {
-    const int adt = mf_activation_dtype(dt);
-    return adt < 0 ? 0 : ck_dtype_row_bytes((CKDataType)adt, n);
+    switch (mf_activation_dtype(dt)) {
+    case CK_DT_Q8_0: return mf_act_q8_0_row_bytes(n);
+    case CK_DT_Q8_K: return mf_act_q8_K_row_bytes(n);
+    case CK_DT_FP32: return n * sizeof(float);
+    default: return 0;
+    }
 }
 
 /* x[n] -> the activation row for weights of dt, mf_activation_row_bytes(dt, n) bytes at a. */

@@ -1,9 +1,10 @@
 /*
  * mf_quant_common.h -- what several roles of the weight formats share: the SIMD level switches
  * of the quant headers, scalar arithmetic helpers (products that never fuse, GGML's rounding),
- * the AVX2 building blocks of the integer paths, and the block pieces that dequantize, the float
- * dots and the int8 dots all decode the same way (fp16 scales, K-quant sub-block scales, Q6_K
- * codes).  A helper only one role uses lives in that role's header.
+ * the software prefetch of the multi-row kernels, the AVX2 building blocks of the integer paths,
+ * and the block pieces that dequantize, the float dots and the int8 dots all decode the same way
+ * (fp16 scales, K-quant sub-block scales, Q6_K codes).  A helper only one role uses lives in that
+ * role's header.
  *
  * SIMD levels.  One source, compiled once per level with the #if ladder of mf_simd.h
  * (MF_SIMD_AVX512 / MF_SIMD_AVX2 / generic).  MF_Q_AVX2 selects the 256-bit integer + FMA bodies
@@ -104,6 +105,68 @@ static inline uint32_t mf_le32(const uint8_t *qh)
 }
 
 /* ============================================================================================ */
+/* Prefetch of the weight rows ahead                                                            */
+/* ============================================================================================ */
+
+/* Software prefetch of the weight streams of the one-token multi-row kernels (int8 and float).
+ * They read four rows side by side with little load traffic per instruction, so the out-of-order
+ * window alone keeps too few DRAM misses in flight, and the hardware prefetchers do not run far
+ * enough ahead either (without software prefetch: about half the DRAM read rate, 2 threads).
+ *
+ * The four rows are consecutive rows of a matrix -- the projections hand a weight's rows in
+ * order -- so they are one contiguous region of 4 * row_bytes, and the next group of rows of this
+ * thread follows it.  As each row advances by `bytes` (from offset `done`), the same share of the
+ * region `dist` bytes further on is prefetched in address order: one stream, which the memory
+ * controller reads page by page, rather than four streams a row apart (measured here, Q4_0 rows
+ * of 2048 weights, 2 threads from DRAM: ~72 % -> ~90 % of a plain read's rate).  The lead is at
+ * least MF_Q_PF_MIN_BYTES: the region's last row is prefetched late in the call before its own,
+ * so a lead of one group of short rows (1 KiB of Q4_0 a row) would leave it ~100 ns ahead only.
+ * A prefetch past the end of the array is harmless. */
+#ifndef MF_Q_PF_ROWS
+#  define MF_Q_PF_ROWS 4
+#endif
+#ifndef MF_Q_PF_MIN_BYTES
+#  define MF_Q_PF_MIN_BYTES 16384
+#endif
+/* How far ahead four rows of row_bytes prefetch: MF_Q_PF_ROWS rows, a whole number of 4-row
+ * groups at least MF_Q_PF_MIN_BYTES ahead (short rows need more rows of lead). */
+static inline ptrdiff_t mf_q_pf_dist(ptrdiff_t row_bytes)
+{
+    ptrdiff_t rows = MF_Q_PF_ROWS;
+    while (rows * row_bytes < MF_Q_PF_MIN_BYTES)
+        rows += 4;
+    return rows * row_bytes;
+}
+#ifndef MF_Q_PF_LOCALITY
+#  define MF_Q_PF_LOCALITY 2                /* _MM_HINT_T1, into L2: long rows would thrash L1 */
+#endif
+static inline void mf_q_prefetch(const void *p, ptrdiff_t bytes, ptrdiff_t dist)
+{
+#if defined(__GNUC__)
+    const char *c = (const char *)p + dist;
+    for (ptrdiff_t o = 0; o < bytes; o += 64)
+        __builtin_prefetch(c + o, 0, MF_Q_PF_LOCALITY);
+#else
+    (void)p; (void)bytes; (void)dist;
+#endif
+}
+
+/* Four rows from row0 (contiguous) have read `done` bytes each and go on by `bytes`: prefetch
+ * 4 * bytes of the region dist = mf_q_pf_dist(row bytes) ahead, in address order. */
+static inline void mf_q_prefetch4(const void *row0, ptrdiff_t row_bytes, ptrdiff_t done,
+                                  ptrdiff_t bytes, ptrdiff_t dist)
+{
+#if defined(MF_Q_PF_PERROW)
+    for (int r = 0; r < 4; r++)
+        mf_q_prefetch((const char *)row0 + r * row_bytes + done, bytes, dist);
+#else
+    (void)row_bytes;
+    mf_q_prefetch((const char *)row0 + 4 * done, 4 * bytes, dist);
+#endif
+}
+
+
+/* ============================================================================================ */
 /* AVX2 building blocks                                                                         */
 /* ============================================================================================ */
 #if defined(MF_Q_AVX2)
@@ -154,12 +217,6 @@ static inline __m256i mf_q_dot_u8s8(__m256i acc, __m256i u, __m256i s)
     __m256i p = _mm256_maddubs_epi16(u, s);
     return _mm256_add_epi32(acc, _mm256_madd_epi16(p, _mm256_set1_epi16(1)));
 #endif
-}
-
-/* Per int32 lane: sum of 4 products w * a of signed bytes (|a| <= 127). */
-static inline __m256i mf_q_dot_s8s8(__m256i w, __m256i a)
-{
-    return mf_q_dot_u8s8(_mm256_setzero_si256(), _mm256_sign_epi8(w, w), _mm256_sign_epi8(a, w));
 }
 
 #endif /* MF_Q_AVX2 */

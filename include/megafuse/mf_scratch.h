@@ -9,6 +9,8 @@
  *   phase 3  out-projection + residual:            B -> output; (int8 path) B quantized -> A
  *
  *   region A  [T, H*Da] float32                       q, then the quantized attention rows
+ *             (int8 variant: at least [T] x (Q8_0 / Q8_K row of H*Da), which is larger when
+ *             H*Da = 32)
  *   region B  [T, max(Ea, H*Da)] float32              normalised input, then attention output
  *   region C  [T] x (Q8_0 row of Ea, if Ea % 32 == 0) then [T] x (Q8_K row of Ea, if Ea % 256
  *             == 0); the int8 variant only (the size helpers take no dtypes, so room is made for
@@ -22,6 +24,7 @@
 #include <stddef.h>
 
 #include "ggml_blocks.h"
+#include "mf_act_layout.h"
 
 typedef struct {
     size_t a;          /* offset of region A (0) */
@@ -35,15 +38,24 @@ typedef struct {
 
 static inline size_t mf_round_up_64(size_t n) { return (n + 63) / 64 * 64; }
 
-/* Bytes of a row of n activations as Q8_0 / Q8_K blocks; 0 when n is not whole blocks. */
+/* Bytes of a Q8_0 / Q8_K activation row of n values (mf_act_layout.h); 0 when n is not whole
+ * blocks. */
 static inline size_t mf_q8_0_row_bytes(size_t n)
 {
-    return n % QK8_0 == 0 ? n / QK8_0 * sizeof(block_q8_0) : 0;
+    return n % QK8_0 == 0 ? mf_act_q8_0_row_bytes(n) : 0;
 }
 
 static inline size_t mf_q8_K_row_bytes(size_t n)
 {
-    return n % QK_K == 0 ? n / QK_K * sizeof(block_q8_K) : 0;
+    return n % QK_K == 0 ? mf_act_q8_K_row_bytes(n) : 0;
+}
+
+/* Bytes of the larger of a Q8_0 and a Q8_K activation row of n values (each where n is whole
+ * blocks of it). */
+static inline size_t mf_q8_row_bytes(size_t n)
+{
+    size_t q8_0 = mf_q8_0_row_bytes(n), q8_k = mf_q8_K_row_bytes(n);
+    return q8_0 > q8_k ? q8_0 : q8_k;
 }
 
 static inline mf_prefill_scratch mf_prefill_scratch_layout(size_t T, size_t Ea, size_t H,
@@ -51,8 +63,11 @@ static inline mf_prefill_scratch mf_prefill_scratch_layout(size_t T, size_t Ea, 
 {
     mf_prefill_scratch s;
     size_t hda = H * Da, widest = Ea > hda ? Ea : hda;
+    size_t a_bytes = T * hda * sizeof(float);
+    if (int8_path && T * mf_q8_row_bytes(hda) > a_bytes)    /* H*Da = 32: a Q8_0 row is 192 B */
+        a_bytes = T * mf_q8_row_bytes(hda);
     s.a = 0;
-    s.b = mf_round_up_64(T * hda * sizeof(float));
+    s.b = mf_round_up_64(a_bytes);
     s.c_q8_0 = mf_round_up_64(s.b + T * widest * sizeof(float));
     s.q8_0_row = int8_path ? mf_q8_0_row_bytes(Ea) : 0;
     s.q8_k_row = int8_path ? mf_q8_K_row_bytes(Ea) : 0;
@@ -82,12 +97,6 @@ typedef struct {
     size_t aq_row;     /* bytes of a quantized row of region AQ */
     size_t total;
 } mf_mlp_scratch;
-
-static inline size_t mf_q8_row_bytes(size_t n)
-{
-    size_t q8_0 = mf_q8_0_row_bytes(n), q8_k = mf_q8_K_row_bytes(n);
-    return q8_0 > q8_k ? q8_0 : q8_k;
-}
 
 static inline mf_mlp_scratch mf_mlp_scratch_layout(size_t T, size_t Ea, size_t hda, size_t Ia)
 {
