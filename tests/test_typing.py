@@ -1,6 +1,7 @@
 """The type stubs (megafuse/__init__.pyi, megafuse/py.typed): `mypy --strict` accepts a typed
 client of the whole public API (tests/typing_client.py) and rejects misuse; the client also
 runs, so the stubs describe what the module really does."""
+import ast
 import os
 import subprocess
 import sys
@@ -44,6 +45,10 @@ def test_stubs_cover_the_public_api():
                if f"def {name}(" not in stub and f"{name}:" not in stub
                and f"as {name}" not in stub]
     assert not missing, f"names in megafuse.__all__ without a stub: {missing}"
+    stub_all = [ast.literal_eval(node.value) for node in ast.parse(stub).body
+                if isinstance(node, ast.Assign)
+                and [getattr(t, "id", None) for t in node.targets] == ["__all__"]]
+    assert stub_all == [megafuse.__all__], "the stub's __all__ is not megafuse.__all__"
 
 
 def test_typing_client_runs():
