@@ -116,7 +116,7 @@ class Model:
 
     @classmethod
     def from_gguf(cls, path: Any, *, cache_capacity: Optional[int] = None,
-                  activations: str = "int8") -> "Model":
+                  activations: str = "int8") -> Model:
         """The model of a llama- or qwen2-architecture GGUF file (any other architecture is a
         NotImplementedError naming it).  path: a path, a ``megafuse.gguf.GGUFFile`` or a
         ``gguf.GGUFReader``.  Weights stay read-only views of the file (one mmap) in their
@@ -149,8 +149,8 @@ class Model:
             layers.append(spec)
         sizes = {spec.pop("intermediate_dim") for spec in layers}
         if len(sizes) != 1:
-            raise NotImplementedError(f"feed_forward_length differs between layers ({sorted(sizes)})"
-                                      f": not supported")
+            raise NotImplementedError(f"feed_forward_length differs between layers "
+                                      f"({sorted(sizes)}): not supported")
         E = hp["embed_dim"]
         embedding, emb_dt = _gguf.tensor(reader, "token_embd.weight")
         V = int(embedding.shape[0])
