@@ -215,7 +215,6 @@ class DecoderLayer:
         spec.update(self._weights)
         spec.update(self._biases)
         spec.update({name + "_dt": int(dt) for name, dt in self._dtypes.items()})
-        from megafuse import _kernels
         self._runner = _kernels.ModelRunner(
             layers=[spec], embed_dim=E, num_heads=H, num_kv_heads=G, head_dim=D,
             intermediate_dim=I, cache_capacity=C, eps=self.eps, rope_cos=self.rope_cos,
