@@ -65,6 +65,11 @@ def test_mypy_strict_accepts_the_client_and_rejects_misuse(tmp_path):
     env = _env()
     if os.path.isfile(os.path.join(ROOT, "pyproject.toml")):
         env["MYPYPATH"] = ROOT        # a source tree (editable install): mypy reads it directly
+        # and checks its modules too, as `mypy` in the tree does: found on PYTHONPATH they would
+        # count as installed, their errors silenced
+        env["PYTHONPATH"] = os.pathsep.join(
+            p for p in env["PYTHONPATH"].split(os.pathsep)
+            if p and os.path.realpath(p) != os.path.realpath(ROOT))
     # (an installed wheel is found in site-packages through its py.typed)
     done = subprocess.run(
         [sys.executable, "-m", "mypy", "--strict", "--no-color-output", "--hide-error-context",
