@@ -44,9 +44,9 @@ def page_mode():
     probe[:] = 1                                       # touched, so the OS maps it
     after = mf.memory.huge_page_bytes(probe)
     got = None if before is None or after is None else min(after - before, probe.nbytes)
-    granted = "" if got is None else \
-        f"; the OS backed {100 * got / probe.nbytes:.0f}% of a {PAGE_PROBE_BYTES >> 20} MiB " \
-        f"probe with them"
+    granted = "" if got is None else (
+        f"; the OS backed {100 * got / probe.nbytes:.0f}% of a {PAGE_PROBE_BYTES >> 20} MiB "
+        f"probe with them")
     return f"2 MiB pages (megafuse.empty{granted})"
 
 

@@ -55,10 +55,11 @@ def random_weights(dt, rows, cols, seed=0):
     if dt == DT.FP32:
         return rng.standard_normal((rows, cols), dtype=np.float32)
     if dt == DT.FP16:
-        return rng.standard_normal((rows, cols), dtype=np.float32).astype(np.float16).view(np.uint16)
+        x = rng.standard_normal((rows, cols), dtype=np.float32)
+        return x.astype(np.float16).view(np.uint16)
     if dt == DT.BF16:
-        return (rng.standard_normal((rows, cols), dtype=np.float32).view(np.uint32) >> 16).astype(
-            np.uint16)
+        x = rng.standard_normal((rows, cols), dtype=np.float32)
+        return (x.view(np.uint32) >> 16).astype(np.uint16)
     nb = rows * cols // mf.ck_dtype_block_size(dt)
     raw = rng.integers(0, 256, (nb, mf.ck_dtype_block_bytes(dt)), dtype=np.uint8)
     for off in SCALE_FIELDS[dt]:

@@ -24,9 +24,9 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the helpers, any --import-mode
 
-import _report  # noqa: E402
-import _roofline  # noqa: E402
-from _config import JSON_PATH, TABLE_PATH  # noqa: E402
+import _report
+import _roofline
+from _config import JSON_PATH, TABLE_PATH
 
 
 def pytest_collect_file(file_path, parent):

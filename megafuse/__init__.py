@@ -12,11 +12,11 @@ after a self-test against the generic kernels; ``MEGAFUSE_SIMD`` forces a lower 
 import os as _os
 from importlib import metadata as _metadata
 
-from megafuse._dtype import (  # noqa: F401
+from megafuse._dtype import (
     CKDataType, CK_DT_FP32, CK_DT_BF16, CK_DT_FP16, CK_DT_INT8, CK_DT_INT4, CK_DT_Q4_0,
     CK_DT_Q4_1, CK_DT_Q4_K, CK_DT_Q6_K, CK_DT_Q8_0, CK_DT_Q8_K, CK_DT_Q5_0, CK_DT_Q5_1,
     CK_DT_Q5_K, CK_DT_COUNT)
-from megafuse._kernels import (  # noqa: F401
+from megafuse._kernels import (
     mega_fused_attention_decode,
     mega_fused_attention_decode_workspace,
     mega_fused_attention_prefill,
@@ -52,9 +52,9 @@ from megafuse import _selftest
 # kernels has passed (a RuntimeWarning and the next level down if not: megafuse/_selftest.py).
 _selftest.select_level()
 
-from megafuse.layer import DecoderLayer, rope_tables  # noqa: E402,F401  (pure Python)
-from megafuse.model import Model, ModelConfig  # noqa: E402,F401  (pure Python)
-from megafuse.memory import empty, zeros, empty_like  # noqa: E402,F401  (2 MiB pages)
+from megafuse.layer import DecoderLayer, rope_tables  # noqa: E402  (pure Python)
+from megafuse.model import Model, ModelConfig  # noqa: E402  (pure Python)
+from megafuse.memory import empty, zeros, empty_like  # noqa: E402  (2 MiB pages)
 
 
 def _version():

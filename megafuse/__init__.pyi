@@ -3,7 +3,8 @@
 # activations, caches, biases and FP32 weights; uint8 / uint16 / float16 for the other weight
 # formats; any dtype for scratch.  The run-time checks (docs/contract.md §5) are stricter than these
 # types can say: sizes, contiguity and writeability are checked when called.
-from typing import IO, Any, Dict, List, Literal, Optional, Sequence, SupportsIndex, Tuple, Union
+from typing import (IO, Any, Dict, Literal, Optional, Sequence, SupportsIndex, Tuple, TypeAlias,
+                    Union)
 
 import numpy as np
 import numpy.typing as npt
@@ -25,13 +26,42 @@ from megafuse.memory import empty as empty
 from megafuse.memory import empty_like as empty_like
 from megafuse.memory import zeros as zeros
 
-_F32 = npt.NDArray[np.float32]
-_Array = npt.NDArray[Any]                      # a weight in its format, or any-dtype scratch
-_DType = Union[CKDataType, SupportsIndex]      # a CKDataType or its int value
-_Shape = Union[SupportsIndex, Sequence[SupportsIndex]]
+_F32: TypeAlias = npt.NDArray[np.float32]
+_Array: TypeAlias = npt.NDArray[Any]                  # a weight in its format, or any-dtype scratch
+_DType: TypeAlias = Union[CKDataType, SupportsIndex]  # a CKDataType or its int value
+_Shape: TypeAlias = Union[SupportsIndex, Sequence[SupportsIndex]]
 
 __version__: str
-__all__: List[str]
+# the same list as megafuse/__init__.py's (tests/test_typing.py compares them)
+__all__ = [
+    # the header's functions
+    "mega_fused_attention_decode", "mega_fused_attention_decode_workspace",
+    "mega_fused_attention_prefill", "mega_fused_attention_prefill_q8_0",
+    "mega_fused_attention_prefill_scratch_size", "mega_fused_attention_prefill_q8_0_scratch_size",
+    "mega_fused_outproj_mlp_prefill", "mega_fused_outproj_mlp_prefill_scratch_size",
+    "mega_fused_mlp_prefill", "mega_fused_mlp_prefill_scratch_size",
+    "mega_fused_outproj_mlp_prefill_f32", "mega_fused_mlp_prefill_f32",
+    "mega_fuse_rmsnorm_qkv", "mega_fuse_rmsnorm_qkv_rope", "mega_fuse_get_optimal_tiles",
+    "mega_fuse_report_stats",
+    # weight formats
+    "quantize", "dequantize",
+    # data types
+    "CKDataType", "CK_DT_FP32", "CK_DT_BF16", "CK_DT_FP16", "CK_DT_INT8", "CK_DT_INT4",
+    "CK_DT_Q4_0", "CK_DT_Q4_1", "CK_DT_Q4_K", "CK_DT_Q6_K", "CK_DT_Q8_0", "CK_DT_Q8_K",
+    "CK_DT_Q5_0", "CK_DT_Q5_1", "CK_DT_Q5_K", "CK_DT_COUNT", "CK_DT_MASK",
+    "ck_dtype_is_quantized", "ck_dtype_bytes", "ck_dtype_block_size", "ck_dtype_block_bytes",
+    "ck_dtype_row_bytes", "ck_dtype_supported",
+    # configuration
+    "set_num_threads", "get_num_threads", "simd_level", "get_include", "show_config",
+    # a whole decoder layer (megafuse.layer); GGUF weights: the megafuse.gguf module (lazy)
+    "DecoderLayer", "rope_tables",
+    # a whole GGUF model, tokens in and logits / text out (megafuse.model, megafuse.sampling)
+    "Model", "ModelConfig",
+    # text <-> token ids from a GGUF vocabulary (megafuse.tokenizer, imported on first use)
+    "Tokenizer",
+    # arrays on 2 MiB pages for weights and caches (megafuse.memory)
+    "empty", "zeros", "empty_like",
+]
 
 CK_DT_FP32: Literal[CKDataType.FP32]
 CK_DT_BF16: Literal[CKDataType.BF16]

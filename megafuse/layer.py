@@ -215,7 +215,6 @@ class DecoderLayer:
         spec.update(self._weights)
         spec.update(self._biases)
         spec.update({name + "_dt": int(dt) for name, dt in self._dtypes.items()})
-        from megafuse import _kernels
         self._runner = _kernels.ModelRunner(
             layers=[spec], embed_dim=E, num_heads=H, num_kv_heads=G, head_dim=D,
             intermediate_dim=I, cache_capacity=C, eps=self.eps, rope_cos=self.rope_cos,
@@ -242,7 +241,7 @@ class DecoderLayer:
                     max_tokens: Optional[int] = None,
                     rope_freq_factors: Optional[npt.ArrayLike] = None,
                     rope_position_scale: float = 1.0,
-                    activations: str = "int8") -> "DecoderLayer":
+                    activations: str = "int8") -> DecoderLayer:
         """A layer from NumPy weights in the torch ``Linear.weight`` layout:
 
         wq [H*D, E], wk / wv [G*D, E], wo [E, H*D], w1 [2*I, E] (the gate rows, then the up
@@ -296,7 +295,7 @@ class DecoderLayer:
     @classmethod
     def from_gguf(cls, reader: Any, layer_index: int, *, cache_capacity: Optional[int] = None,
                   max_tokens: Optional[int] = None,
-                  activations: str = "int8") -> "DecoderLayer":
+                  activations: str = "int8") -> DecoderLayer:
         """Layer ``layer_index`` of a llama- or qwen2-architecture GGUF file.
 
         reader: a path, a ``megafuse.gguf.GGUFFile`` or a ``gguf.GGUFReader``.  Weights stay
@@ -485,7 +484,7 @@ class DecoderLayer:
         ref: Any = importlib.import_module("megafuse.reference")
         xa = self._input(x, 2, "reference")
         T = int(xa.shape[0])
-        if T > self.cache_capacity:
+        if T > self.cache_capacity:  # noqa: SIM300 -- T is the token count, not a constant
             raise ValueError(f"reference: {T} tokens exceed cache_capacity = "
                              f"{self.cache_capacity}")
         E, H, G, D, I = (self.embed_dim, self.num_heads, self.num_kv_heads, self.head_dim,

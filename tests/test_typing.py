@@ -1,6 +1,7 @@
 """The type stubs (megafuse/__init__.pyi, megafuse/py.typed): `mypy --strict` accepts a typed
 client of the whole public API (tests/typing_client.py) and rejects misuse; the client also
 runs, so the stubs describe what the module really does."""
+import ast
 import os
 import subprocess
 import sys
@@ -44,6 +45,10 @@ def test_stubs_cover_the_public_api():
                if f"def {name}(" not in stub and f"{name}:" not in stub
                and f"as {name}" not in stub]
     assert not missing, f"names in megafuse.__all__ without a stub: {missing}"
+    stub_all = [ast.literal_eval(node.value) for node in ast.parse(stub).body
+                if isinstance(node, ast.Assign)
+                and [getattr(t, "id", None) for t in node.targets] == ["__all__"]]
+    assert stub_all == [megafuse.__all__], "the stub's __all__ is not megafuse.__all__"
 
 
 def test_typing_client_runs():
@@ -60,6 +65,11 @@ def test_mypy_strict_accepts_the_client_and_rejects_misuse(tmp_path):
     env = _env()
     if os.path.isfile(os.path.join(ROOT, "pyproject.toml")):
         env["MYPYPATH"] = ROOT        # a source tree (editable install): mypy reads it directly
+        # and checks its modules too, as `mypy` in the tree does: found on PYTHONPATH they would
+        # count as installed, their errors silenced
+        env["PYTHONPATH"] = os.pathsep.join(
+            p for p in env["PYTHONPATH"].split(os.pathsep)
+            if p and os.path.realpath(p) != os.path.realpath(ROOT))
     # (an installed wheel is found in site-packages through its py.typed)
     done = subprocess.run(
         [sys.executable, "-m", "mypy", "--strict", "--no-color-output", "--hide-error-context",

@@ -96,7 +96,8 @@ DECODE_RULES = [
         output=np.zeros(a["aligned_embed_dim"] + 8, np.float32)[8:],
         input=None) or a.update(input=a["output"].base[:a["aligned_embed_dim"]]), ValueError,
      ["overlaps"]),
-    ("output-is-cache", lambda a: a.update(output=a["kv_cache_k"].reshape(-1)[:a["aligned_embed_dim"]]),
+    ("output-is-cache",
+     lambda a: a.update(output=a["kv_cache_k"].reshape(-1)[:a["aligned_embed_dim"]]),
      ValueError, ["overlaps"]),
 ]
 

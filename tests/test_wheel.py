@@ -252,11 +252,11 @@ def _ignore(folder, names):
     and the C files Cython generates (regenerated from the .pyx)."""
     skip = set()
     for name in names:
-        if name in SKIP_DIRS or name.endswith((".egg-info", ".so", ".pyd")):
-            skip.add(name)
-        elif name.endswith(".c") and os.path.exists(os.path.join(folder, name[:-2] + ".pyx")):
-            skip.add(name)
-        elif name == "_build_config.py":        # an older setup.py wrote it here: stale
+        build_output = name in SKIP_DIRS or name.endswith((".egg-info", ".so", ".pyd"))
+        generated_c = (name.endswith(".c")
+                       and os.path.exists(os.path.join(folder, name[:-2] + ".pyx")))
+        stale = name == "_build_config.py"          # an older setup.py wrote it here
+        if build_output or generated_c or stale:
             skip.add(name)
     return skip
 
@@ -317,11 +317,12 @@ def test_wheel_installs_into_a_fresh_venv_and_is_self_contained(tmp_path):
     #    pytest, and what the downstream build needs (Cython, setuptools)
     venv = os.path.join(tmp, "venv")
     py = _venv_python(venv)
-    venv_log = open(os.path.join(tmp, "venv.log"), "w+")
-    prepare = subprocess.Popen(
-        f'"{sys.executable}" -m venv "{venv}" && "{py}" -m pip install -q numpy pytest '
-        f'"Cython>=3.0" "setuptools>=64"', shell=True, cwd=tmp, env=env, stdout=venv_log,
-        stderr=subprocess.STDOUT, start_new_session=os.name != "nt")
+    venv_log = os.path.join(tmp, "venv.log")
+    with open(venv_log, "w") as log:                # the child writes it through its own copy
+        prepare = subprocess.Popen(
+            f'"{sys.executable}" -m venv "{venv}" && "{py}" -m pip install -q numpy pytest '
+            f'"Cython>=3.0" "setuptools>=64"', shell=True, cwd=tmp, env=env, stdout=log,
+            stderr=subprocess.STDOUT, start_new_session=os.name != "nt")
 
     try:
         # 1. the wheel, built from a copy of the sources (the working tree is left alone: no
@@ -341,7 +342,8 @@ def test_wheel_installs_into_a_fresh_venv_and_is_self_contained(tmp_path):
                   if f.startswith("megafuse-") and f.endswith(".whl")]
         assert len(wheels) == 1, wheels
         wheel = os.path.join(dist, wheels[0])
-        names = zipfile.ZipFile(wheel).namelist()
+        with zipfile.ZipFile(wheel) as whl:
+            names = whl.namelist()
         for needed in ("megafuse/include/megafuse/mega_fused_attention.h",
                        "megafuse/_kernels.pxd", "megafuse/__init__.pyi", "megafuse/py.typed",
                        "megafuse/layer.py", "megafuse/gguf.py"):
@@ -350,8 +352,8 @@ def test_wheel_installs_into_a_fresh_venv_and_is_self_contained(tmp_path):
 
         # 2. the wheel into the fresh venv
         status = prepare.wait(timeout=900)
-        venv_log.seek(0)
-        assert status == 0, f"creating the venv failed:\n{venv_log.read()[-3000:]}"
+        with open(venv_log) as log:
+            assert status == 0, f"creating the venv failed:\n{log.read()[-3000:]}"
         _run([py, "-m", "pip", "install", "-q", "--no-deps", wheel], tmp, env)
 
     finally:
@@ -361,7 +363,6 @@ def test_wheel_installs_into_a_fresh_venv_and_is_self_contained(tmp_path):
             else:
                 prepare.kill()
             prepare.wait()
-        venv_log.close()
 
     # 3. imported from site-packages, headers and .pxd shipped, the kernels run
     check = os.path.join(tmp, "check_installed.py")

@@ -76,10 +76,10 @@ TEXTS = [
     "  \n  \t x \n\n",
     "trailing newline\n",
     # code
-    "def square(x):\n    \"\"\"Return x squared.\"\"\"\n    return x ** 2  # comment\n\n"
-    "print([square(i) for i in range(10)])\n",
-    "#include <stdio.h>\n\nint main(void) {\n\tint a[3] = {1, 2, 3};\n"
-    "\tprintf(\"%d\\n\", a[0] + a[2]);\n\treturn 0;\n}\n",
+    ("def square(x):\n    \"\"\"Return x squared.\"\"\"\n    return x ** 2  # comment\n\n"
+     "print([square(i) for i in range(10)])\n"),
+    ("#include <stdio.h>\n\nint main(void) {\n\tint a[3] = {1, 2, 3};\n"
+     "\tprintf(\"%d\\n\", a[0] + a[2]);\n\treturn 0;\n}\n"),
     "if (x != nullptr && y->z >= 0x1F) { return ~x | (y << 2); }",
     # punctuation, contractions, casing
     "I'm sure you'll see they've done it. Don't you? IT'S FINE, WE'RE OK.",
@@ -169,7 +169,7 @@ def record(tok, key):
                 ids = tok.apply_chat_template(messages, add_generation_prompt=gen,
                                               tokenize=True, **kwargs)
                 item["ids"] = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
-            except Exception as exc:  # the template's raise_exception
+            except Exception as exc:  # noqa: BLE001 -- the template's raise_exception, recorded
                 item["error"] = f"{type(exc).__name__}: {exc}"
             entry["chats"].append(item)
     return entry
