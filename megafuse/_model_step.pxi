@@ -20,6 +20,12 @@
 #
 # then NORM_OUT (the rows that want logits) and HEAD (HEAD_ROWS vocabulary rows a chunk).
 #
+# A chunk that reads weights first prefetches its own rows into L2 (mf_prefetch_l2; the head:
+# its first PREFETCH_HEAD_BYTES).  The one-token dots prefetch MF_Q_PF_MIN_BYTES ahead as they
+# stream, but in a decode step a chunk is only 12-46 KB, and the chunk right after it is being
+# read by another thread at the same time: that lead arrives too late, and a chunk's first rows
+# would wait on DRAM.
+#
 # Every chunk runs the building blocks of the per-layer kernels (linear_block, swiglu_block,
 # rmsnorm_row, the attention tasks) on the same token rows, so a step computes what the header
 # functions compute layer by layer; which thread runs a chunk never changes a result.
@@ -40,6 +46,7 @@ cdef enum:
     PHASE_HEAD = 12
     STEP_ROW_TOKENS = 8       # token rows a chunk of the norm / quantize / load phases
     HEAD_ROWS = 256           # vocabulary rows a chunk of the head
+    PREFETCH_HEAD_BYTES = 16384   # of a head chunk's rows, prefetched as it starts
     SMALL_STEP_TOKENS = 4     # up to this many tokens, projections are cut into 32-row chunks
 
 
@@ -182,6 +189,7 @@ cdef void qkv_head(const mf_step *st, const mf_model_layer *ly, Py_ssize_t hh) n
         b = ly.bv + g * D if ly.bv != NULL else NULL
         out, ld, rope = ly.v_cache + (g * C + S) * D, D, False
     xq = q8_rows_for(st, dt, &xq_row)
+    mf_prefetch_l2(w, D * row_bytes)
     r0 = 0
     while r0 < D:
         linear_block(r0, w, row_bytes, dt, E, b, D, D, xn, E, xq, xq_row, T, out, NULL, ld)
@@ -263,6 +271,7 @@ cdef void run_chunk(const mf_step *st, const mf_phase *ph, Py_ssize_t c) noexcep
         rows = proj_rows(st)
         e0 = c * rows
         rb = ck_dtype_row_bytes(ly.wo_dt, HD)
+        mf_prefetch_l2(<const char *>ly.wo + e0 * rb, (min(E, e0 + rows) - e0) * rb)
         linear_block(e0, <const char *>ly.wo, rb, ly.wo_dt, HD, ly.bo, E, min(E, e0 + rows),
                      attn, HD, attnq if m.int8 and uses_q8_activations(ly.wo_dt) else NULL,
                      st.layout.attnq_row, T, x, x, E)
@@ -270,6 +279,10 @@ cdef void run_chunk(const mf_step *st, const mf_phase *ph, Py_ssize_t c) noexcep
         normalise_rows(st, x, ly.ln2_gamma, t0, t1, ly.w1_dt, ly.w1_dt, ly.w1_dt)
     elif kind == PHASE_GATEUP:
         xq = q8_rows_for(st, ly.w1_dt, &xq_row)
+        rb = ck_dtype_row_bytes(ly.w1_dt, E)
+        rows = min(I, (c + 1) * GEMM_ROWS) - c * GEMM_ROWS
+        mf_prefetch_l2(<const char *>ly.w1 + c * GEMM_ROWS * rb, rows * rb)          # gate rows
+        mf_prefetch_l2(<const char *>ly.w1 + (I + c * GEMM_ROWS) * rb, rows * rb)    # up rows
         swiglu_block(c * GEMM_ROWS, <const char *>ly.w1, ck_dtype_row_bytes(ly.w1_dt, E),
                      ly.w1_dt, E, ly.b1, xn, xq, xq_row, T, I, I, act)
     elif kind == PHASE_QUANT_ACT:
@@ -279,6 +292,8 @@ cdef void run_chunk(const mf_step *st, const mf_phase *ph, Py_ssize_t c) noexcep
         rows = proj_rows(st)
         e0 = c * rows
         out = x
+        rb = ck_dtype_row_bytes(ly.w2_dt, I)
+        mf_prefetch_l2(<const char *>ly.w2 + e0 * rb, (min(E, e0 + rows) - e0) * rb)
         if st.x_out != NULL and ph.layer == m.n_layers - 1:
             out = st.x_out                      # the last layer's result goes to the caller
         linear_block(e0, <const char *>ly.w2, ck_dtype_row_bytes(ly.w2_dt, I), ly.w2_dt, I,
@@ -301,6 +316,9 @@ cdef void run_chunk(const mf_step *st, const mf_phase *ph, Py_ssize_t c) noexcep
         xq = q8_rows_for(st, m.head_dt, &xq_row)
         row_bytes = ck_dtype_row_bytes(m.head_dt, E)
         e0 = c * HEAD_ROWS
+        rows = min(V, e0 + HEAD_ROWS) - e0
+        mf_prefetch_l2(<const char *>m.head + e0 * row_bytes,
+                       min(<Py_ssize_t>PREFETCH_HEAD_BYTES, rows * row_bytes))
         while e0 < min(V, (c + 1) * HEAD_ROWS):
             linear_block(e0, <const char *>m.head, row_bytes, m.head_dt, E, NULL, V,
                          min(V, (c + 1) * HEAD_ROWS), xn, E, xq, xq_row, st.R, st.logits, NULL,

@@ -60,6 +60,47 @@ class ModelConfig:
     name: str = ""                 # general.name
 
 
+
+_STEP_ORDER = ("wq", "wk", "wv", "wo", "w1", "w2")   # a layer's matrices, in the order a step reads
+
+
+def _pack_weights(layers: List[Dict[str, Any]], head: Any) -> Any:
+    """Copy every layer's matrices (_STEP_ORDER), then the output head, into one read-only arena
+    on 2 MiB pages (``megafuse.empty``), each at a 64-byte boundary; the layer specs then hold
+    views of it.  Returns the head's view.
+
+    Why: a decode step streams every weight byte from DRAM once.  From the file's mmap (4 KiB
+    page-cache pages, tensors in the file's order) the reads cross a page every 4 KiB, and the
+    prefetch that runs ahead of one matrix's rows lands in whatever tensor the file puts next.
+    On 2 MiB pages in step order, it lands in the next matrix the step reads.  Measured on
+    SmolLM2-135M Q4_1 (2 threads): tg64 about 10 % faster."""
+    from megafuse.memory import empty
+    order: List[Tuple[Optional[Dict[str, Any]], str]] = [
+        (spec, name) for spec in layers for name in _STEP_ORDER]
+    order.append((None, "head"))
+
+    def source(spec: Optional[Dict[str, Any]], name: str) -> Any:
+        return head if spec is None else spec[name]
+
+    def padded(nbytes: int) -> int:
+        return -(-nbytes // 64) * 64
+
+    arena = empty(sum(padded(source(s, n).nbytes) for s, n in order), np.uint8)   # [bytes]
+    offset = 0
+    packed_head = head
+    for spec, name in order:
+        a = source(spec, name)
+        view = arena[offset:offset + a.nbytes].view(a.dtype).reshape(a.shape)   # a's shape
+        view[...] = a
+        view.flags.writeable = False
+        if spec is None:
+            packed_head = view
+        else:
+            spec[name] = view
+        offset += padded(a.nbytes)
+    return packed_head
+
+
 class Model:
     """A decoder-only LLM (llama / qwen2 layout) on megafuse's kernels.  Build it with
     :meth:`from_gguf`.
@@ -120,10 +161,12 @@ class Model:
                   activations: str = "int8") -> Model:
         """The model of a llama- or qwen2-architecture GGUF file (any other architecture is a
         NotImplementedError naming it).  path: a path, a ``megafuse.gguf.GGUFFile`` or a
-        ``gguf.GGUFReader``.  Weights stay read-only views of the file (one mmap) in their
-        GGML formats, except what ``megafuse.gguf.layer_arrays`` copies (w1 = gate + up rows;
-        llama's q / k rows put back in rotate-half order).  cache_capacity (positions of the KV
-        cache) defaults to min(context length, 4096)."""
+        ``gguf.GGUFReader``.  Weights keep their GGML formats.  The layers' matrices and the
+        output head are copied once into one arena on 2 MiB pages, in the order a step reads
+        them (``_pack_weights``); an untied token embedding stays a read-only view of the file
+        (a step reads only its tokens' rows).  ``megafuse.gguf.layer_arrays`` already gives
+        w1 as gate + up rows and llama's q / k rows in rotate-half order.  cache_capacity
+        (positions of the KV cache) defaults to min(context length, 4096)."""
         from megafuse import gguf as _gguf
         from megafuse.layer import rope_tables
         if activations not in _ACTIVATIONS:
@@ -159,6 +202,9 @@ class Model:
         tied = "output.weight" not in names
         head, head_dt = (embedding, emb_dt) if tied else _gguf.tensor(reader, "output.weight")
         out_norm = _gguf._float_vector(reader, "output_norm.weight", E)
+        head = _pack_weights(layers, head)
+        if tied:
+            embedding = head                      # the tied embedding: the head's rows
         ctx = hp["context_length"]
         if cache_capacity is None:
             cache_capacity = min(ctx, 4096) if ctx > 0 else 4096
