@@ -1,0 +1,131 @@
+"""The fixed cost of a step: what a decode call costs when there is almost no work in it.
+
+    pytest benchmarks/bench_overhead.py --benchmark-only
+
+Rows (E 64, 2 / 1 heads of 32, ffn 128, 64 cache positions; seeded random weights):
+
+- ``tiny-layer-decode-<FP32|Q8_0>``: one ``DecoderLayer.decode`` of one token, as a user calls it
+  (the Python checks, the one native call, the thread team's wake-up).
+- ``tiny-model-step-L<1|32>-<FP32|Q8_0>``: one ``Model.forward`` of one token through a model of
+  1 or 32 such layers and a 256-token head.  The cost of one layer inside a whole-model step is
+  (L32 - L1) / 31, printed at the end of the run.
+
+Every round decodes the next position of a cache that starts over (untimed ``reset()``) when
+full.  The weights are a few KiB: this is call, scheduling and synchronisation overhead, not
+memory traffic.
+"""
+import numpy as np
+import pytest
+
+import megafuse as mf
+from megafuse._dtype import CKDataType
+from megafuse.model import Model, ModelConfig
+
+from _config import THREADS
+from _timing import measure
+
+E, H, G, D, I, V, C = 64, 2, 1, 32, 128, 256, 64
+FORMATS = ("FP32", "Q8_0")
+LAYER_COUNTS = (1, 32)
+RESULTS = {}          # (kind, format, layers) -> median seconds
+
+
+def _matrix(rng, rows, cols, fmt):
+    w = rng.standard_normal((rows, cols), dtype=np.float32)                      # [rows, cols]
+    w /= np.float32(np.sqrt(cols))
+    return w if fmt == "FP32" else mf.quantize(w, CKDataType[fmt])
+
+
+def _layer_spec(rng, fmt):
+    dims = {"wq": (H * D, E), "wk": (G * D, E), "wv": (G * D, E), "wo": (E, H * D),
+            "w1": (2 * I, E), "w2": (E, I)}
+    spec = {name: _matrix(rng, r, c, fmt) for name, (r, c) in dims.items()}
+    for name in dims:
+        spec[name + "_dt"] = int(CKDataType[fmt])
+    spec["ln1_gamma"] = (1.0 + 0.1 * rng.standard_normal(E)).astype(np.float32)   # [E]
+    spec["ln2_gamma"] = (1.0 + 0.1 * rng.standard_normal(E)).astype(np.float32)   # [E]
+    for name in ("bq", "bk", "bv", "bo", "b1", "b2"):
+        spec[name] = None
+    return spec
+
+
+def tiny_model(fmt, n_layers):
+    rng = np.random.default_rng(7)
+    layers = [_layer_spec(rng, fmt) for _ in range(n_layers)]
+    head = _matrix(rng, V, E, fmt)                                                # [V, E]
+    cos, sin = mf.rope_tables(D, C, 10000.0)
+    config = ModelConfig(architecture="llama", n_layers=n_layers, embed_dim=E, num_heads=H,
+                         num_kv_heads=G, head_dim=D, intermediate_dim=I, vocab_size=V,
+                         context_length=C, eps=1e-5, rope_theta=10000.0, rope_position_scale=1.0,
+                         has_rope_freqs=False, tied_embedding=True, name="tiny")
+    return Model(config=config, layers=layers, embedding=head, embedding_dt=CKDataType[fmt],
+                 out_norm=np.ones(E, np.float32), head=head, head_dt=CKDataType[fmt],
+                 rope_cos=cos, rope_sin=sin, cache_capacity=C, activations="int8")
+
+
+def tiny_layer(fmt):
+    rng = np.random.default_rng(7)
+    spec = _layer_spec(rng, fmt)
+    ws = {name: spec[name] for name in ("wq", "wk", "wv", "wo", "w1", "w2")}
+    return mf.DecoderLayer(ln1_gamma=spec["ln1_gamma"], ln2_gamma=spec["ln2_gamma"], **ws,
+                           dtype=fmt, num_heads=H, num_kv_heads=G, head_dim=D,
+                           intermediate_dim=I, eps=1e-5, rope_theta=10000.0, cache_capacity=C,
+                           max_tokens=1)
+
+
+@pytest.fixture(autouse=True)
+def _threads():
+    before = mf.get_num_threads()
+    mf.set_num_threads(THREADS)
+    yield
+    mf.set_num_threads(before)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_tiny_layer_decode(benchmark, fmt):
+    benchmark.name = f"tiny-layer-decode-{fmt}"
+    layer = tiny_layer(fmt)
+    x = np.random.default_rng(1).standard_normal(E, dtype=np.float32)            # [E]
+
+    def setup():
+        if layer.position >= C:
+            layer.reset()
+
+    median, _ = measure(benchmark, lambda: layer.decode(x), setup=setup)
+    RESULTS[("layer", fmt, 1)] = median
+
+
+@pytest.mark.parametrize("n_layers", LAYER_COUNTS)
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_tiny_model_step(benchmark, fmt, n_layers):
+    benchmark.name = f"tiny-model-step-L{n_layers}-{fmt}"
+    model = tiny_model(fmt, n_layers)
+    token = np.array([3], np.int32)
+
+    def setup():
+        if model.position >= C:
+            model.reset()
+
+    median, _ = measure(benchmark, lambda: model.forward(token), setup=setup)
+    RESULTS[("model", fmt, n_layers)] = median
+
+
+def summary_lines():
+    lines = []
+    for fmt in FORMATS:
+        layer = RESULTS.get(("layer", fmt, 1))
+        one, many = RESULTS.get(("model", fmt, 1)), RESULTS.get(("model", fmt, 32))
+        if layer is not None:
+            lines.append(f"tiny layer decode {fmt}: {layer * 1e6:.1f} us a call")
+        if one is not None and many is not None:
+            lines.append(f"model step {fmt}: L1 {one * 1e6:.1f} us, L32 {many * 1e6:.1f} us, "
+                         f"{(many - one) / 31 * 1e6:.2f} us a layer")
+    return lines
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _summary():
+    yield
+    lines = summary_lines()
+    if lines:
+        print("\n" + "\n".join(["fixed cost (bench_overhead.py)"] + lines))
