@@ -133,8 +133,8 @@ static inline uint32_t mf_le32(const uint8_t *qh)
 static inline ptrdiff_t mf_q_pf_dist(ptrdiff_t row_bytes)
 {
     ptrdiff_t rows = MF_Q_PF_ROWS;
-    while (rows * row_bytes < MF_Q_PF_MIN_BYTES)
-        rows += 4;
+    if (rows * row_bytes < MF_Q_PF_MIN_BYTES)      /* the least multiple of 4 rows that reaches it */
+        rows = (MF_Q_PF_MIN_BYTES + 4 * row_bytes - 1) / (4 * row_bytes) * 4;
     return rows * row_bytes;
 }
 #ifndef MF_Q_PF_LOCALITY
