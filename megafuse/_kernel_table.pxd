@@ -75,11 +75,18 @@ cdef extern from "megafuse/mf_model.h" nogil:
         size_t total
     mf_step_scratch mf_step_scratch_layout(size_t E, size_t HD, size_t F, size_t xq_row,
                                            size_t xqk_row, size_t attnq_row, size_t actq_row)
+    ctypedef struct mf_lane:
+        uint32_t start
+        uint32_t end
     ctypedef struct mf_phase:
         int kind
         int layer
         uint32_t base
         uint32_t n
+        int n_lanes
+        mf_lane lanes[8]
+    void mf_phase_cut_lanes(mf_phase *ph, int n_threads)
+    uint32_t mf_phase_take(mf_phase *ph, int lane)
     size_t mf_step_max_phases(size_t n_layers)
     ctypedef struct mf_step:
         const mf_model *m
@@ -87,6 +94,7 @@ cdef extern from "megafuse/mf_model.h" nogil:
         mf_step_scratch layout
         mf_phase *phases
         int n_phases
+        int n_threads
         const int32_t *tokens
         const float *x_in
         float *x_out

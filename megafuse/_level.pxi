@@ -13,7 +13,8 @@ from libc.stdint cimport int32_t, int64_t, uint32_t
 from megafuse._kernel_table cimport (
     KernelTable, KERNEL_TABLE_VERSION, MF_ATT_MAX_KV_TILE, MF_MAX_Q_TILE, MF_SIMD_NAME,
     mf_team, mf_team_claim_gen, mf_team_wait_done, mf_team_chunk_done, mf_team_run,
-    mf_model, mf_model_layer, mf_step, mf_phase, MF_STEP_TOKENS)
+    mf_model, mf_model_layer, mf_step, mf_phase, mf_phase_cut_lanes, mf_phase_take,
+    MF_STEP_TOKENS)
 from megafuse._ckernel_dtype cimport (
     CKDataType, CK_DT_FP32, CK_DT_Q8_0, CK_DT_Q8_K, ck_dtype_block_size, ck_dtype_row_bytes)
 from megafuse._mf_quant cimport (

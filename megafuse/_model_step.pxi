@@ -20,11 +20,15 @@
 #
 # then NORM_OUT (the rows that want logits) and HEAD (HEAD_ROWS vocabulary rows a chunk).
 #
-# A chunk that reads weights first prefetches its own rows into L2 (mf_prefetch_l2; the head:
-# its first PREFETCH_HEAD_BYTES).  The one-token dots prefetch MF_Q_PF_MIN_BYTES ahead as they
-# stream, but in a decode step a chunk is only 12-46 KB, and the chunk right after it is being
-# read by another thread at the same time: that lead arrives too late, and a chunk's first rows
-# would wait on DRAM.
+# Prefetch.  The one-token dots prefetch MF_Q_PF_MIN_BYTES ahead as they stream, but in a decode
+# step a chunk is only 12-46 KB, and the chunk right after it is being read by another thread at
+# the same time: that lead arrives too late, and a chunk's first rows would wait on DRAM.  So
+# each phase is cut into one lane of contiguous chunks per thread (mf_phase_take, mf_model.h:
+# a thread takes its own lane's chunks in order, then helps with the others'), and before a
+# thread runs a chunk it prefetches into L2 the weight rows of that chunk (a no-op when they
+# came already) and of the chunk it most likely runs next: the next of its lane, or its lane's
+# first in the next phase that reads weights (prefetch_chunk_weights; of a head chunk, its first
+# PREFETCH_HEAD_BYTES).  A guess that another thread takes still brings the rows on chip.
 #
 # Every chunk runs the building blocks of the per-layer kernels (linear_block, swiglu_block,
 # rmsnorm_row, the attention tasks) on the same token rows, so a step computes what the header
@@ -70,6 +74,7 @@ cdef inline void add_phase(mf_step *st, int kind, int layer, Py_ssize_t n,
     ph.layer = layer
     ph.base = total[0]
     ph.n = <uint32_t>n
+    mf_phase_cut_lanes(ph, st.n_threads)
     total[0] += <uint32_t>n
     st.n_phases += 1
 
@@ -77,7 +82,7 @@ cdef inline void add_phase(mf_step *st, int kind, int layer, Py_ssize_t n,
 cdef uint32_t plan_step(mf_step *st) noexcept nogil:
     """Fill st.phases for the step described by st.T, st.S, st.R; return the chunk count."""
     cdef const mf_model *m = st.m
-    cdef const mf_model_layer *ly
+    cdef const mf_model_layer *ly = NULL
     cdef Py_ssize_t T = st.T, rows_tokens = ceil_div(st.T, STEP_ROW_TOKENS)
     cdef uint32_t total = 0
     cdef OneTokenPlan att
@@ -189,7 +194,6 @@ cdef void qkv_head(const mf_step *st, const mf_model_layer *ly, Py_ssize_t hh) n
         b = ly.bv + g * D if ly.bv != NULL else NULL
         out, ld, rope = ly.v_cache + (g * C + S) * D, D, False
     xq = q8_rows_for(st, dt, &xq_row)
-    mf_prefetch_l2(w, D * row_bytes)
     r0 = 0
     while r0 < D:
         linear_block(r0, w, row_bytes, dt, E, b, D, D, xn, E, xq, xq_row, T, out, NULL, ld)
@@ -223,6 +227,53 @@ cdef void attention_chunk(const mf_step *st, const mf_model_layer *ly,
     g = h // (H // G)
     attend_query_rows(q + i0 * HD + h * D, HD, ly.k_cache + g * C * D, ly.v_cache + g * C * D,
                       st.S + i0, nq, D, D, scale, m.kv_tile, attn + i0 * HD + h * D, HD)
+
+
+cdef bint prefetch_chunk_weights(const mf_step *st, const mf_phase *ph,
+                                 Py_ssize_t c) noexcept nogil:
+    """Prefetch into L2 the weight rows chunk c (< ph.n) of phase ph reads (see the top);
+    False for a phase that reads no weights."""
+    cdef const mf_model *m = st.m
+    cdef const mf_model_layer *ly = NULL
+    cdef Py_ssize_t E = m.E, H = m.H, G = m.G, D = m.D, I = m.F, HD = H * D, rb, e0, rows
+    cdef int kind = ph.kind
+    if ph.layer >= 0:
+        ly = &m.layers[ph.layer]
+    if kind == PHASE_QKV:
+        if c < H:
+            rb = ck_dtype_row_bytes(ly.wq_dt, E)
+            mf_prefetch_l2(<const char *>ly.wq + c * D * rb, D * rb)
+        elif c < H + G:
+            rb = ck_dtype_row_bytes(ly.wk_dt, E)
+            mf_prefetch_l2(<const char *>ly.wk + (c - H) * D * rb, D * rb)
+        else:
+            rb = ck_dtype_row_bytes(ly.wv_dt, E)
+            mf_prefetch_l2(<const char *>ly.wv + (c - H - G) * D * rb, D * rb)
+    elif kind == PHASE_OUTPROJ:
+        rows = proj_rows(st)
+        e0 = c * rows
+        rb = ck_dtype_row_bytes(ly.wo_dt, HD)
+        mf_prefetch_l2(<const char *>ly.wo + e0 * rb, (min(E, e0 + rows) - e0) * rb)
+    elif kind == PHASE_GATEUP:
+        rb = ck_dtype_row_bytes(ly.w1_dt, E)
+        e0 = c * GEMM_ROWS
+        rows = min(I, e0 + GEMM_ROWS) - e0
+        mf_prefetch_l2(<const char *>ly.w1 + e0 * rb, rows * rb)           # gate rows
+        mf_prefetch_l2(<const char *>ly.w1 + (I + e0) * rb, rows * rb)     # up rows
+    elif kind == PHASE_DOWN:
+        rows = proj_rows(st)
+        e0 = c * rows
+        rb = ck_dtype_row_bytes(ly.w2_dt, I)
+        mf_prefetch_l2(<const char *>ly.w2 + e0 * rb, (min(E, e0 + rows) - e0) * rb)
+    elif kind == PHASE_HEAD:
+        rb = ck_dtype_row_bytes(m.head_dt, E)
+        e0 = c * HEAD_ROWS
+        rows = min(m.V, e0 + HEAD_ROWS) - e0
+        mf_prefetch_l2(<const char *>m.head + e0 * rb,
+                       min(<Py_ssize_t>PREFETCH_HEAD_BYTES, rows * rb))
+    else:
+        return False
+    return True
 
 
 cdef void run_chunk(const mf_step *st, const mf_phase *ph, Py_ssize_t c) noexcept nogil:
@@ -271,7 +322,6 @@ cdef void run_chunk(const mf_step *st, const mf_phase *ph, Py_ssize_t c) noexcep
         rows = proj_rows(st)
         e0 = c * rows
         rb = ck_dtype_row_bytes(ly.wo_dt, HD)
-        mf_prefetch_l2(<const char *>ly.wo + e0 * rb, (min(E, e0 + rows) - e0) * rb)
         linear_block(e0, <const char *>ly.wo, rb, ly.wo_dt, HD, ly.bo, E, min(E, e0 + rows),
                      attn, HD, attnq if m.int8 and uses_q8_activations(ly.wo_dt) else NULL,
                      st.layout.attnq_row, T, x, x, E)
@@ -279,10 +329,6 @@ cdef void run_chunk(const mf_step *st, const mf_phase *ph, Py_ssize_t c) noexcep
         normalise_rows(st, x, ly.ln2_gamma, t0, t1, ly.w1_dt, ly.w1_dt, ly.w1_dt)
     elif kind == PHASE_GATEUP:
         xq = q8_rows_for(st, ly.w1_dt, &xq_row)
-        rb = ck_dtype_row_bytes(ly.w1_dt, E)
-        rows = min(I, (c + 1) * GEMM_ROWS) - c * GEMM_ROWS
-        mf_prefetch_l2(<const char *>ly.w1 + c * GEMM_ROWS * rb, rows * rb)          # gate rows
-        mf_prefetch_l2(<const char *>ly.w1 + (I + c * GEMM_ROWS) * rb, rows * rb)    # up rows
         swiglu_block(c * GEMM_ROWS, <const char *>ly.w1, ck_dtype_row_bytes(ly.w1_dt, E),
                      ly.w1_dt, E, ly.b1, xn, xq, xq_row, T, I, I, act)
     elif kind == PHASE_QUANT_ACT:
@@ -292,8 +338,6 @@ cdef void run_chunk(const mf_step *st, const mf_phase *ph, Py_ssize_t c) noexcep
         rows = proj_rows(st)
         e0 = c * rows
         out = x
-        rb = ck_dtype_row_bytes(ly.w2_dt, I)
-        mf_prefetch_l2(<const char *>ly.w2 + e0 * rb, (min(E, e0 + rows) - e0) * rb)
         if st.x_out != NULL and ph.layer == m.n_layers - 1:
             out = st.x_out                      # the last layer's result goes to the caller
         linear_block(e0, <const char *>ly.w2, ck_dtype_row_bytes(ly.w2_dt, I), ly.w2_dt, I,
@@ -316,9 +360,6 @@ cdef void run_chunk(const mf_step *st, const mf_phase *ph, Py_ssize_t c) noexcep
         xq = q8_rows_for(st, m.head_dt, &xq_row)
         row_bytes = ck_dtype_row_bytes(m.head_dt, E)
         e0 = c * HEAD_ROWS
-        rows = min(V, e0 + HEAD_ROWS) - e0
-        mf_prefetch_l2(<const char *>m.head + e0 * row_bytes,
-                       min(<Py_ssize_t>PREFETCH_HEAD_BYTES, rows * row_bytes))
         while e0 < min(V, (c + 1) * HEAD_ROWS):
             linear_block(e0, <const char *>m.head, row_bytes, m.head_dt, E, NULL, V,
                          min(V, (c + 1) * HEAD_ROWS), xn, E, xq, xq_row, st.R, st.logits, NULL,
@@ -330,8 +371,10 @@ cdef void step_job(void *ctx, mf_team *team, int thread_id, uint32_t gen) noexce
     """What every thread of the team runs for a step: claim, wait for the phase, run, count."""
     cdef const mf_step *st
     cdef const mf_phase *ph
+    cdef const mf_phase *nxt
     cdef int64_t c
-    cdef int p = 0
+    cdef uint32_t chunk
+    cdef int p = 0, q, lane
     while True:
         c = mf_team_claim_gen(team, gen)
         if c < 0:
@@ -340,8 +383,22 @@ cdef void step_job(void *ctx, mf_team *team, int thread_id, uint32_t gen) noexce
         while st.phases[p].base + st.phases[p].n <= <uint32_t>c:
             p += 1
         ph = &st.phases[p]
+        lane = thread_id % ph.n_lanes
+        chunk = mf_phase_take(<mf_phase *>ph, lane)      # c is a ticket of phase p
+        prefetch_chunk_weights(st, ph, chunk)
+        # and the chunk this thread most likely runs next: the next of its lane, else the first
+        # of its lane in the next phase that reads weights
+        if chunk + 1 < ph.lanes[lane].end:
+            prefetch_chunk_weights(st, ph, chunk + 1)
+        else:
+            q = p + 1
+            while q < st.n_phases and q <= p + 3:
+                nxt = &st.phases[q]
+                if prefetch_chunk_weights(st, nxt, nxt.lanes[thread_id % nxt.n_lanes].start):
+                    break
+                q += 1
         mf_team_wait_done(team, ph.base)
-        run_chunk(st, ph, c - ph.base)
+        run_chunk(st, ph, chunk)
         mf_team_chunk_done(team)
 
 
@@ -363,6 +420,7 @@ cdef void model_forward_kernel(
     cdef uint32_t total
     cdef const mf_model *m = st.m
     st.hidden_layer_stride = T * m.E
+    st.n_threads = team.n_threads
     while t0 < T:
         nt = min(<Py_ssize_t>MF_STEP_TOKENS, T - t0)
         st.T = <int>nt

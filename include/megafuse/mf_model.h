@@ -16,6 +16,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include "megafuse/mf_scratch.h"
+#include "megafuse/mf_team.h"
 
 #define MF_STEP_TOKENS MF_MLP_TOKEN_TILE   /* tokens a step runs at once (the MLP's token tile) */
 #define MF_STEP_SPLIT_FLOATS 16384         /* split-KV parts of one-token attention */
@@ -98,12 +99,60 @@ static inline mf_step_scratch mf_step_scratch_layout(size_t E, size_t HD, size_t
  * being run.  Owned by the boundary (one per model, allocated once), filled by the step kernel;
  * it is the context every thread of the team reads.
  */
+/* A lane: a contiguous run of a phase's chunks, handed out in order. */
+#define MF_STEP_LANES 8              /* lanes a phase is cut into at most (one per thread) */
+typedef struct {
+    volatile uint32_t next;          /* the next chunk to hand out; runs past `end` when taken */
+    uint32_t start, end;             /* chunks start .. end-1 */
+    char pad[64 - 3 * sizeof(uint32_t)];   /* one cache line a lane: no false sharing */
+} mf_lane;
+
 typedef struct {
     int kind;                        /* what the chunks of this phase do (_model_step.pxi) */
     int layer;                       /* the layer it belongs to, or -1 */
     uint32_t base;                   /* global number of its first chunk */
     uint32_t n;                      /* its chunks */
+    int n_lanes;                     /* min(threads, MF_STEP_LANES, n) */
+    mf_lane lanes[MF_STEP_LANES];
 } mf_phase;
+
+/*
+ * Which chunk a thread runs.  The team hands out tickets in order (one per chunk, mf_team.h);
+ * a ticket of phase p entitles its holder to one chunk of p, but not to a particular one: the
+ * holder takes the next chunk of its own lane (thread t: lane t % n_lanes), and once that lane is
+ * exhausted, the next chunk of the first other lane that has one.  There are as many tickets as
+ * chunks, so a holder always finds one.  A thread thus reads a contiguous run of weight rows
+ * (whose next rows the dots' prefetch reaches in time) instead of every n_threads-th chunk,
+ * while a thread that is descheduled still leaves its lane to the others.
+ */
+static inline void mf_phase_cut_lanes(mf_phase *ph, int n_threads)
+{
+    int nl = n_threads < MF_STEP_LANES ? n_threads : MF_STEP_LANES;
+    if ((uint32_t)nl > ph->n)
+        nl = (int)ph->n;
+    if (nl < 1)
+        nl = 1;
+    ph->n_lanes = nl;
+    for (int i = 0; i < nl; i++) {
+        ph->lanes[i].start = (uint32_t)((uint64_t)ph->n * (uint64_t)i / (uint64_t)nl);
+        ph->lanes[i].end = (uint32_t)((uint64_t)ph->n * (uint64_t)(i + 1) / (uint64_t)nl);
+        ph->lanes[i].next = ph->lanes[i].start;
+    }
+}
+
+/* The chunk (0 .. n-1) a ticket of phase ph gives the thread preferring `lane`. */
+static inline uint32_t mf_phase_take(mf_phase *ph, int lane)
+{
+    for (int i = 0; i < ph->n_lanes; i++) {
+        mf_lane *l = &ph->lanes[(lane + i) % ph->n_lanes];
+        if (mf_atomic_load32(&l->next) >= l->end)
+            continue;
+        const uint32_t c = mf_atomic_add32(&l->next, 1) - 1;
+        if (c < l->end)
+            return c;
+    }
+    return 0;      /* not reached: a ticket holder always finds a chunk */
+}
 
 #define MF_STEP_PHASES_PER_LAYER 10  /* at most, per layer; plus 3 for the model (load, head) */
 
@@ -118,6 +167,7 @@ typedef struct {
     mf_step_scratch layout;
     mf_phase *phases;                /* [mf_step_max_phases(L)] */
     int n_phases;
+    int n_threads;                   /* of the team running the step (its lanes) */
     /* the step being run: T tokens at positions S .. S+T-1 */
     const int32_t *tokens;           /* [T] token ids, or NULL (then x_in) */
     const float *x_in;               /* [T, E], or NULL */
