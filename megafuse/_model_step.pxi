@@ -368,7 +368,9 @@ cdef void run_chunk(const mf_step *st, const mf_phase *ph, Py_ssize_t c) noexcep
 
 
 cdef void step_job(void *ctx, mf_team *team, int thread_id, uint32_t gen) noexcept nogil:
-    """What every thread of the team runs for a step: claim, wait for the phase, run, count."""
+    """What every thread of the team runs for a step: claim a ticket, take a chunk of its phase
+    (its own lane first), prefetch that chunk's weights and the next one's, wait for the phase,
+    run, count."""
     cdef const mf_step *st
     cdef const mf_phase *ph
     cdef const mf_phase *nxt
