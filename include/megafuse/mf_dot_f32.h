@@ -496,6 +496,31 @@ static inline void mf_q_fsb_q6_K(const block_q6_K *b, const float *xb, __m256 ac
 
 #endif /* MF_Q_AVX2 */
 
+#if !defined(MF_Q_AVX2)
+/* The generic Q4_K / Q5_K float dot's part of one super-block, added to acc's 8 lanes.  qh:
+ * Q5_K's 5th bits, or NULL for Q4_K (a literal at every call site). */
+MF_ALWAYS_INLINE void mf_q_fsb_k45_generic(const uint8_t *scales, mf_fp16_t d, mf_fp16_t dmin,
+                                           const uint8_t *qs, const uint8_t *qh,
+                                           const float *xb, float acc[8])
+{
+    float dsc[8], dm[8];
+    mf_kquant_scales(scales, d, dmin, dsc, dm);
+    for (int j = 0; j < 8; j++) {
+        const uint8_t *q = qs + 32 * (j / 2);
+        const int shift = 4 * (j % 2);
+        const float *xj = xb + 32 * j;
+        int8_t c[32];
+        float s[8], sx[8];
+        for (int l = 0; l < 32; l++)
+            c[l] = (int8_t)(((q[l] >> shift) & 0x0F) | (qh ? ((qh[l] >> j) & 1) << 4 : 0));
+        mf_q_lanes_qx32(c, xj, s);
+        mf_q_lanes_x32(xj, sx);
+        for (int k = 0; k < 8; k++)
+            acc[k] += dsc[j] * s[k] - dm[j] * sx[k];
+    }
+}
+#endif
+
 static inline float mf_dot_q4_K_f32(const void *MF_RESTRICT vw, const float *MF_RESTRICT x,
                                     ptrdiff_t n)
 {
@@ -508,23 +533,9 @@ static inline float mf_dot_q4_K_f32(const void *MF_RESTRICT vw, const float *MF_
     return mf_q_hsum_ps(_mm256_add_ps(acc[0], acc[1]));
 #else
     float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    for (ptrdiff_t ib = 0; ib < nb; ib++) {
-        float dsc[8], dm[8];
-        mf_kquant_scales(w[ib].scales, w[ib].d, w[ib].dmin, dsc, dm);
-        for (int j = 0; j < 8; j++) {                /* sub-block j: chunk j/2, nibble j%2 */
-            const uint8_t *qs = w[ib].qs + 32 * (j / 2);
-            const int shift = 4 * (j % 2);
-            const float *xj = x + ib * QK_K + 32 * j;
-            int8_t q[32];
-            float s[8], sx[8];
-            for (int l = 0; l < 32; l++)
-                q[l] = (int8_t)((qs[l] >> shift) & 0x0F);
-            mf_q_lanes_qx32(q, xj, s);
-            mf_q_lanes_x32(xj, sx);
-            for (int k = 0; k < 8; k++)
-                acc[k] += dsc[j] * s[k] - dm[j] * sx[k];
-        }
-    }
+    for (ptrdiff_t ib = 0; ib < nb; ib++)
+        mf_q_fsb_k45_generic(w[ib].scales, w[ib].d, w[ib].dmin, w[ib].qs, NULL, x + ib * QK_K,
+                             acc);
     return mf_sum8(acc);
 #endif
 }
@@ -541,23 +552,9 @@ static inline float mf_dot_q5_K_f32(const void *MF_RESTRICT vw, const float *MF_
     return mf_q_hsum_ps(_mm256_add_ps(acc[0], acc[1]));
 #else
     float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    for (ptrdiff_t ib = 0; ib < nb; ib++) {
-        float dsc[8], dm[8];
-        mf_kquant_scales(w[ib].scales, w[ib].d, w[ib].dmin, dsc, dm);
-        for (int j = 0; j < 8; j++) {
-            const uint8_t *qs = w[ib].qs + 32 * (j / 2);
-            const int shift = 4 * (j % 2);
-            const float *xj = x + ib * QK_K + 32 * j;
-            int8_t q[32];
-            float s[8], sx[8];
-            for (int l = 0; l < 32; l++)
-                q[l] = (int8_t)(((qs[l] >> shift) & 0x0F) | (((w[ib].qh[l] >> j) & 1) << 4));
-            mf_q_lanes_qx32(q, xj, s);
-            mf_q_lanes_x32(xj, sx);
-            for (int k = 0; k < 8; k++)
-                acc[k] += dsc[j] * s[k] - dm[j] * sx[k];
-        }
-    }
+    for (ptrdiff_t ib = 0; ib < nb; ib++)
+        mf_q_fsb_k45_generic(w[ib].scales, w[ib].d, w[ib].dmin, w[ib].qs, w[ib].qh,
+                             x + ib * QK_K, acc);
     return mf_sum8(acc);
 #endif
 }

@@ -529,42 +529,60 @@ static inline void mf_q_unpack_sc_m(const uint8_t *scales, int sc[8], int m[8])
     }
 }
 
+/* The Q4_K / Q5_K int8 dot's part of one super-block: sum_j sc_j (code . a) (the exact int32
+ * sumi) and sum_j m_j bsum_j (summ).  qh: Q5_K's 5th bits, or NULL for Q4_K (a literal at every
+ * call site: the 5th-bit work folds away). */
+MF_ALWAYS_INLINE void mf_q_k45_sums(const uint8_t *scales, const uint8_t *qs, const uint8_t *qh,
+                                    const block_q8_K *a, int32_t *sumi_out, int32_t *summ_out)
+{
+    int sc[8], m[8];
+    mf_q_unpack_sc_m(scales, sc, m);
+    int32_t sumi = 0, summ = 0;
+    for (int j = 0; j < 8; j++)
+        summ += m[j] * (a->bsums[2 * j] + a->bsums[2 * j + 1]);
+#if defined(MF_Q_AVX2)
+    const __m256i m4 = _mm256_set1_epi8(0x0F), x10 = _mm256_set1_epi8(0x10);
+    const __m256i h = qh ? mf_q_loadu256(qh) : _mm256_setzero_si256();
+    __m256i s = _mm256_setzero_si256();
+    for (int c = 0; c < 4; c++) {
+        __m256i q = mf_q_loadu256(qs + 32 * c);
+        __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+        if (qh) {      /* chunk c: low nibbles get bit 2c of qh, high nibbles bit 2c+1 */
+            const __m256i b1 = _mm256_set1_epi8((char)(1 << (2 * c)));
+            const __m256i b2 = _mm256_set1_epi8((char)(1 << (2 * c + 1)));
+            lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(h, b1), b1), x10));
+            hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(h, b2), b2), x10));
+        }
+        __m256i p1 = _mm256_maddubs_epi16(lo, mf_q_loadu256(a->qs + 64 * c));
+        __m256i p2 = _mm256_maddubs_epi16(hi, mf_q_loadu256(a->qs + 64 * c + 32));
+        s = _mm256_add_epi32(s, _mm256_madd_epi16(p1, _mm256_set1_epi16((short)sc[2 * c])));
+        s = _mm256_add_epi32(s, _mm256_madd_epi16(p2, _mm256_set1_epi16((short)sc[2 * c + 1])));
+    }
+    sumi = mf_q_hsum_epi32(s);
+#else
+    for (int j = 0; j < 8; j++) {
+        const uint8_t *q = qs + 32 * (j / 2);
+        const int shift = 4 * (j % 2);
+        const int8_t *aj = a->qs + 32 * j;
+        int32_t t = 0;
+        for (int l = 0; l < 32; l++)
+            t += (((q[l] >> shift) & 0x0F) | (qh ? ((qh[l] >> j) & 1) << 4 : 0)) * aj[l];
+        sumi += sc[j] * t;
+    }
+#endif
+    *sumi_out = sumi;
+    *summ_out = summ;
+}
+
 static inline float mf_dot_q4_K_q8_K(const void *MF_RESTRICT vw, const void *MF_RESTRICT va,
                                      ptrdiff_t n)
 {
     const block_q4_K *w = (const block_q4_K *)vw;   /* [n / 256] */
     const block_q8_K *a = (const block_q8_K *)va;   /* [n / 256] */
-    const ptrdiff_t nb = n / QK_K;
     double acc = 0.0;
-    for (ptrdiff_t ib = 0; ib < nb; ib++) {
-        int sc[8], m[8];
-        mf_q_unpack_sc_m(w[ib].scales, sc, m);
-        int32_t sumi = 0, summ = 0;
-        for (int j = 0; j < 8; j++)
-            summ += m[j] * (a[ib].bsums[2 * j] + a[ib].bsums[2 * j + 1]);
-#if defined(MF_Q_AVX2)
-        const __m256i m4 = _mm256_set1_epi8(0x0F);
-        __m256i s = _mm256_setzero_si256();
-        for (int c = 0; c < 4; c++) {
-            __m256i q = mf_q_loadu256(w[ib].qs + 32 * c);
-            __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
-            __m256i p1 = _mm256_maddubs_epi16(lo, mf_q_loadu256(a[ib].qs + 64 * c));
-            __m256i p2 = _mm256_maddubs_epi16(hi, mf_q_loadu256(a[ib].qs + 64 * c + 32));
-            s = _mm256_add_epi32(s, _mm256_madd_epi16(p1, _mm256_set1_epi16((short)sc[2 * c])));
-            s = _mm256_add_epi32(s, _mm256_madd_epi16(p2, _mm256_set1_epi16((short)sc[2 * c + 1])));
-        }
-        sumi = mf_q_hsum_epi32(s);
-#else
-        for (int j = 0; j < 8; j++) {
-            const uint8_t *qs = w[ib].qs + 32 * (j / 2);
-            const int shift = 4 * (j % 2);
-            const int8_t *aj = a[ib].qs + 32 * j;
-            int32_t t = 0;
-            for (int l = 0; l < 32; l++)
-                t += ((qs[l] >> shift) & 0x0F) * aj[l];
-            sumi += sc[j] * t;
-        }
-#endif
+    for (ptrdiff_t ib = 0; ib < n / QK_K; ib++) {
+        int32_t sumi, summ;
+        mf_q_k45_sums(w[ib].scales, w[ib].qs, NULL, &a[ib], &sumi, &summ);
         acc += mf_q_kterm(w[ib].d, w[ib].dmin, a[ib].d, sumi, summ);
     }
     return (float)acc;
@@ -575,43 +593,10 @@ static inline float mf_dot_q5_K_q8_K(const void *MF_RESTRICT vw, const void *MF_
 {
     const block_q5_K *w = (const block_q5_K *)vw;   /* [n / 256] */
     const block_q8_K *a = (const block_q8_K *)va;   /* [n / 256] */
-    const ptrdiff_t nb = n / QK_K;
     double acc = 0.0;
-    for (ptrdiff_t ib = 0; ib < nb; ib++) {
-        int sc[8], m[8];
-        mf_q_unpack_sc_m(w[ib].scales, sc, m);
-        int32_t sumi = 0, summ = 0;
-        for (int j = 0; j < 8; j++)
-            summ += m[j] * (a[ib].bsums[2 * j] + a[ib].bsums[2 * j + 1]);
-#if defined(MF_Q_AVX2)
-        const __m256i m4 = _mm256_set1_epi8(0x0F), x10 = _mm256_set1_epi8(0x10);
-        const __m256i qh = mf_q_loadu256(w[ib].qh);
-        __m256i s = _mm256_setzero_si256();
-        for (int c = 0; c < 4; c++) {
-            const __m256i b1 = _mm256_set1_epi8((char)(1 << (2 * c)));
-            const __m256i b2 = _mm256_set1_epi8((char)(1 << (2 * c + 1)));
-            __m256i q = mf_q_loadu256(w[ib].qs + 32 * c);
-            __m256i h1 = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, b1), b1), x10);
-            __m256i h2 = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, b2), b2), x10);
-            __m256i lo = _mm256_or_si256(_mm256_and_si256(q, m4), h1);
-            __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 4), m4), h2);
-            __m256i p1 = _mm256_maddubs_epi16(lo, mf_q_loadu256(a[ib].qs + 64 * c));
-            __m256i p2 = _mm256_maddubs_epi16(hi, mf_q_loadu256(a[ib].qs + 64 * c + 32));
-            s = _mm256_add_epi32(s, _mm256_madd_epi16(p1, _mm256_set1_epi16((short)sc[2 * c])));
-            s = _mm256_add_epi32(s, _mm256_madd_epi16(p2, _mm256_set1_epi16((short)sc[2 * c + 1])));
-        }
-        sumi = mf_q_hsum_epi32(s);
-#else
-        for (int j = 0; j < 8; j++) {
-            const uint8_t *qs = w[ib].qs + 32 * (j / 2);
-            const int shift = 4 * (j % 2);
-            const int8_t *aj = a[ib].qs + 32 * j;
-            int32_t t = 0;
-            for (int l = 0; l < 32; l++)
-                t += (((qs[l] >> shift) & 0x0F) | (((w[ib].qh[l] >> j) & 1) << 4)) * aj[l];
-            sumi += sc[j] * t;
-        }
-#endif
+    for (ptrdiff_t ib = 0; ib < n / QK_K; ib++) {
+        int32_t sumi, summ;
+        mf_q_k45_sums(w[ib].scales, w[ib].qs, w[ib].qh, &a[ib], &sumi, &summ);
         acc += mf_q_kterm(w[ib].d, w[ib].dmin, a[ib].d, sumi, summ);
     }
     return (float)acc;
