@@ -2,7 +2,8 @@
  * mf_attention.h -- causal flash attention for a block of up to 16 query rows of one head, built
  * on the GEMM register blocks of mf_gemm.h (prefill's attention).
  *
- * The block's queries are packed once into a panel Qp [D][16]; then, KV tile by KV tile:
+ * The block's queries are packed once into a panel Qp [D][16] (or [D][8] for up to 8 queries:
+ * decode's heads of a kv group); then, KV tile by KV tile:
  *   S^T [n][16] = K_tile . Qp            (mf_gemm_panel_f32: keys as the rows of x, 6 at a time)
  *   scale, causal mask, online softmax   (16 queries side by side: vector max / exp / sums)
  *   out[i] = out[i] * alpha_i + P^T[:, i] . V_tile    (mf_gemm_xt_f32: V rows used in place)
@@ -24,17 +25,17 @@
 #define MF_ATT_MAX_HEAD_DIM 256  /* head_dim this kernel takes (the panel lives on the stack) */
 #define MF_ATT_MAX_KV_TILE 256   /* KV tile this kernel takes (MF_MAX_KV_TILE) */
 
-/* s[i] = exp(s[i] - m[i]); sum[i] += s[i] for i < 16. */
-static inline void mf__exp_sub_acc16(float *s, const float *m, float *sum)
+/* s[i] = exp(s[i] - m[i]); sum[i] += s[i] for i < W (8 or 16). */
+MF_ALWAYS_INLINE void mf__exp_sub_acc(const int W, float *s, const float *m, float *sum)
 {
 #if defined(__AVX2__) && defined(__FMA__)
-    for (int h = 0; h < 16; h += 8) {
+    for (int h = 0; h < W; h += 8) {
         __m256 p = mf_exp256(_mm256_sub_ps(_mm256_loadu_ps(s + h), _mm256_loadu_ps(m + h)));
         _mm256_storeu_ps(s + h, p);
         _mm256_storeu_ps(sum + h, _mm256_add_ps(_mm256_loadu_ps(sum + h), p));
     }
 #else
-    for (int i = 0; i < 16; i++) {
+    for (int i = 0; i < W; i++) {
         s[i] = expf(s[i] - m[i]);
         sum[i] += s[i];
     }
@@ -42,23 +43,17 @@ static inline void mf__exp_sub_acc16(float *s, const float *m, float *sum)
 }
 
 /*
- * Keys key_begin .. key_end-1 (and none past a row's position) of the attention of nq (1..16)
- * query rows at positions pos_i = first_pos + i * pos_step: q rows at stride ldq, K/V rows of one
- * kv head at stride Da, out rows at stride ldo.
- *   m_out == NULL: out[i][:D] = softmax-weighted sum of v over those keys, out[i][D:Da] = 0.
- *   otherwise the unnormalised parts for mf_attend_combine_f32: out[i][:D] = sum_j e^(s_ij - m_i)
- *   v_j, m_out[i] = m_i (the largest score, -inf if no key was visible), l_out[i] = sum_j
- *   e^(s_ij - m_i).
- * D <= MF_ATT_MAX_HEAD_DIM, kv_tile <= MF_ATT_MAX_KV_TILE.
+ * The body of mf_attend_range_f32 for a panel of W queries (W = 16, or 8 when the block has at
+ * most 8 rows: decode's query heads of one kv group).  Every query's column goes through the same
+ * operations at either width, so the width changes the time, never the result.
  */
-static void mf_attend_range_f32(const float *q, ptrdiff_t ldq, const float *k, const float *v,
-                                ptrdiff_t Da, ptrdiff_t first_pos, ptrdiff_t pos_step, int nq,
-                                ptrdiff_t D, float scale, ptrdiff_t kv_tile, ptrdiff_t key_begin,
-                                ptrdiff_t key_end, float *out, ptrdiff_t ldo, float *m_out,
-                                float *l_out)
+MF_ALWAYS_INLINE void mf__attend_range(
+    const int W, const float *q, ptrdiff_t ldq, const float *k, const float *v, ptrdiff_t Da,
+    ptrdiff_t first_pos, ptrdiff_t pos_step, int nq, ptrdiff_t D, float scale, ptrdiff_t kv_tile,
+    ptrdiff_t key_begin, ptrdiff_t key_end, float *out, ptrdiff_t ldo, float *m_out, float *l_out)
 {
-    MF_ALIGNED(64) float qp[MF_ATT_MAX_HEAD_DIM * MF_ATT_QUERIES];   /* [D][16] queries, packed */
-    MF_ALIGNED(64) float st[MF_ATT_MAX_KV_TILE * MF_ATT_QUERIES];    /* [n][16] scores, then p */
+    MF_ALIGNED(64) float qp[MF_ATT_MAX_HEAD_DIM * MF_ATT_QUERIES];   /* [D][W] queries, packed */
+    MF_ALIGNED(64) float st[MF_ATT_MAX_KV_TILE * MF_ATT_QUERIES];    /* [n][W] scores, then p */
     float m[MF_ATT_QUERIES], l[MF_ATT_QUERIES], alpha[MF_ATT_QUERIES], tsum[MF_ATT_QUERIES];
     float tmax[MF_ATT_QUERIES];
     ptrdiff_t pos[MF_ATT_QUERIES];
@@ -68,31 +63,66 @@ static void mf_attend_range_f32(const float *q, ptrdiff_t ldq, const float *k, c
     if (n_keys > key_end)
         n_keys = key_end;
 
-    for (int i = 0; i < MF_ATT_QUERIES; i++) {   /* rows past nq repeat the last (unused) */
+    for (int i = 0; i < W; i++) {   /* rows past nq repeat the last (unused) */
         int r = i < nq ? i : nq - 1;
         rows[i] = q + r * ldq;
         pos[i] = first_pos + r * pos_step;
         m[i] = -INFINITY;
         l[i] = 0.0f;
     }
-    mf_pack_panel_f32(rows, D, qp);
+    if (W == MF_PANEL_ROWS) {
+        mf_pack_panel_f32(rows, D, qp);
+    } else {
+        for (ptrdiff_t d = 0; d < D; d++)
+            for (int i = 0; i < W; i++)
+                qp[d * W + i] = rows[i][d];
+    }
     for (int i = 0; i < nq; i++)
         memset(out + i * ldo, 0, (size_t)Da * sizeof(float));
 
     for (ptrdiff_t t0 = key_begin; t0 < n_keys; t0 += kv_tile) {
         ptrdiff_t n = kv_tile < n_keys - t0 ? kv_tile : n_keys - t0;
-        /* S^T = K_tile . Qp, 6 keys a register block */
-        for (ptrdiff_t j0 = 0; j0 < n; j0 += MF_GEMM_MR) {
+        /* S^T = K_tile . Qp, 6 keys a register block (12 for the 8-wide panel) */
+        ptrdiff_t j0 = 0;
+        if (W == 8)
+            for (; j0 + 12 <= n; j0 += 12)
+                mf_gemm_panel8x12_f32(k + (t0 + j0) * Da, Da, qp, D, st + j0 * W);
+        for (; j0 < n; j0 += MF_GEMM_MR) {
             int mr = (int)(n - j0 < MF_GEMM_MR ? n - j0 : MF_GEMM_MR);
-            mf_gemm_panel_f32(mr, k + (t0 + j0) * Da, Da, qp, D, st + j0 * MF_ATT_QUERIES, 1);
+            if (W == MF_PANEL_ROWS)
+                mf_gemm_panel_f32(mr, k + (t0 + j0) * Da, Da, qp, D, st + j0 * W, 1);
+            else
+                mf_gemm_panel8_f32(mr, k + (t0 + j0) * Da, Da, qp, D, st + j0 * W);
         }
         /* scale, causal mask (keys past a row's position weigh nothing), tile max (NaN skipped) */
-        for (int i = 0; i < MF_ATT_QUERIES; i++)
-            tmax[i] = -INFINITY;
         int diagonal = t0 + n - 1 > pos[0];
+#if defined(__AVX2__) && defined(__FMA__)
+        {   /* the same per lane: x = s * scale, -inf past the row's position, max(x, tmax) */
+            __m256 vs = _mm256_set1_ps(scale), ninf = _mm256_set1_ps(-INFINITY);
+            for (int h = 0; h < W; h += 8) {
+                __m256i vpos = _mm256_set_epi32((int)pos[h + 7], (int)pos[h + 6], (int)pos[h + 5],
+                                                (int)pos[h + 4], (int)pos[h + 3], (int)pos[h + 2],
+                                                (int)pos[h + 1], (int)pos[h]);
+                __m256 vmax = ninf;
+                for (ptrdiff_t j = 0; j < n; j++) {
+                    float *s = st + j * W + h;
+                    __m256 x = _mm256_mul_ps(_mm256_loadu_ps(s), vs);
+                    if (diagonal) {
+                        __m256i past = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(t0 + j)), vpos);
+                        x = _mm256_blendv_ps(x, ninf, _mm256_castsi256_ps(past));
+                    }
+                    _mm256_storeu_ps(s, x);
+                    vmax = _mm256_max_ps(x, vmax);    /* x > max ? x : max (a NaN x skipped) */
+                }
+                _mm256_storeu_ps(tmax + h, vmax);
+            }
+        }
+#else
+        for (int i = 0; i < W; i++)
+            tmax[i] = -INFINITY;
         for (ptrdiff_t j = 0; j < n; j++) {
-            float *s = st + j * MF_ATT_QUERIES;
-            for (int i = 0; i < MF_ATT_QUERIES; i++) {
+            float *s = st + j * W;
+            for (int i = 0; i < W; i++) {
                 float x = s[i] * scale;
                 if (diagonal && t0 + j > pos[i])
                     x = -INFINITY;
@@ -100,15 +130,16 @@ static void mf_attend_range_f32(const float *q, ptrdiff_t ldq, const float *k, c
                 tmax[i] = x > tmax[i] ? x : tmax[i];
             }
         }
+#endif
         /* online softmax: new max, the factor the earlier tiles are rescaled by */
-        for (int i = 0; i < MF_ATT_QUERIES; i++) {
+        for (int i = 0; i < W; i++) {
             float m_new = m[i] >= tmax[i] ? m[i] : tmax[i];
             alpha[i] = (m_new > m[i] && l[i] != 0.0f) ? expf(m[i] - m_new) : 1.0f;
             m[i] = m_new;
             tsum[i] = 0.0f;
         }
         for (ptrdiff_t j = 0; j < n; j++)
-            mf__exp_sub_acc16(st + j * MF_ATT_QUERIES, m, tsum);
+            mf__exp_sub_acc(W, st + j * W, m, tsum);
         for (int i = 0; i < nq; i++) {
             l[i] = l[i] * alpha[i] + tsum[i];
             if (alpha[i] != 1.0f)
@@ -118,13 +149,13 @@ static void mf_attend_range_f32(const float *q, ptrdiff_t ldq, const float *k, c
         for (ptrdiff_t d0 = 0; d0 < d16; d0 += 16)
             for (int i0 = 0; i0 < nq; i0 += MF_GEMM_MR) {
                 int mr = nq - i0 < MF_GEMM_MR ? nq - i0 : MF_GEMM_MR;
-                mf_gemm_xt_f32(mr, st + i0, v + t0 * Da + d0, Da, n, out + i0 * ldo + d0, ldo);
+                mf_gemm_xt_f32(mr, st + i0, W, v + t0 * Da + d0, Da, n, out + i0 * ldo + d0, ldo);
             }
         for (int i = 0; i < nq; i++)          /* dims past the last whole 16 */
             for (ptrdiff_t d = d16; d < D; d++) {
                 float acc = 0.0f;
                 for (ptrdiff_t j = 0; j < n; j++)
-                    acc += st[j * MF_ATT_QUERIES + i] * v[(t0 + j) * Da + d];
+                    acc += st[j * W + i] * v[(t0 + j) * Da + d];
                 out[i * ldo + d] += acc;
             }
     }
@@ -137,6 +168,48 @@ static void mf_attend_range_f32(const float *q, ptrdiff_t ldq, const float *k, c
     }
     for (int i = 0; i < nq; i++)
         mf_scale_f32(out + i * ldo, 1.0f / l[i], D);
+}
+
+/*
+ * Keys key_begin .. key_end-1 (and none past a row's position) of the attention of nq (1..16)
+ * query rows at positions pos_i = first_pos + i * pos_step: q rows at stride ldq, K/V rows of one
+ * kv head at stride Da, out rows at stride ldo.
+ *   m_out == NULL: out[i][:D] = softmax-weighted sum of v over those keys, out[i][D:Da] = 0.
+ *   otherwise the unnormalised parts for mf_attend_combine_f32: out[i][:D] = sum_j e^(s_ij - m_i)
+ *   v_j, m_out[i] = m_i (the largest score, -inf if no key was visible), l_out[i] = sum_j
+ *   e^(s_ij - m_i).
+ * D <= MF_ATT_MAX_HEAD_DIM, kv_tile <= MF_ATT_MAX_KV_TILE.  Up to 8 rows (decode's query heads of
+ * a kv group: 4 in Llama-3, 7 in Qwen2, 3 in SmolLM2) take a panel 8 queries wide, half the
+ * score products and exps of the 16-wide one.
+ */
+static void mf_attend_range_f32(const float *q, ptrdiff_t ldq, const float *k, const float *v,
+                                ptrdiff_t Da, ptrdiff_t first_pos, ptrdiff_t pos_step, int nq,
+                                ptrdiff_t D, float scale, ptrdiff_t kv_tile, ptrdiff_t key_begin,
+                                ptrdiff_t key_end, float *out, ptrdiff_t ldo, float *m_out,
+                                float *l_out)
+{
+    /* The K/V row stride as a constant for the usual head dims (64: Llama-3.2, Qwen2, SmolLM2;
+     * 128): every K and V address of the register blocks is then an immediate offset of one
+     * pointer, which removes about a quarter of the instructions a key costs. */
+#define MF__ATTEND(W, DA)                                                                        \
+    mf__attend_range(W, q, ldq, k, v, DA, first_pos, pos_step, nq, D, scale, kv_tile,          \
+                     key_begin, key_end, out, ldo, m_out, l_out)
+    if (nq <= 8) {
+        if (Da == 64)
+            MF__ATTEND(8, 64);
+        else if (Da == 128)
+            MF__ATTEND(8, 128);
+        else
+            MF__ATTEND(8, Da);
+    } else {
+        if (Da == 64)
+            MF__ATTEND(MF_PANEL_ROWS, 64);
+        else if (Da == 128)
+            MF__ATTEND(MF_PANEL_ROWS, 128);
+        else
+            MF__ATTEND(MF_PANEL_ROWS, Da);
+    }
+#undef MF__ATTEND
 }
 
 /* The whole attention of the block's rows: keys 0 .. the last row's position (see above). */

@@ -40,10 +40,13 @@
  * the Cython modules). */
 #if defined(__GNUC__) && !defined(__clang__)
 #  define MF__UNROLL _Pragma("GCC unroll 8")
+#  define MF__UNROLL16 _Pragma("GCC unroll 16")
 #elif defined(__clang__)
 #  define MF__UNROLL _Pragma("unroll")
+#  define MF__UNROLL16 _Pragma("unroll")
 #else
 #  define MF__UNROLL
+#  define MF__UNROLL16
 #endif
 
 /* Software prefetch of [p, p + bytes) into L2: the next panel's weight rows, while this panel
@@ -100,17 +103,18 @@ static inline void mf_pack_panel_f32(const float *const rows[MF_PANEL_ROWS], ptr
 }
 
 /*
- * The register block, general form: for i < MR, j < 16
+ * The register block, general form: for i < MR, j < 8 * NV (NV = 2: 16 columns; 1: 8)
  *     c[i * ldc + j] = (first ? 0 : c[i * ldc + j]) + sum_{k < kc} x[i * xi + k * xk] * p[k * ldp + j]
  * where the sum is one chain in k order, added to c at the end.  The callers below fix the
  * strides (constants after inlining): projections read x rows (xi = ldx, xk = 1) against a packed
- * panel (ldp = 16); attention also reads a transposed x (xi = 1, xk = 16) against rows of V in
- * place (ldp = Da).
+ * panel (ldp = 16); attention also reads a transposed x (xi = 1, xk = 16 or 8) against rows of V
+ * in place (ldp = Da), and its narrow panel of up to 8 queries takes NV = 1.  Column j's chain is
+ * the same operations whatever NV: a column's result does not depend on the block's width.
  */
 #if defined(MF_GEMM_AVX2)
 MF_ALWAYS_INLINE void mf__gemm_block(
-    const int MR, const float *x, ptrdiff_t xi, ptrdiff_t xk, const float *p, ptrdiff_t ldp,
-    ptrdiff_t kc, float *c, ptrdiff_t ldc, int first)
+    const int MR, const int NV, const float *x, ptrdiff_t xi, ptrdiff_t xk, const float *p,
+    ptrdiff_t ldp, ptrdiff_t kc, float *c, ptrdiff_t ldc, int first)
 {
     __m256 acc[MF_GEMM_MR][2];
     MF__UNROLL
@@ -118,32 +122,34 @@ MF_ALWAYS_INLINE void mf__gemm_block(
         acc[i][0] = acc[i][1] = _mm256_setzero_ps();
     for (ptrdiff_t k = 0; k < kc; k++) {
         __m256 w0 = _mm256_loadu_ps(p + k * ldp);
-        __m256 w1 = _mm256_loadu_ps(p + k * ldp + 8);
+        __m256 w1 = NV > 1 ? _mm256_loadu_ps(p + k * ldp + 8) : w0;
         MF__UNROLL
         for (int i = 0; i < MR; i++) {
             __m256 xb = _mm256_broadcast_ss(x + i * xi + k * xk);
             acc[i][0] = _mm256_fmadd_ps(xb, w0, acc[i][0]);
-            acc[i][1] = _mm256_fmadd_ps(xb, w1, acc[i][1]);
+            if (NV > 1)
+                acc[i][1] = _mm256_fmadd_ps(xb, w1, acc[i][1]);
         }
     }
     MF__UNROLL
     for (int i = 0; i < MR; i++) {
         float *ci = c + i * ldc;
-        if (first) {
-            _mm256_storeu_ps(ci, acc[i][0]);
-            _mm256_storeu_ps(ci + 8, acc[i][1]);
-        } else {
-            _mm256_storeu_ps(ci, _mm256_add_ps(_mm256_loadu_ps(ci), acc[i][0]));
-            _mm256_storeu_ps(ci + 8, _mm256_add_ps(_mm256_loadu_ps(ci + 8), acc[i][1]));
+        MF__UNROLL
+        for (int h = 0; h < NV; h++) {
+            if (first)
+                _mm256_storeu_ps(ci + 8 * h, acc[i][h]);
+            else
+                _mm256_storeu_ps(ci + 8 * h, _mm256_add_ps(_mm256_loadu_ps(ci + 8 * h), acc[i][h]));
         }
     }
 }
 #else
 static inline void mf__gemm_block(
-    const int MR, const float *x, ptrdiff_t xi, ptrdiff_t xk, const float *p, ptrdiff_t ldp,
-    ptrdiff_t kc, float *c, ptrdiff_t ldc, int first)
+    const int MR, const int NV, const float *x, ptrdiff_t xi, ptrdiff_t xk, const float *p,
+    ptrdiff_t ldp, ptrdiff_t kc, float *c, ptrdiff_t ldc, int first)
 {
     float acc[MF_GEMM_MR][MF_PANEL_ROWS];
+    const int nj = 8 * NV;
     for (int i = 0; i < MR; i++)
         for (int j = 0; j < MF_PANEL_ROWS; j++)
             acc[i][j] = 0.0f;
@@ -151,12 +157,12 @@ static inline void mf__gemm_block(
         const float *pk = p + k * ldp;
         for (int i = 0; i < MR; i++) {
             float xv = x[i * xi + k * xk];
-            for (int j = 0; j < MF_PANEL_ROWS; j++)
+            for (int j = 0; j < nj; j++)
                 acc[i][j] += xv * pk[j];
         }
     }
     for (int i = 0; i < MR; i++)
-        for (int j = 0; j < MF_PANEL_ROWS; j++)
+        for (int j = 0; j < nj; j++)
             c[i * ldc + j] = first ? acc[i][j] : c[i * ldc + j] + acc[i][j];
 }
 #endif
@@ -176,15 +182,54 @@ static inline void mf__gemm_block(
 static inline void mf_gemm_panel_f32(int mr, const float *x, ptrdiff_t ldx, const float *panel,
                                      ptrdiff_t kc, float *c, int first)
 {
-    MF__GEMM_SWITCH(mr, x, ldx, 1, panel, MF_PANEL_ROWS, kc, c, MF_PANEL_ROWS, first)
+    MF__GEMM_SWITCH(mr, 2, x, ldx, 1, panel, MF_PANEL_ROWS, kc, c, MF_PANEL_ROWS, first)
 }
 
-/* Attention's P.V: c[i * ldc + j] += sum_k xt[k * 16 + i] * p[k * ldp + j], i < mr, j < 16
- * (xt: 16 rows stored transposed, e.g. the probabilities of 16 queries for kc keys). */
-static inline void mf_gemm_xt_f32(int mr, const float *xt, const float *p, ptrdiff_t ldp,
-                                  ptrdiff_t kc, float *c, ptrdiff_t ldc)
+/* The same for a panel 8 columns wide: c[i * 8 + j] = sum_k x[i * ldx + k] * panel[k * 8 + j]
+ * (attention's scores of up to 8 queries). */
+MF_ALWAYS_INLINE void mf_gemm_panel8_f32(int mr, const float *x, ptrdiff_t ldx, const float *panel,
+                                      ptrdiff_t kc, float *c)
 {
-    MF__GEMM_SWITCH(mr, xt, 1, MF_PANEL_ROWS, p, ldp, kc, c, ldc, 0)
+    MF__GEMM_SWITCH(mr, 1, x, ldx, 1, panel, 8, kc, c, 8, 1)
+}
+
+/* 12 keys at once for the 8-wide panel (12 chains, where 6 would wait on the FMA latency):
+ * c[i * 8 + j] = sum_k x[i * ldx + k] * panel[k * 8 + j], i < 12; each column the same chain as
+ * in mf_gemm_panel8_f32. */
+MF_ALWAYS_INLINE void mf_gemm_panel8x12_f32(const float *x, ptrdiff_t ldx, const float *panel,
+                                         ptrdiff_t kc, float *c)
+{
+#if defined(MF_GEMM_AVX2)
+    __m256 acc[12];
+    MF__UNROLL16
+    for (int i = 0; i < 12; i++)
+        acc[i] = _mm256_setzero_ps();
+    for (ptrdiff_t k = 0; k < kc; k++) {
+        __m256 w = _mm256_loadu_ps(panel + k * 8);
+        MF__UNROLL16
+        for (int i = 0; i < 12; i++)
+            acc[i] = _mm256_fmadd_ps(_mm256_broadcast_ss(x + i * ldx + k), w, acc[i]);
+    }
+    MF__UNROLL16
+    for (int i = 0; i < 12; i++)
+        _mm256_storeu_ps(c + i * 8, acc[i]);
+#else
+    mf_gemm_panel8_f32(6, x, ldx, panel, kc, c);
+    mf_gemm_panel8_f32(6, x + 6 * ldx, ldx, panel, kc, c + 6 * 8);
+#endif
+}
+
+/* Attention's P.V: c[i * ldc + j] += sum_k xt[k * ldxt + i] * p[k * ldp + j], i < mr, j < 16
+ * (xt: rows stored transposed, ldxt = 16 or 8: the probabilities of the block's queries for kc
+ * keys). */
+MF_ALWAYS_INLINE void mf_gemm_xt_f32(int mr, const float *xt, ptrdiff_t ldxt, const float *p,
+                                  ptrdiff_t ldp, ptrdiff_t kc, float *c, ptrdiff_t ldc)
+{
+    if (ldxt == 8) {
+        MF__GEMM_SWITCH(mr, 2, xt, 1, 8, p, ldp, kc, c, ldc, 0)
+    } else {
+        MF__GEMM_SWITCH(mr, 2, xt, 1, MF_PANEL_ROWS, p, ldp, kc, c, ldc, 0)
+    }
 }
 
 #endif /* MEGAFUSE_MF_GEMM_H */
