@@ -185,6 +185,20 @@ cdef inline OneTokenPlan one_token_plan(Py_ssize_t P, Py_ssize_t H, Py_ssize_t G
     return p
 
 
+cdef inline Py_ssize_t one_token_task_heads(const OneTokenPlan *p, Py_ssize_t task,
+                                            Py_ssize_t H, Py_ssize_t G,
+                                            Py_ssize_t *n_heads) noexcept nogil:
+    """The first query head task `task` (< p.tasks) computes; n_heads[0]: how many (consecutive,
+    of one kv group).  Split-KV tasks of one head chunk differ only in their key range."""
+    cdef Py_ssize_t group = H // G, per, i, g, h
+    per = 3 if p.kind == ONE_TOKEN_TILES else MF_ATT_QUERIES
+    i = task // p.n_seg                  # (n_seg is 1 unless split)
+    g = i // p.n_chunks
+    h = g * group + (i % p.n_chunks) * per
+    n_heads[0] = min(per, (g + 1) * group - h)
+    return h
+
+
 cdef void one_token_task(
         const OneTokenPlan *p, Py_ssize_t task,
         const float *q,        # [H, Da]: the token's query heads (roped)
@@ -195,29 +209,23 @@ cdef void one_token_task(
         float *attn,           # [H, Da] out (ONE_TOKEN_BLOCKS / TILES)
         float *parts) noexcept nogil:   # [max_seg, H, Da] sums, then m, l (ONE_TOKEN_SPLIT)
     """Task `task` (< p.tasks) of one token's attention."""
-    cdef Py_ssize_t group = H // G, s, g, h
+    cdef Py_ssize_t s, nh
+    cdef Py_ssize_t h = one_token_task_heads(p, task, H, G, &nh)
+    cdef Py_ssize_t g = h // (H // G)
     cdef float *part_m = parts + p.max_seg * H * Da        # [max_seg, H]
     cdef float *part_l = part_m + p.max_seg * H            # [max_seg, H]
     if p.kind == ONE_TOKEN_SPLIT:
         s = task % p.n_seg
-        g = task // p.n_seg // p.n_chunks
-        h = g * group + (task // p.n_seg % p.n_chunks) * MF_ATT_QUERIES
         mf_attend_range_f32(q + h * Da, Da, kv_cache_k + g * C * Da, kv_cache_v + g * C * Da,
-                            Da, P, 0, <int>min(<Py_ssize_t>MF_ATT_QUERIES, (g + 1) * group - h),
-                            D, scale, kv_tile, s * p.seg_len, min(P + 1, (s + 1) * p.seg_len),
-                            parts + (s * H + h) * Da, Da, part_m + s * H + h, part_l + s * H + h)
+                            Da, P, 0, <int>nh, D, scale, kv_tile, s * p.seg_len,
+                            min(P + 1, (s + 1) * p.seg_len), parts + (s * H + h) * Da, Da,
+                            part_m + s * H + h, part_l + s * H + h)
     elif p.kind == ONE_TOKEN_BLOCKS:
-        g = task // p.n_chunks
-        h = g * group + (task % p.n_chunks) * MF_ATT_QUERIES
         mf_attend_block_f32(q + h * Da, Da, kv_cache_k + g * C * Da, kv_cache_v + g * C * Da,
-                            Da, P, 0, <int>min(<Py_ssize_t>MF_ATT_QUERIES, (g + 1) * group - h),
-                            D, scale, kv_tile, attn + h * Da, Da)
+                            Da, P, 0, <int>nh, D, scale, kv_tile, attn + h * Da, Da)
     else:
-        g = task // p.n_chunks
-        h = g * group + (task % p.n_chunks) * 3
         attend_query_tile(q + h * Da, Da, kv_cache_k + g * C * Da, kv_cache_v + g * C * Da, P,
-                          0, min(<Py_ssize_t>3, (g + 1) * group - h), D, Da, scale, kv_tile,
-                          attn + h * Da, Da)
+                          0, nh, D, Da, scale, kv_tile, attn + h * Da, Da)
 
 
 cdef inline void one_token_combine(const OneTokenPlan *p, Py_ssize_t h, const float *parts,

@@ -10,6 +10,11 @@ cdef extern from "megafuse/mf_quant.h" nogil:
     float mf_weight_row_dot_f32(const void *w, int dt, const float *x, Py_ssize_t n)
     float mf_weight_row_dot_q8(const void *w, int dt, const void *a, Py_ssize_t n)
     void mf_quantize_activation_row(const float *x, void *a, Py_ssize_t n, int dt)
+    # a Q8_0 activation row piece by piece: blocks b0 .. b1-1 of x[n], and the bytes of no block
+    # (zero blocks, padding); together the same bytes as mf_quantize_activation_row
+    void mf_quantize_blocks_q8_0_act(const float *x, void *a, Py_ssize_t n, Py_ssize_t b0,
+                                     Py_ssize_t b1)
+    void mf_q8_0_act_pad(void *a, Py_ssize_t n)
     size_t mf_activation_row_bytes(int dt, size_t n)
     int mf_activation_dtype(int dt)     # Q8_0 / Q8_K / FP32: the int8 path's activations
     # out[4 * t + r] = the int8 dot of weight row w[r] (r < nr <= 4) with activation row

@@ -12,10 +12,13 @@
 #   ATTN        decode: (kv group, key range) tasks; prefill: (head, query tile)
 #   COMBINE     decode over long contexts: the key ranges of each head combined        H
 #   QUANT_ATTN  the attention rows quantized for wo (int8 mode, block-format wo)       tokens
+#               (none when wo reads Q8_0 rows and D is a multiple of 32: each ATTN / COMBINE
+#               chunk quantizes the Q8_0 blocks of the heads it computed)
 #   OUTPROJ     x += attn @ wo.T + bo                                    rows of wo, 32 or 64
 #   NORM_FFN    xn = rmsnorm(x, ln2_gamma)  (+ quantized)                               tokens
 #   GATEUP      act = silu(xn @ Wg.T + bg) * (xn @ Wu.T + bu)            64 intermediate rows
-#   QUANT_ACT   act quantized for w2 (int8 mode, block-format w2)                       tokens
+#   QUANT_ACT   act quantized for w2 (int8 mode, K-quant w2; a Q8_0 row is quantized by the
+#               GATEUP chunks, 2 blocks each)                                           tokens
 #   DOWN        x += act @ w2.T + b2  (the last layer may write x_out instead)  rows of w2
 #
 # then NORM_OUT (the rows that want logits) and HEAD (HEAD_ROWS vocabulary rows a chunk).
@@ -107,18 +110,38 @@ cdef uint32_t plan_step(mf_step *st) noexcept nogil:
                 add_phase(st, PHASE_COMBINE, l, m.H, &total)
         else:
             add_phase(st, PHASE_ATTN, l, m.H * ceil_div(T, m.q_tile), &total)
-        if m.int8 and uses_q8_activations(ly.wo_dt):
+        if m.int8 and uses_q8_activations(ly.wo_dt) and not quantized_in_place(m, ly.wo_dt, m.D):
             add_phase(st, PHASE_QUANT_ATTN, l, rows_tokens, &total)
         add_phase(st, PHASE_OUTPROJ, l, ceil_div(m.E, proj_rows(st)), &total)
         add_phase(st, PHASE_NORM_FFN, l, rows_tokens, &total)
         add_phase(st, PHASE_GATEUP, l, ceil_div(m.F, GEMM_ROWS), &total)
-        if m.int8 and uses_q8_activations(ly.w2_dt):
+        if (m.int8 and uses_q8_activations(ly.w2_dt)
+                and not quantized_in_place(m, ly.w2_dt, GEMM_ROWS)):
             add_phase(st, PHASE_QUANT_ACT, l, rows_tokens, &total)
         add_phase(st, PHASE_DOWN, l, ceil_div(m.E, proj_rows(st)), &total)
     if m.head != NULL and st.R > 0:
         add_phase(st, PHASE_NORM_OUT, -1, ceil_div(st.R, STEP_ROW_TOKENS), &total)
         add_phase(st, PHASE_HEAD, -1, ceil_div(m.V, HEAD_ROWS), &total)
     return total
+
+
+cdef inline bint quantized_in_place(const mf_model *m, int dt, Py_ssize_t piece) noexcept nogil:
+    """True when the activation rows a weight of format dt reads are Q8_0 rows and the chunks that
+    compute them, `piece` values of a row each (whole blocks of 32), quantize their own blocks:
+    no phase of its own (and one crossing of the team fewer) for that quantization."""
+    return (m.int8 and uses_q8_activations(dt) and activation_format(dt) == CK_DT_Q8_0
+            and piece % ck_dtype_block_size(CK_DT_Q8_0) == 0)
+
+
+cdef inline void quantize_row_piece(const float *x, char *dst, Py_ssize_t n, Py_ssize_t v0,
+                                    Py_ssize_t v1) noexcept nogil:
+    """Values v0 .. v1-1 (whole blocks) of x[n] into the Q8_0 activation row dst: the same bytes
+    quantize_activation_row writes for them; the piece that ends the row also writes the bytes of
+    no block (zero blocks, padding)."""
+    cdef Py_ssize_t qk = ck_dtype_block_size(CK_DT_Q8_0)
+    mf_quantize_blocks_q8_0_act(x, dst, n, v0 // qk, v1 // qk)
+    if v1 == n:
+        mf_q8_0_act_pad(dst, n)
 
 
 cdef inline char *q8_rows_for(const mf_step *st, int dt, Py_ssize_t *row) noexcept nogil:
@@ -206,19 +229,26 @@ cdef void qkv_head(const mf_step *st, const mf_model_layer *ly, Py_ssize_t hh) n
 
 cdef void attention_chunk(const mf_step *st, const mf_model_layer *ly,
                           Py_ssize_t c) noexcept nogil:
+    """Chunk c of PHASE_ATTN; with wo quantized in place, the Q8_0 blocks of the heads it computed
+    too (a split-KV pass: PHASE_COMBINE does it)."""
     cdef const mf_model *m = st.m
     cdef Py_ssize_t H = m.H, G = m.G, D = m.D, C = m.C, HD = H * D, T = st.T
-    cdef Py_ssize_t n_qt, h, i0, nq, g
+    cdef Py_ssize_t n_qt, h, i0, nq, g, t, nh
     cdef const float *q = <const float *>(st.scratch + st.layout.q)
     cdef float *attn = <float *>(st.scratch + st.layout.attn)
     cdef float *parts = <float *>(st.scratch + st.layout.parts)
+    cdef char *attnq = st.scratch + st.layout.attnq
     cdef float scale = 1.0 / sqrtf(<float>D)
+    cdef bint quantize = quantized_in_place(m, ly.wo_dt, D)
     cdef OneTokenPlan p
     if T == 1:
         p.kind, p.tasks, p.n_chunks = st.att_kind, st.att_tasks, st.att_n_chunks
         p.n_seg, p.seg_len, p.max_seg = st.att_n_seg, st.att_seg_len, st.att_max_seg
         one_token_task(&p, c, q, ly.k_cache, ly.v_cache, st.S, H, G, D, D, C, scale, m.kv_tile,
                        attn, parts)
+        if quantize and p.kind != ONE_TOKEN_SPLIT:
+            h = one_token_task_heads(&p, c, H, G, &nh)
+            quantize_row_piece(attn, attnq, HD, h * D, (h + nh) * D)
         return
     n_qt = ceil_div(T, m.q_tile)
     h = c // n_qt
@@ -227,6 +257,10 @@ cdef void attention_chunk(const mf_step *st, const mf_model_layer *ly,
     g = h // (H // G)
     attend_query_rows(q + i0 * HD + h * D, HD, ly.k_cache + g * C * D, ly.v_cache + g * C * D,
                       st.S + i0, nq, D, D, scale, m.kv_tile, attn + i0 * HD + h * D, HD)
+    if quantize:
+        for t in range(i0, i0 + nq):
+            quantize_row_piece(attn + t * HD, attnq + t * st.layout.attnq_row, HD, h * D,
+                               (h + 1) * D)
 
 
 cdef bint prefetch_chunk_weights(const mf_step *st, const mf_phase *ph,
@@ -315,6 +349,8 @@ cdef void run_chunk(const mf_step *st, const mf_phase *ph, Py_ssize_t c) noexcep
         p.kind, p.tasks, p.n_chunks = st.att_kind, st.att_tasks, st.att_n_chunks
         p.n_seg, p.seg_len, p.max_seg = st.att_n_seg, st.att_seg_len, st.att_max_seg
         one_token_combine(&p, c, <const float *>(st.scratch + st.layout.parts), H, D, D, attn)
+        if quantized_in_place(m, ly.wo_dt, D):
+            quantize_row_piece(attn, attnq, HD, c * D, (c + 1) * D)
     elif kind == PHASE_QUANT_ATTN:
         for t in range(t0, t1):
             quantize_activation_row(attn + t * HD, attnq + t * st.layout.attnq_row, HD, ly.wo_dt)
@@ -331,6 +367,10 @@ cdef void run_chunk(const mf_step *st, const mf_phase *ph, Py_ssize_t c) noexcep
         xq = q8_rows_for(st, ly.w1_dt, &xq_row)
         swiglu_block(c * GEMM_ROWS, <const char *>ly.w1, ck_dtype_row_bytes(ly.w1_dt, E),
                      ly.w1_dt, E, ly.b1, xn, xq, xq_row, T, I, I, act)
+        if quantized_in_place(m, ly.w2_dt, GEMM_ROWS):
+            for t in range(T):
+                quantize_row_piece(act + t * I, actq + t * st.layout.actq_row, I, c * GEMM_ROWS,
+                                   min(I, (c + 1) * GEMM_ROWS))
     elif kind == PHASE_QUANT_ACT:
         for t in range(t0, t1):
             quantize_activation_row(act + t * I, actq + t * st.layout.actq_row, I, ly.w2_dt)

@@ -58,24 +58,35 @@ static inline __m256i mf_q_pack32_epi8(__m256i q0, __m256i q1, __m256i q2, __m25
 }
 #endif
 
-/* x[n] -> a Q8_0 activation row (mf_act_layout.h; mf_act_q8_0_row_bytes(n) bytes, all written).
- * Per block of 32, GGML's quantize_row_q8_0_ref: amax = max |x|, d = amax / 127, id = 1/d (0 when
- * d = 0), q = roundf(x * id); d rounded to fp16, then stored as float with s = d * sum(q).
- * A block holding NaN or Inf: d = s = NaN, q = 0. */
-static inline void mf_quantize_row_q8_0_act(const float *MF_RESTRICT x, void *MF_RESTRICT va,
-                                            ptrdiff_t n)
+/* The bytes of a Q8_0 activation row of n values that belong to no block of x: the zero blocks
+ * nb .. 4ng-1 (codes 0, d = s = 0) and the zeros up to the row's 64-byte end.  Touches no byte of
+ * blocks 0 .. nb-1, so it may run before, after or beside mf_quantize_blocks_q8_0_act. */
+static inline void mf_q8_0_act_pad(void *va, ptrdiff_t n)
 {
     const ptrdiff_t nb = n / QK8_0;
     const size_t ng = mf_act_q8_0_groups((size_t)n);
     int8_t *codes = (int8_t *)va;                                         /* [ng][2][64] */
     float *f = (float *)(void *)((char *)va + ng * MF_ACT_GROUP_CODE_BYTES);  /* [ng][4][2] */
     const size_t used = ng * (MF_ACT_GROUP_CODE_BYTES + MF_ACT_GROUP_F_FLOATS * sizeof(float));
-    /* zero blocks from block nb on (a last odd block shares its pair with one: written below) */
-    memset(codes + (size_t)(nb / 2) * 64, 0, ng * MF_ACT_GROUP_CODE_BYTES - (size_t)(nb / 2) * 64);
-    for (size_t k = (size_t)nb; k < ng * MF_ACT_GROUP_BLOCKS; k++)       /* zero blocks */
+    for (size_t k = (size_t)nb; k < ng * MF_ACT_GROUP_BLOCKS; k++) {     /* zero blocks */
+        int8_t *lo = codes + (k >> 1) * 64 + (k & 1) * 16;
+        memset(lo, 0, 16);
+        memset(lo + 32, 0, 16);
         f[k / 4 * 8 + mf_act_q8_0_f_slot(k % 4)] = f[k / 4 * 8 + mf_act_q8_0_f_slot(k % 4) + 1] = 0.0f;
+    }
     memset((char *)va + used, 0, mf_act_q8_0_row_bytes((size_t)n) - used);
-    for (ptrdiff_t ib = 0; ib < nb; ib++) {
+}
+
+/* Blocks b0 .. b1-1 (of n / 32) of the Q8_0 activation row of x[n]: their codes and [d, s] only,
+ * each block from its own 32 values (see mf_quantize_row_q8_0_act), so that a row may be
+ * quantized piece by piece, by different threads, into the same bytes as in one call. */
+static inline void mf_quantize_blocks_q8_0_act(const float *MF_RESTRICT x, void *MF_RESTRICT va,
+                                               ptrdiff_t n, ptrdiff_t b0, ptrdiff_t b1)
+{
+    const size_t ng = mf_act_q8_0_groups((size_t)n);
+    int8_t *codes = (int8_t *)va;                                         /* [ng][2][64] */
+    float *f = (float *)(void *)((char *)va + ng * MF_ACT_GROUP_CODE_BYTES);  /* [ng][4][2] */
+    for (ptrdiff_t ib = b0; ib < b1; ib++) {
         const float *xb = x + ib * QK8_0;
         /* block ib = 4g + 2p + h: lo half at pair offset 16h, hi half at 32 + 16h */
         int8_t *lo = codes + (ib >> 1) * 64 + (ib & 1) * 16, *hi = lo + 32;
@@ -140,6 +151,17 @@ static inline void mf_quantize_row_q8_0_act(const float *MF_RESTRICT x, void *MF
         fb[0] = d16;
         fb[1] = d16 * (float)sum;                          /* exact */
     }
+}
+
+/* x[n] -> a Q8_0 activation row (mf_act_layout.h; mf_act_q8_0_row_bytes(n) bytes, all written).
+ * Per block of 32, GGML's quantize_row_q8_0_ref: amax = max |x|, d = amax / 127, id = 1/d (0 when
+ * d = 0), q = roundf(x * id); d rounded to fp16, then stored as float with s = d * sum(q).
+ * A block holding NaN or Inf: d = s = NaN, q = 0. */
+static inline void mf_quantize_row_q8_0_act(const float *MF_RESTRICT x, void *MF_RESTRICT va,
+                                            ptrdiff_t n)
+{
+    mf_q8_0_act_pad(va, n);
+    mf_quantize_blocks_q8_0_act(x, va, n, 0, n / QK8_0);
 }
 
 /* x[n] -> Q8_K blocks: GGML's quantize_row_q8_K_ref.  Per block of 256: max = the value of the
