@@ -253,26 +253,6 @@ static inline void mf_q_codes_q5_Kh(const block_q5_K *b, int c, __m256i hs, __m2
     *hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 4), m4), h2);
 }
 
-/* The next super-block of the 4 rows, from L2 (where the stream prefetch put it) into L1, one
- * iteration ahead: an iteration of 4 rows is ~375 instructions, more than the reorder window, so
- * without it the loads of each super-block start only when the previous one is retired. */
-#ifndef MF_Q_KQ_L1_PF
-#  define MF_Q_KQ_L1_PF 1
-#endif
-#if MF_Q_KQ_L1_PF
-#  define MF_Q_KQ_NEXT_L1(p0, p1, p2, p3, bytes)                                               \
-    {                                                                                          \
-        for (ptrdiff_t o_ = 0; o_ < (ptrdiff_t)(bytes); o_ += 64) {                            \
-            _mm_prefetch((const char *)(p0) + o_, _MM_HINT_T0);                                \
-            _mm_prefetch((const char *)(p1) + o_, _MM_HINT_T0);                                \
-            _mm_prefetch((const char *)(p2) + o_, _MM_HINT_T0);                                \
-            _mm_prefetch((const char *)(p3) + o_, _MM_HINT_T0);                                \
-        }                                                                                      \
-    }
-#else
-#  define MF_Q_KQ_NEXT_L1(p0, p1, p2, p3, bytes)
-#endif
-
 #define MF_DOT4_K45(NAME, BLOCK, CODES, HBITS)                                                      \
 static inline void NAME(const void *const *vw, const void *va, ptrdiff_t n, float *out)       \
 {                                                                                              \
@@ -286,7 +266,6 @@ static inline void NAME(const void *const *vw, const void *va, ptrdiff_t n, floa
         const block_q8_K *ab = &a[ib];                                                         \
         mf_q_prefetch4(w0, nb * (ptrdiff_t)sizeof(BLOCK), ib * (ptrdiff_t)sizeof(BLOCK),            \
                        (ptrdiff_t)sizeof(BLOCK), pf);                                          \
-        MF_Q_KQ_NEXT_L1(w0 + ib + 1, w1 + ib + 1, w2 + ib + 1, w3 + ib + 1, sizeof(BLOCK))         \
         const __m128i ps = _mm_hadd_epi16(                                                     \
             _mm_loadu_si128((const __m128i *)(const void *)ab->bsums),                         \
             _mm_loadu_si128((const __m128i *)(const void *)(ab->bsums + 8)));                  \
@@ -363,8 +342,6 @@ static inline void mf_dot4_q6_K_q8_K(const void *const *vw, const void *va, ptrd
         __m256i s[4];
         mf_q_prefetch4(w[0], nb * (ptrdiff_t)sizeof(block_q6_K), ib * (ptrdiff_t)sizeof(block_q6_K),
                        (ptrdiff_t)sizeof(block_q6_K), pf);
-        MF_Q_KQ_NEXT_L1(w[0] + ib + 1, w[1] + ib + 1, w[2] + ib + 1, w[3] + ib + 1,
-                        sizeof(block_q6_K))
         for (int r = 0; r < 4; r++)
             s[r] = mf_q_sumi_q6_K(&w[r][ib], ab, bs);
         const __m128i sumi = mf_q_hsum4_epi32(s[0], s[1], s[2], s[3]);
