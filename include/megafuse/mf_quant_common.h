@@ -118,15 +118,19 @@ static inline uint32_t mf_le32(const uint8_t *qh)
  * thread follows it.  As each row advances by `bytes` (from offset `done`), the same share of the
  * region `dist` bytes further on is prefetched in address order: one stream, which the memory
  * controller reads page by page, rather than four streams a row apart (measured here, Q4_0 rows
- * of 2048 weights, 2 threads from DRAM: ~72 % -> ~90 % of a plain read's rate).  The lead is at
- * least MF_Q_PF_MIN_BYTES: the region's last row is prefetched late in the call before its own,
- * so a lead of one group of short rows (1 KiB of Q4_0 a row) would leave it ~100 ns ahead only.
- * A prefetch past the end of the array is harmless. */
+ * of 2048 weights, 2 threads from DRAM: ~72 % -> ~90 % of a plain read's rate).  The lead is
+ * MF_Q_PF_ROWS rows, and at least MF_Q_PF_MIN_BYTES: the region's last row is prefetched late in
+ * the call before its own, so a lead of one group of very short rows would leave it ~100 ns ahead
+ * only.  A longer lead is slower: the lines arrive early enough to be evicted from L2 before use
+ * (paired A/B, the lead switched between alternate batches in one process, 2 threads, weights
+ * from DRAM: a 4 KiB minimum against the former 16 KiB made SmolLM2-135M Q4_1 decode 7-13 %
+ * faster (27-30 of 30 pairs) and the Llama-3.2-1B MLP at T = 1 6-15 % (Q4_0, Q4_K, Q6_K); 2 KiB
+ * and 1 KiB were no better than 4 KiB).  A prefetch past the end of the array is harmless. */
 #ifndef MF_Q_PF_ROWS
 #  define MF_Q_PF_ROWS 4
 #endif
 #ifndef MF_Q_PF_MIN_BYTES
-#  define MF_Q_PF_MIN_BYTES 16384
+#  define MF_Q_PF_MIN_BYTES 4096
 #endif
 /* How far ahead four rows of row_bytes prefetch: MF_Q_PF_ROWS rows, a whole number of 4-row
  * groups at least MF_Q_PF_MIN_BYTES ahead (short rows need more rows of lead). */
