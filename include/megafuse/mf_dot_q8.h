@@ -424,27 +424,40 @@ MF_DOT_Q8_0(mf_dot_q8_0_q8_0, CK_DT_Q8_0)
 
 #else /* generic */
 
-/* Integer sums of one block against activation block ib (generic). */
-static inline int32_t mf_isum_q4_0(const block_q4_0 *w, const void *a, ptrdiff_t ib)
+/* Integer sums of one block against activation block ib (generic): 4-bit codes (Q4_0 / Q4_1)
+ * or 4-bit codes with a 5th bit from qh (Q5_0 / Q5_1), minus off (8 / 16 for the symmetric
+ * formats, 0 for Q4_1 / Q5_1, whose m * sum(a) term the caller adds). */
+static inline int32_t mf__isum_nibbles(const uint8_t *qs, int off, const void *a, ptrdiff_t ib)
 {
     const int8_t *lo = mf_act_lo(a, ib), *hi = lo + 32;
     int32_t s = 0;
     for (int j = 0; j < 16; j++)
-        s += ((w->qs[j] & 0x0F) - 8) * lo[j] + ((w->qs[j] >> 4) - 8) * hi[j];
+        s += ((qs[j] & 0x0F) - off) * lo[j] + ((qs[j] >> 4) - off) * hi[j];
     return s;
+}
+
+static inline int32_t mf__isum_nibbles5(const uint8_t *qs, const uint8_t qh4[4], int off,
+                                        const void *a, ptrdiff_t ib)
+{
+    const int8_t *lo = mf_act_lo(a, ib), *hi = lo + 32;
+    const uint32_t qh = mf_le32(qh4);
+    int32_t s = 0;
+    for (int j = 0; j < 16; j++) {
+        const int q0 = ((qs[j] & 0x0F) | (int)(((qh >> j) & 1u) << 4)) - off;
+        const int q1 = ((qs[j] >> 4) | (int)(((qh >> (j + 16)) & 1u) << 4)) - off;
+        s += q0 * lo[j] + q1 * hi[j];
+    }
+    return s;
+}
+
+static inline int32_t mf_isum_q4_0(const block_q4_0 *w, const void *a, ptrdiff_t ib)
+{
+    return mf__isum_nibbles(w->qs, 8, a, ib);
 }
 
 static inline int32_t mf_isum_q5_0(const block_q5_0 *w, const void *a, ptrdiff_t ib)
 {
-    const int8_t *lo = mf_act_lo(a, ib), *hi = lo + 32;
-    const uint32_t qh = mf_le32(w->qh);
-    int32_t s = 0;
-    for (int j = 0; j < 16; j++) {
-        const int q0 = ((w->qs[j] & 0x0F) | (int)(((qh >> j) & 1u) << 4)) - 16;
-        const int q1 = ((w->qs[j] >> 4) | (int)(((qh >> (j + 16)) & 1u) << 4)) - 16;
-        s += q0 * lo[j] + q1 * hi[j];
-    }
-    return s;
+    return mf__isum_nibbles5(w->qs, w->qh, 16, a, ib);
 }
 
 static inline int32_t mf_isum_q8_0(const block_q8_0 *w, const void *a, ptrdiff_t ib)
@@ -459,24 +472,12 @@ static inline int32_t mf_isum_q8_0(const block_q8_0 *w, const void *a, ptrdiff_t
 /* Q4_1 / Q5_1: the sum of q_w * q_a, q_w the unsigned codes. */
 static inline int32_t mf_isum_q4_1(const block_q4_1 *w, const void *a, ptrdiff_t ib)
 {
-    const int8_t *lo = mf_act_lo(a, ib), *hi = lo + 32;
-    int32_t s = 0;
-    for (int j = 0; j < 16; j++)
-        s += (w->qs[j] & 0x0F) * lo[j] + (w->qs[j] >> 4) * hi[j];
-    return s;
+    return mf__isum_nibbles(w->qs, 0, a, ib);
 }
 
 static inline int32_t mf_isum_q5_1(const block_q5_1 *w, const void *a, ptrdiff_t ib)
 {
-    const int8_t *lo = mf_act_lo(a, ib), *hi = lo + 32;
-    const uint32_t qh = mf_le32(w->qh);
-    int32_t s = 0;
-    for (int j = 0; j < 16; j++) {
-        const int q0 = (w->qs[j] & 0x0F) | (int)(((qh >> j) & 1u) << 4);
-        const int q1 = (w->qs[j] >> 4) | (int)(((qh >> (j + 16)) & 1u) << 4);
-        s += q0 * lo[j] + q1 * hi[j];
-    }
-    return s;
+    return mf__isum_nibbles5(w->qs, w->qh, 0, a, ib);
 }
 
 /* Block ib's contribution d_w * d_a * isum (+ m_w * s_a), exact in double: d_w * d_a is exact in
