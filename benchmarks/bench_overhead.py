@@ -85,22 +85,27 @@ def _threads():
     mf.set_num_threads(before)
 
 
+def per_call(benchmark, runner, step):
+    """Median seconds of one step(): CALLS_PER_ROUND back-to-back steps a round, the runner
+    (a DecoderLayer or a Model) reset before a round its cache could not hold."""
+    def setup():
+        if runner.position + CALLS_PER_ROUND > C:
+            runner.reset()
+
+    def calls():
+        for _ in range(CALLS_PER_ROUND):
+            step()
+
+    median, _ = measure(benchmark, calls, setup=setup)
+    return median / CALLS_PER_ROUND
+
+
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_tiny_layer_decode(benchmark, fmt):
     benchmark.name = f"tiny-layer-decode-{fmt}"
     layer = tiny_layer(fmt)
     x = np.random.default_rng(1).standard_normal(E, dtype=np.float32)            # [E]
-
-    def setup():
-        if layer.position + CALLS_PER_ROUND > C:
-            layer.reset()
-
-    def calls():
-        for _ in range(CALLS_PER_ROUND):
-            layer.decode(x)
-
-    median, _ = measure(benchmark, calls, setup=setup)
-    RESULTS[("layer", fmt, 1)] = median / CALLS_PER_ROUND
+    RESULTS[("layer", fmt, 1)] = per_call(benchmark, layer, lambda: layer.decode(x))
 
 
 @pytest.mark.parametrize("n_layers", LAYER_COUNTS)
@@ -108,18 +113,8 @@ def test_tiny_layer_decode(benchmark, fmt):
 def test_tiny_model_step(benchmark, fmt, n_layers):
     benchmark.name = f"tiny-model-step-L{n_layers}-{fmt}"
     model = tiny_model(fmt, n_layers)
-    token = np.array([3], np.int32)
-
-    def setup():
-        if model.position + CALLS_PER_ROUND > C:
-            model.reset()
-
-    def calls():
-        for _ in range(CALLS_PER_ROUND):
-            model.forward(token)
-
-    median, _ = measure(benchmark, calls, setup=setup)
-    RESULTS[("model", fmt, n_layers)] = median / CALLS_PER_ROUND
+    token = np.array([3], np.int32)                                               # [1]
+    RESULTS[("model", fmt, n_layers)] = per_call(benchmark, model, lambda: model.forward(token))
 
 
 def summary_lines():
