@@ -74,53 +74,58 @@ static inline __m256i mf_q_tree4x2(__m256i p0, __m256i p1, __m256i p2, __m256i p
 
 /* ---- one token: 4 rows of a 32-weight format --------------------------------------------- */
 
+/* Group g (nblk = 1..4 blocks, a constant where this is inlined) of rows w0..w3 against the Q8_0
+ * activation row va: acc[r] + each row's canonical group step (mf_q_grp_step), the activation
+ * group loaded once for the four. */
+MF_ALWAYS_INLINE void mf_dot4_group32(int dt, const char *w0, const char *w1, const char *w2,
+                                      const char *w3, const void *va, ptrdiff_t n, ptrdiff_t g,
+                                      int nblk, __m256 acc[4])
+{
+    const ptrdiff_t o = g * 4 * mf_q_bsz(dt);
+    const int np = (nblk + 1) / 2, kind = mf_q_kind(dt);
+    mf_q_agrp A;
+    mf_q_wgrp G;
+    mf_q_agrp_load(va, n, g, mf_q_off(dt), &A);
+    mf_q_dec(dt, w0 + o, nblk, &G);
+    acc[0] = mf_q_grp_step(kind, &G, &A, np, acc[0]);
+    mf_q_dec(dt, w1 + o, nblk, &G);
+    acc[1] = mf_q_grp_step(kind, &G, &A, np, acc[1]);
+    mf_q_dec(dt, w2 + o, nblk, &G);
+    acc[2] = mf_q_grp_step(kind, &G, &A, np, acc[2]);
+    mf_q_dec(dt, w3 + o, nblk, &G);
+    acc[3] = mf_q_grp_step(kind, &G, &A, np, acc[3]);
+}
+
 /* Rows w[0..3] of format dt against one Q8_0 activation row: each row's canonical sequence
- * (mf_q_dot_row), the activation group loaded once for the four. */
+ * (mf_q_dot_row), the activation group loaded once for the four.  A row whose block count is not
+ * a multiple of 4 ends in a group of 1-3 blocks, inlined once for each count: with the count a
+ * run-time value, that group alone cost more instructions than a whole one (callgrind, Q4_1
+ * n = 576, the rows of SmolLM2-135M: 1071 instructions a call against 841 for n = 512). */
 MF_ALWAYS_INLINE void mf_dot4_row32(int dt, const void *const *vw, const void *va, ptrdiff_t n,
                                     float *out)
 {
     const char *w0 = (const char *)vw[0], *w1 = (const char *)vw[1];   /* [n / 32] blocks each */
     const char *w2 = (const char *)vw[2], *w3 = (const char *)vw[3];
-    const ptrdiff_t nb = n / QK8_0, ng = (ptrdiff_t)mf_act_q8_0_groups((size_t)n);
+    const ptrdiff_t nb = n / QK8_0;
     const ptrdiff_t gb = 4 * mf_q_bsz(dt);                 /* bytes of a group of 4 blocks */
     const ptrdiff_t pf = mf_q_pf_dist(nb * mf_q_bsz(dt));
-    const int off = mf_q_off(dt), kind = mf_q_kind(dt);
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0, acc2 = acc0, acc3 = acc0;
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
+                     _mm256_setzero_ps()};
     ptrdiff_t g = 0;
     for (; g < nb / 4; g++) {                              /* whole groups */
-        mf_q_agrp A;
-        mf_q_wgrp G;
-        const ptrdiff_t o = g * gb;
-        mf_q_prefetch4(w0, nb * mf_q_bsz(dt), o, gb, pf);
-        mf_q_agrp_load(va, n, g, off, &A);
-        mf_q_dec(dt, w0 + o, 4, &G);
-        acc0 = mf_q_grp_step(kind, &G, &A, 2, acc0);
-        mf_q_dec(dt, w1 + o, 4, &G);
-        acc1 = mf_q_grp_step(kind, &G, &A, 2, acc1);
-        mf_q_dec(dt, w2 + o, 4, &G);
-        acc2 = mf_q_grp_step(kind, &G, &A, 2, acc2);
-        mf_q_dec(dt, w3 + o, 4, &G);
-        acc3 = mf_q_grp_step(kind, &G, &A, 2, acc3);
+        mf_q_prefetch4(w0, nb * mf_q_bsz(dt), g * gb, gb, pf);
+        mf_dot4_group32(dt, w0, w1, w2, w3, va, n, g, 4, acc);
     }
-    if (g < ng) {                                          /* a last group of 1..3 blocks */
-        const int nblk = mf_q_grp_blocks(nb, g), np = (nblk + 1) / 2;
-        const ptrdiff_t o = g * gb;
-        mf_q_agrp A;
-        mf_q_wgrp G;
-        mf_q_agrp_load(va, n, g, off, &A);
-        mf_q_dec(dt, w0 + o, nblk, &G);
-        acc0 = mf_q_grp_step(kind, &G, &A, np, acc0);
-        mf_q_dec(dt, w1 + o, nblk, &G);
-        acc1 = mf_q_grp_step(kind, &G, &A, np, acc1);
-        mf_q_dec(dt, w2 + o, nblk, &G);
-        acc2 = mf_q_grp_step(kind, &G, &A, np, acc2);
-        mf_q_dec(dt, w3 + o, nblk, &G);
-        acc3 = mf_q_grp_step(kind, &G, &A, np, acc3);
+    switch (nb % 4) {                                      /* a last group of 1..3 blocks */
+    case 1: mf_dot4_group32(dt, w0, w1, w2, w3, va, n, g, 1, acc); break;
+    case 2: mf_dot4_group32(dt, w0, w1, w2, w3, va, n, g, 2, acc); break;
+    case 3: mf_dot4_group32(dt, w0, w1, w2, w3, va, n, g, 3, acc); break;
+    default: break;
     }
-    out[0] = mf_hsum256(acc0);
-    out[1] = mf_hsum256(acc1);
-    out[2] = mf_hsum256(acc2);
-    out[3] = mf_hsum256(acc3);
+    out[0] = mf_hsum256(acc[0]);
+    out[1] = mf_hsum256(acc[1]);
+    out[2] = mf_hsum256(acc[2]);
+    out[3] = mf_hsum256(acc[3]);
 }
 
 #define MF_DOT4_ROW32(NAME, DT)                                                                \
@@ -362,6 +367,19 @@ static inline void mf_dot4_q6_K_q8_K(const void *const *vw, const void *va, ptrd
  * vw[0..3]: a chunk of 8 groups of each row is decoded into W (codes and scales, 9 KiB at most),
  * then each token runs every group of the chunk past the four rows, its 4 accumulators in
  * registers (acc, kept per token across chunks). */
+/* acc[r] + the canonical group step of decoded rows W[0..3] against group g of one token's
+ * activation row a, npairs (1 or 2) a constant where this is inlined. */
+MF_ALWAYS_INLINE void mf_q8_tile_group32(int kind, int biased, const mf_q_wgrp W[4], const char *a,
+                                         ptrdiff_t n, ptrdiff_t g, int npairs, __m256 acc[4])
+{
+    mf_q_agrp A;
+    mf_q_agrp_load(a, n, g, 0, &A);
+    if (biased)
+        mf_q_agrp_bias(&A);
+    for (int r = 0; r < 4; r++)
+        acc[r] = mf_q_grp_step(kind, &W[r], &A, npairs, acc[r]);
+}
+
 MF_ALWAYS_INLINE void mf_q8_tile_row32(int dt, const void *const *vw, const char *xq,
                                        ptrdiff_t xs, int nt, ptrdiff_t n, float *out /* [nt][4] */)
 {
@@ -403,21 +421,16 @@ MF_ALWAYS_INLINE void mf_q8_tile_row32(int dt, const void *const *vw, const char
                 a2 = mf_q_grp_step(kind, &W[c][2], &A, 2, a2);
                 a3 = mf_q_grp_step(kind, &W[c][3], &A, 2, a3);
             }
-            if (full < nc) {                               /* the row's last group, 1..3 blocks */
-                const int np = (mf_q_grp_blocks(nb, c0 + full) + 1) / 2;
-                mf_q_agrp A;
-                mf_q_agrp_load(a, n, c0 + full, 0, &A);
-                if (biased)
-                    mf_q_agrp_bias(&A);
-                a0 = mf_q_grp_step(kind, &W[full][0], &A, np, a0);
-                a1 = mf_q_grp_step(kind, &W[full][1], &A, np, a1);
-                a2 = mf_q_grp_step(kind, &W[full][2], &A, np, a2);
-                a3 = mf_q_grp_step(kind, &W[full][3], &A, np, a3);
-            }
             acc[t][0] = a0;
             acc[t][1] = a1;
             acc[t][2] = a2;
             acc[t][3] = a3;
+            if (full < nc) {        /* the row's last group, 1..3 blocks: 1 or 2 pairs, constant */
+                if (mf_q_grp_blocks(nb, c0 + full) <= 2)
+                    mf_q8_tile_group32(kind, biased, W[full], a, n, c0 + full, 1, acc[t]);
+                else
+                    mf_q8_tile_group32(kind, biased, W[full], a, n, c0 + full, 2, acc[t]);
+            }
         }
     }
     for (int t = 0; t < nt; t++)
