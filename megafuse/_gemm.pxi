@@ -219,6 +219,29 @@ cdef void block_dot_tokens_f32(
         r0 += DOT_ROWS
 
 
+cdef inline void one_token_rows_q8(const RowBlock *b, mf_dot4_q8_fn dot4, Py_ssize_t K,
+                                   const char *xq) noexcept nogil:   # xq: one quantized row
+    """block_dot_tokens_q8 for one token: the 4-row dot straight, and each result stored as
+    store_results stores it (the same bits; a decode step makes ~60 000 such calls a token, for
+    which the general path's token loops cost ~15 % of the step's instructions)."""
+    cdef float res[DOT_ROWS]
+    cdef const char *rows[DOT_ROWS]
+    cdef Py_ssize_t r0, r, nr
+    cdef float value
+    r0 = 0
+    while r0 < b.n:
+        nr = min(<Py_ssize_t>DOT_ROWS, b.n - r0)
+        for r in range(DOT_ROWS):          # missing rows: the last one again (discarded)
+            rows[r] = b.w[r0 + min(r, nr - 1)]
+        dot4(<const void **>rows, xq, K, res)
+        for r in range(nr):
+            value = res[r] + b.bias[r0 + r]
+            if b.add[r0 + r] != NULL:
+                value = value + b.add[r0 + r][0]
+            b.out[r0 + r][0] = value
+        r0 += DOT_ROWS
+
+
 cdef void block_dot_tokens_q8(
         const RowBlock *b, int dt, Py_ssize_t K,
         const char *xq,        # [T, xq_row_bytes]: token rows quantized to dt's activation format
@@ -230,7 +253,12 @@ cdef void block_dot_tokens_q8(
     (rows_tokens_dot_q8: the bits of one weight_row_dot_q8 per pair)."""
     cdef float res[MF_Q8_TILE_TOKENS * DOT_ROWS]     # [tokens, 4] dot products
     cdef Py_ssize_t r0, r, nr, t0, nt
-    cdef Py_ssize_t tile = mf_q8_tile_tokens(<size_t>xq_row_bytes)
+    cdef Py_ssize_t tile
+    cdef mf_dot4_q8_fn one_token = mf_dot4_q8_for(dt) if T == 1 else NULL
+    if one_token != NULL:
+        one_token_rows_q8(b, one_token, K, xq)
+        return
+    tile = mf_q8_tile_tokens(<size_t>xq_row_bytes)
     t0 = 0
     while t0 < T:
         nt = min(tile, T - t0)

@@ -611,6 +611,29 @@ typedef void (*mf_dot4_fn)(const void *const *w, const void *a, ptrdiff_t n, flo
 typedef void (*mf_q8_tile_fn)(const void *const *w, const char *xq, ptrdiff_t xs, int nt,
                               ptrdiff_t n, float *out);
 
+/* The one-token dot of 4 rows of format dt (out[r] = mf_weight_row_dot_q8(w[r], dt, a, n), bit
+ * for bit), or NULL: not a block format, or the generic level (mf_q8_rows_tokens goes row by
+ * row there). */
+static inline mf_dot4_fn mf_dot4_q8_for(int dt)
+{
+#if defined(MF_Q_AVX2)
+    switch (dt) {
+    case CK_DT_Q4_0: return mf_dot4_q4_0_q8_0;
+    case CK_DT_Q4_1: return mf_dot4_q4_1_q8_0;
+    case CK_DT_Q5_0: return mf_dot4_q5_0_q8_0;
+    case CK_DT_Q5_1: return mf_dot4_q5_1_q8_0;
+    case CK_DT_Q8_0: return mf_dot4_q8_0_q8_0;
+    case CK_DT_Q4_K: return mf_dot4_q4_K_q8_K;
+    case CK_DT_Q5_K: return mf_dot4_q5_K_q8_K;
+    case CK_DT_Q6_K: return mf_dot4_q6_K_q8_K;
+    default: return NULL;
+    }
+#else
+    (void)dt;
+    return NULL;
+#endif
+}
+
 /* out[4 * t + r] = mf_weight_row_dot_q8(w[r], dt, a + t * a_stride, n) for r < nr, t < nt. */
 static inline void mf_q8_rows_tokens(int dt, const void *const *w, int nr, const void *va,
                                      ptrdiff_t a_stride, int nt, ptrdiff_t n, float *out)
@@ -620,18 +643,15 @@ static inline void mf_q8_rows_tokens(int dt, const void *const *w, int nr, const
     for (int r = 0; r < 4; r++)
         wp[r] = w[r < nr ? r : nr - 1];       /* missing rows: the last one again (discarded) */
 #if defined(MF_Q_AVX2)
-    mf_dot4_fn one = NULL;
+    const mf_dot4_fn one = mf_dot4_q8_for(dt);
     mf_q8_tile_fn tile = NULL;
-    int kquant = 0;
+    const int kquant = dt == CK_DT_Q4_K || dt == CK_DT_Q5_K || dt == CK_DT_Q6_K;
     switch (dt) {
-    case CK_DT_Q4_0: one = mf_dot4_q4_0_q8_0; tile = mf_q8_tile_q4_0; break;
-    case CK_DT_Q4_1: one = mf_dot4_q4_1_q8_0; tile = mf_q8_tile_q4_1; break;
-    case CK_DT_Q5_0: one = mf_dot4_q5_0_q8_0; tile = mf_q8_tile_q5_0; break;
-    case CK_DT_Q5_1: one = mf_dot4_q5_1_q8_0; tile = mf_q8_tile_q5_1; break;
-    case CK_DT_Q8_0: one = mf_dot4_q8_0_q8_0; tile = mf_q8_tile_q8_0; break;
-    case CK_DT_Q4_K: one = mf_dot4_q4_K_q8_K; kquant = 1; break;
-    case CK_DT_Q5_K: one = mf_dot4_q5_K_q8_K; kquant = 1; break;
-    case CK_DT_Q6_K: one = mf_dot4_q6_K_q8_K; kquant = 1; break;
+    case CK_DT_Q4_0: tile = mf_q8_tile_q4_0; break;
+    case CK_DT_Q4_1: tile = mf_q8_tile_q4_1; break;
+    case CK_DT_Q5_0: tile = mf_q8_tile_q5_0; break;
+    case CK_DT_Q5_1: tile = mf_q8_tile_q5_1; break;
+    case CK_DT_Q8_0: tile = mf_q8_tile_q8_0; break;
     default: break;
     }
     if (one != NULL) {
