@@ -204,26 +204,14 @@ cdef void block_gemm_packed_f32(
         t0 += nt
 
 
-cdef void block_dot_tokens_f32(
-        const RowBlock *b, int dt, Py_ssize_t K,
-        const float *x,        # [T, ldx] token rows, K values each
-        Py_ssize_t ldx, Py_ssize_t T, Py_ssize_t ld) noexcept nogil:
-    """b.out[r][t * ld] = x[t] . w_r + b.bias[r] (+ b.add[r][t * ld]) for r < b.n, t < T."""
-    cdef Py_ssize_t r0
-    if T >= PACK_MIN_TOKENS:
-        block_gemm_packed_f32(b, dt, K, x, ldx, T, ld)
-        return
-    r0 = 0
-    while r0 < b.n:
-        rows_dot_tokens_f32(b, r0, dt, K, x, ldx, T, ld)
-        r0 += DOT_ROWS
-
-
-cdef inline void one_token_rows_q8(const RowBlock *b, mf_dot4_q8_fn dot4, Py_ssize_t K,
-                                   const char *xq) noexcept nogil:   # xq: one quantized row
-    """block_dot_tokens_q8 for one token: the 4-row dot straight, and each result stored as
-    store_results stores it (the same bits; a decode step makes ~60 000 such calls a token, for
-    which the general path's token loops cost ~15 % of the step's instructions)."""
+cdef inline void one_token_rows(
+        const RowBlock *b, Py_ssize_t K,
+        mf_dot4_q8_fn dot4_q8, const char *xq,      # the int8 dot and the token's quantized row,
+        mf_dot4_f32_fn dot4_f32, const float *x) noexcept nogil:   # or the float dot and row
+    """The block for one token through a 4-row dot straight, each result stored as store_results
+    stores it: the same bits as the general paths, without their token loops.  A decode step
+    makes ~60 000 such calls a token; the token loops were ~15 % of its instructions in int8 mode
+    (callgrind)."""
     cdef float res[DOT_ROWS]
     cdef const char *rows[DOT_ROWS]
     cdef Py_ssize_t r0, r, nr
@@ -233,12 +221,34 @@ cdef inline void one_token_rows_q8(const RowBlock *b, mf_dot4_q8_fn dot4, Py_ssi
         nr = min(<Py_ssize_t>DOT_ROWS, b.n - r0)
         for r in range(DOT_ROWS):          # missing rows: the last one again (discarded)
             rows[r] = b.w[r0 + min(r, nr - 1)]
-        dot4(<const void **>rows, xq, K, res)
+        if dot4_q8 != NULL:
+            dot4_q8(<const void **>rows, xq, K, res)
+        else:
+            dot4_f32(<const void **>rows, x, K, res)
         for r in range(nr):
             value = res[r] + b.bias[r0 + r]
             if b.add[r0 + r] != NULL:
                 value = value + b.add[r0 + r][0]
             b.out[r0 + r][0] = value
+        r0 += DOT_ROWS
+
+
+cdef void block_dot_tokens_f32(
+        const RowBlock *b, int dt, Py_ssize_t K,
+        const float *x,        # [T, ldx] token rows, K values each
+        Py_ssize_t ldx, Py_ssize_t T, Py_ssize_t ld) noexcept nogil:
+    """b.out[r][t * ld] = x[t] . w_r + b.bias[r] (+ b.add[r][t * ld]) for r < b.n, t < T."""
+    cdef Py_ssize_t r0
+    cdef mf_dot4_f32_fn one_token = mf_dot4_f32_for(dt) if T == 1 else NULL   # NULL for FP32
+    if one_token != NULL:
+        one_token_rows(b, K, NULL, NULL, one_token, x)
+        return
+    if T >= PACK_MIN_TOKENS:
+        block_gemm_packed_f32(b, dt, K, x, ldx, T, ld)
+        return
+    r0 = 0
+    while r0 < b.n:
+        rows_dot_tokens_f32(b, r0, dt, K, x, ldx, T, ld)
         r0 += DOT_ROWS
 
 
@@ -256,7 +266,7 @@ cdef void block_dot_tokens_q8(
     cdef Py_ssize_t tile
     cdef mf_dot4_q8_fn one_token = mf_dot4_q8_for(dt) if T == 1 else NULL
     if one_token != NULL:
-        one_token_rows_q8(b, one_token, K, xq)
+        one_token_rows(b, K, one_token, xq, NULL, NULL)
         return
     tile = mf_q8_tile_tokens(<size_t>xq_row_bytes)
     t0 = 0
