@@ -8,7 +8,9 @@ Rows (E 64, 2 / 1 heads of 32, ffn 128, 64 cache positions; seeded random weight
   (the Python checks, the one native call, the thread team's wake-up).
 - ``tiny-model-step-L<1|32>-<FP32|Q8_0>``: ``Model.forward`` of one token through a model of
   1 or 32 such layers and a 256-token head.  The cost of one layer inside a whole-model step is
-  (L32 - L1) / 31, printed at the end of the run.
+  (L32 - L1) / 31, printed at the end of the run.  The tiny layer and the L1 model read less
+  than MF_STEP_SOLO_BYTES (256 KiB) a step and run on the calling thread alone; L32 (~4.7 MB
+  in FP32, ~1.3 MB in Q8_0) runs on the thread team, so that figure includes waking it.
 
 A round is CALLS_PER_ROUND back-to-back calls, at the next positions of a cache that starts
 over (untimed ``reset()``) when full, as a generation loop makes them; the rows report the

@@ -104,13 +104,15 @@ cdef extern from "megafuse/mf_model.h" nogil:
         int T, S, R, first_logit_row
         int att_kind
         Py_ssize_t att_tasks, att_n_chunks, att_n_seg, att_seg_len, att_max_seg
+        size_t solo_bytes
+    enum: MF_STEP_SOLO_BYTES
 
 cdef extern from "megafuse/mf_attention.h" nogil:
     enum: MF_ATT_MAX_KV_TILE          # upper bound of the KV tile (a tile of scores on the stack)
 
 # Bump when a slot is added or a signature changes: a level module of another version is refused.
 cdef enum:
-    KERNEL_TABLE_VERSION = 5
+    KERNEL_TABLE_VERSION = 6
     MF_MAX_Q_TILE = 128       # upper bound of the query tile (its softmax state lives on the stack)
 
 ctypedef void (*mega_fused_attention_decode_workspace_fn)(

@@ -11,7 +11,7 @@ from megafuse._kernel_table cimport (
     mf_team, mf_team_create, mf_team_destroy, mf_team_run, mf_team_claim_gen,
     mf_team_wait_done, mf_team_chunk_done, mf_atomic_load32, mf_atomic_add32, mf_model,
     mf_model_layer, mf_step, mf_step_scratch, mf_step_scratch_layout, mf_phase,
-    mf_step_max_phases)
+    mf_step_max_phases, MF_STEP_SOLO_BYTES)
 
 _LAYER_WEIGHTS = ("wq", "wk", "wv", "wo", "w1", "w2")
 _LAYER_BIASES = ("bq", "bk", "bv", "bo", "b1", "b2")
@@ -211,6 +211,7 @@ cdef class ModelRunner:
         self.st.m = &self.m
         self.st.layout = layout
         self.st.scratch = <char *>((<size_t>self.scratch_raw + 63) & ~(<size_t>63))
+        self.st.solo_bytes = MF_STEP_SOLO_BYTES
         self.keep = keep
         self.spans = _union_of_spans(keep)
         self.n_layers, self.embed_dim, self.num_heads, self.num_kv_heads = L, E, H, G
@@ -222,6 +223,22 @@ cdef class ModelRunner:
     def scratch_bytes(self):
         """Bytes of the step's scratch (one step of up to MF_STEP_TOKENS tokens)."""
         return self.st.layout.total
+
+    @property
+    def solo_bytes(self):
+        """A step reading fewer weight bytes x tokens than this runs on the calling thread alone
+        (include/megafuse/mf_model.h, MF_STEP_SOLO_BYTES); 0: every step on the team (the tests
+        set it to run small models on the team)."""
+        return self.st.solo_bytes
+
+    @solo_bytes.setter
+    def solo_bytes(self, value):
+        if self.busy:
+            raise RuntimeError("ModelRunner.solo_bytes: the model is running in another thread")
+        v = _int_arg(value, "solo_bytes")
+        if v < 0:
+            raise ValueError(f"solo_bytes: expected a byte count >= 0, got {v}")
+        self.st.solo_bytes = <size_t>v
 
     @property
     def team_threads(self):

@@ -33,6 +33,9 @@
 # first in the next phase that reads weights (prefetch_chunk_weights; of a head chunk, its first
 # PREFETCH_HEAD_BYTES).  A guess that another thread takes still brings the rows on chip.
 #
+# Small steps (fewer than MF_STEP_SOLO_BYTES of weights x tokens, mf_model.h; st.solo_bytes) run
+# their chunks in order on the calling thread (run_step_alone) without waking the team.
+#
 # Every chunk runs the building blocks of the per-layer kernels (linear_block, swiglu_block,
 # rmsnorm_row, the attention tasks) on the same token rows, so a step computes what the header
 # functions compute layer by layer; which thread runs a chunk never changes a result.
@@ -444,6 +447,41 @@ cdef void step_job(void *ctx, mf_team *team, int thread_id, uint32_t gen) noexce
         mf_team_chunk_done(team)
 
 
+cdef size_t step_weight_bytes(const mf_step *st) noexcept nogil:
+    """Weight bytes the step reads: every layer's six projections, and the head's rows when
+    logits are wanted (the embedding rows of the tokens are a few KB)."""
+    cdef const mf_model *m = st.m
+    cdef const mf_model_layer *ly
+    cdef Py_ssize_t E = m.E, HD = m.H * m.D, GD = m.G * m.D, F = m.F
+    cdef size_t total = 0
+    cdef int l
+    for l in range(m.n_layers):
+        ly = &m.layers[l]
+        total += <size_t>(HD * ck_dtype_row_bytes(ly.wq_dt, E)
+                          + GD * ck_dtype_row_bytes(ly.wk_dt, E)
+                          + GD * ck_dtype_row_bytes(ly.wv_dt, E)
+                          + E * ck_dtype_row_bytes(ly.wo_dt, HD)
+                          + 2 * F * ck_dtype_row_bytes(ly.w1_dt, E)
+                          + E * ck_dtype_row_bytes(ly.w2_dt, F))
+    if m.head != NULL and st.R > 0:
+        total += <size_t>(m.V * ck_dtype_row_bytes(m.head_dt, E))
+    return total
+
+
+cdef void run_step_alone(mf_step *st, uint32_t total) noexcept nogil:
+    """The step's chunks in order on the calling thread (st.n_threads = 1: one lane a phase):
+    the chunks the team would run, so the same results."""
+    cdef const mf_phase *ph
+    cdef uint32_t c, chunk
+    cdef int p = 0
+    for c in range(total):
+        while st.phases[p].base + st.phases[p].n <= c:
+            p += 1
+        ph = &st.phases[p]
+        chunk = mf_phase_take(<mf_phase *>ph, 0)
+        run_chunk(st, ph, chunk)
+
+
 cdef void model_forward_kernel(
         mf_step *st,               # the model, its scratch and phase table (the boundary's)
         mf_team *team,
@@ -460,9 +498,9 @@ cdef void model_forward_kernel(
     steps of at most MF_STEP_TOKENS tokens; their k, v are appended to the caches."""
     cdef Py_ssize_t T = tokens_n, t0 = 0, nt
     cdef uint32_t total
+    cdef bint solo
     cdef const mf_model *m = st.m
     st.hidden_layer_stride = T * m.E
-    st.n_threads = team.n_threads
     while t0 < T:
         nt = min(<Py_ssize_t>MF_STEP_TOKENS, T - t0)
         st.T = <int>nt
@@ -478,6 +516,11 @@ cdef void model_forward_kernel(
         else:
             st.R = 1 if t0 + nt == T else 0
             st.first_logit_row, st.logits = <int>nt - 1, logits
+        solo = step_weight_bytes(st) * <size_t>nt < st.solo_bytes or team.n_threads == 1
+        st.n_threads = 1 if solo else team.n_threads
         total = plan_step(st)
-        mf_team_run(team, total, step_job, st)
+        if solo:
+            run_step_alone(st, total)
+        else:
+            mf_team_run(team, total, step_job, st)
         t0 += nt

@@ -174,13 +174,25 @@ def test_results_do_not_depend_on_threads(tmp_path, threads):
     model = Model.from_gguf(path)
     ids = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]
     results = []
-    for n in (1, 2, 3):
+    for n, solo_bytes in ((1, 0), (2, 0), (3, 0), (2, None)):
         megafuse.set_num_threads(n)
+        # 0: every step on the team (this model is small enough to run on the calling thread
+        # alone otherwise); None: the default, which runs it alone
+        model._runner.solo_bytes = 0 if solo_bytes == 0 else 256 << 10
         model.reset()
         logits = model.forward(ids, logits="all")
         results.append(np.concatenate([logits, model.forward([12])[None]]))
     for other in results[1:]:
         np.testing.assert_array_equal(other, results[0])
+
+
+def test_solo_bytes_is_checked(tmp_path):
+    model = Model.from_gguf(write_model(tmp_path / "m.gguf", "llama", "Q8_0"), cache_capacity=16)
+    assert model._runner.solo_bytes == 256 << 10          # MF_STEP_SOLO_BYTES
+    with pytest.raises(ValueError, match="solo_bytes"):
+        model._runner.solo_bytes = -1
+    with pytest.raises(TypeError):
+        model._runner.solo_bytes = "many"
 
 
 def test_errors_leave_the_model_usable(tmp_path):
@@ -407,6 +419,7 @@ def test_a_forked_child_runs_the_model(tmp_path):
     if "fork" not in multiprocessing.get_all_start_methods():
         pytest.skip("no fork() on this platform")
     model = Model.from_gguf(write_model(tmp_path / "m.gguf", "llama", "Q4_0"), cache_capacity=32)
+    model._runner.solo_bytes = 0                           # the team, even for this small model
     want = model.forward([1, 2, 3, 4], logits="all")      # the parent's threads exist now
     model.reset()
     ctx = multiprocessing.get_context("fork")

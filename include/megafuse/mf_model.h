@@ -182,6 +182,15 @@ typedef struct {
     /* one-token attention (T == 1): how its tasks are cut (_attention.pxi, OneTokenPlan) */
     int att_kind;
     ptrdiff_t att_tasks, att_n_chunks, att_n_seg, att_seg_len, att_max_seg;
+    /* a step whose weight bytes times tokens are fewer runs on the calling thread alone (its
+     * chunks in order, no team): MF_STEP_SOLO_BYTES by default, 0 never */
+    size_t solo_bytes;
 } mf_step;
+
+/* Below this much work (weight bytes read x tokens), a second thread costs more than it saves:
+ * waking it, and waiting for a chunk it holds while the host deschedules it.  A layer of E = 64
+ * (bench_overhead.py, ~150 KB of FP32 weights) decodes in 8.7-10 us on one thread against 13-15
+ * us on two, on the 2-core development machine; SmolLM2-135M (97 MB a step) uses the team. */
+#define MF_STEP_SOLO_BYTES ((size_t)256 << 10)
 
 #endif /* MEGAFUSE_MF_MODEL_H */
