@@ -35,7 +35,7 @@ DECODE_RULES = [
     ("input-float64", lambda a: a.update(input=a["input"].astype(np.float64)), TypeError,
      ["input", "float32", "float64"]),
     ("wq-list", lambda a: a.update(wq=a["wq"].tolist()), TypeError, ["wq", "ndarray", "list"]),
-    ("output-int32", lambda a: a.update(output=a["output"].astype(np.int32)), TypeError,
+    ("output-int32", lambda a: a.update(output=np.zeros(a["output"].shape, np.int32)), TypeError,
      ["output", "float32"]),
     ("cache-byteswapped", lambda a: a.update(
         kv_cache_k=a["kv_cache_k"].astype(">f4")), TypeError, ["kv_cache_k", "native"]),
