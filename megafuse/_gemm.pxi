@@ -208,14 +208,13 @@ cdef inline void one_token_rows(
         const RowBlock *b, Py_ssize_t K,
         mf_dot4_q8_fn dot4_q8, const char *xq,      # the int8 dot and the token's quantized row,
         mf_dot4_f32_fn dot4_f32, const float *x) noexcept nogil:   # or the float dot and row
-    """The block for one token through a 4-row dot straight, each result stored as store_results
-    stores it: the same bits as the general paths, without their token loops.  A decode step
+    """The block for one token through a 4-row dot straight, each result stored by store_results:
+    the same bits as the general paths, without their token loops.  A decode step
     makes ~60 000 such calls a token; the token loops were ~15 % of its instructions in int8 mode
     (callgrind)."""
     cdef float res[DOT_ROWS]
     cdef const char *rows[DOT_ROWS]
     cdef Py_ssize_t r0, r, nr
-    cdef float value
     r0 = 0
     while r0 < b.n:
         nr = min(<Py_ssize_t>DOT_ROWS, b.n - r0)
@@ -226,10 +225,7 @@ cdef inline void one_token_rows(
         else:
             dot4_f32(<const void **>rows, x, K, res)
         for r in range(nr):
-            value = res[r] + b.bias[r0 + r]
-            if b.add[r0 + r] != NULL:
-                value = value + b.add[r0 + r][0]
-            b.out[r0 + r][0] = value
+            store_results(b, r0 + r, res + r, 1, 0, 1, 0)
         r0 += DOT_ROWS
 
 
