@@ -447,9 +447,10 @@ cdef void step_job(void *ctx, mf_team *team, int thread_id, uint32_t gen) noexce
         mf_team_chunk_done(team)
 
 
-cdef size_t step_weight_bytes(const mf_step *st) noexcept nogil:
-    """Weight bytes the step reads: every layer's six projections, and the head's rows when
-    logits are wanted (the embedding rows of the tokens are a few KB)."""
+cdef bint step_is_small(const mf_step *st, size_t limit) noexcept nogil:
+    """True when the step reads fewer than `limit` weight bytes: every layer's six projections,
+    and the head's rows when logits are wanted (the embedding rows of the tokens are a few KB).
+    The sum stops as soon as it reaches the limit: a real model's first layer or two."""
     cdef const mf_model *m = st.m
     cdef const mf_model_layer *ly
     cdef Py_ssize_t E = m.E, HD = m.H * m.D, GD = m.G * m.D, F = m.F
@@ -463,9 +464,11 @@ cdef size_t step_weight_bytes(const mf_step *st) noexcept nogil:
                           + E * ck_dtype_row_bytes(ly.wo_dt, HD)
                           + 2 * F * ck_dtype_row_bytes(ly.w1_dt, E)
                           + E * ck_dtype_row_bytes(ly.w2_dt, F))
+        if total >= limit:
+            return False
     if m.head != NULL and st.R > 0:
         total += <size_t>(m.V * ck_dtype_row_bytes(m.head_dt, E))
-    return total
+    return total < limit
 
 
 cdef void run_step_alone(mf_step *st, uint32_t total) noexcept nogil:
@@ -516,7 +519,7 @@ cdef void model_forward_kernel(
         else:
             st.R = 1 if t0 + nt == T else 0
             st.first_logit_row, st.logits = <int>nt - 1, logits
-        solo = step_weight_bytes(st) * <size_t>nt < st.solo_bytes or team.n_threads == 1
+        solo = team.n_threads == 1 or step_is_small(st, st.solo_bytes // <size_t>nt)
         st.n_threads = 1 if solo else team.n_threads
         total = plan_step(st)
         if solo:

@@ -174,11 +174,10 @@ def test_results_do_not_depend_on_threads(tmp_path, threads):
     model = Model.from_gguf(path)
     ids = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]
     results = []
-    for n, solo_bytes in ((1, 0), (2, 0), (3, 0), (2, None)):
+    for n, solo_bytes in ((1, 0), (2, 0), (3, 0), (2, 2**31 - 1)):
         megafuse.set_num_threads(n)
-        # 0: every step on the team (this model is small enough to run on the calling thread
-        # alone otherwise); None: the default, which runs it alone
-        model._runner.solo_bytes = 0 if solo_bytes == 0 else 256 << 10
+        # 0: every step on the team; 2**31 - 1: every step on the calling thread alone
+        model._runner.solo_bytes = solo_bytes
         model.reset()
         logits = model.forward(ids, logits="all")
         results.append(np.concatenate([logits, model.forward([12])[None]]))

@@ -363,10 +363,6 @@ static inline void mf_dot4_q6_K_q8_K(const void *const *vw, const void *va, ptrd
 
 /* ---- many tokens: 4 rows of a 32-weight format decoded once a chunk ---------------------- */
 
-/* nt (<= MF_Q8_TILE_TOKENS) tokens of Q8_0 activation rows at xq (stride xs) against rows
- * vw[0..3]: a chunk of 8 groups of each row is decoded into W (codes and scales, 9 KiB at most),
- * then each token runs every group of the chunk past the four rows, its 4 accumulators in
- * registers (acc, kept per token across chunks). */
 /* acc[r] + the canonical group step of decoded rows W[0..3] against group g of one token's
  * activation row a, npairs (1 or 2) a constant where this is inlined. */
 MF_ALWAYS_INLINE void mf_q8_tile_group32(int kind, int biased, const mf_q_wgrp W[4], const char *a,
@@ -380,6 +376,10 @@ MF_ALWAYS_INLINE void mf_q8_tile_group32(int kind, int biased, const mf_q_wgrp W
         acc[r] = mf_q_grp_step(kind, &W[r], &A, npairs, acc[r]);
 }
 
+/* nt (<= MF_Q8_TILE_TOKENS) tokens of Q8_0 activation rows at xq (stride xs) against rows
+ * vw[0..3]: a chunk of 8 groups of each row is decoded into W (codes and scales, 9 KiB at most),
+ * then each token runs every group of the chunk past the four rows, its 4 accumulators in
+ * registers (acc, kept per token across chunks). */
 MF_ALWAYS_INLINE void mf_q8_tile_row32(int dt, const void *const *vw, const char *xq,
                                        ptrdiff_t xs, int nt, ptrdiff_t n, float *out /* [nt][4] */)
 {
