@@ -42,6 +42,116 @@ MF_ALWAYS_INLINE void mf__exp_sub_acc(const int W, float *s, const float *m, flo
 #endif
 }
 
+#if defined(MF_GEMM_AVX2)
+/* r[d] = {r0[d], r1[d], ..., r7[d]}: an 8 x 8 transpose in registers (24 shuffles). */
+MF_ALWAYS_INLINE void mf__transpose8x8(__m256 r[8])
+{
+    const __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
+    const __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
+    const __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
+    const __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
+    const __m256 s0 = _mm256_shuffle_ps(t0, t2, 0x44), s1 = _mm256_shuffle_ps(t0, t2, 0xEE);
+    const __m256 s2 = _mm256_shuffle_ps(t1, t3, 0x44), s3 = _mm256_shuffle_ps(t1, t3, 0xEE);
+    const __m256 s4 = _mm256_shuffle_ps(t4, t6, 0x44), s5 = _mm256_shuffle_ps(t4, t6, 0xEE);
+    const __m256 s6 = _mm256_shuffle_ps(t5, t7, 0x44), s7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+    r[0] = _mm256_permute2f128_ps(s0, s4, 0x20);
+    r[1] = _mm256_permute2f128_ps(s1, s5, 0x20);
+    r[2] = _mm256_permute2f128_ps(s2, s6, 0x20);
+    r[3] = _mm256_permute2f128_ps(s3, s7, 0x20);
+    r[4] = _mm256_permute2f128_ps(s0, s4, 0x31);
+    r[5] = _mm256_permute2f128_ps(s1, s5, 0x31);
+    r[6] = _mm256_permute2f128_ps(s2, s6, 0x31);
+    r[7] = _mm256_permute2f128_ps(s3, s7, 0x31);
+}
+
+/*
+ * Decode's scores with the keys in lanes, for NQ (1..4) queries: the 8-wide panel puts the
+ * queries in lanes, so for 3-4 query heads a kv group (SmolLM2, Llama-3) half its FMAs or more
+ * compute copies.  Here 8 * NK keys (16 or 32) are transposed 8 dims at a time into kt, and each
+ * dim is one FMA per (query, 8 keys):
+ *     st[j * 8 + i] = sum_d k[j * ldk + d] * qp[d * 8 + i]    j < 8 * NK, i < 8
+ * one chain in d order from 0 per (key, query) -- the chain of mf_gemm_panel8_f32, so the same
+ * bits; lanes i >= NQ repeat query NQ - 1, as the panel's copies do.  NQ x NK accumulators
+ * (6-8) keep both FMA pipes busy.
+ */
+MF_ALWAYS_INLINE void mf__scores_keys_in_lanes(const int NQ, const int NK, const float *k,
+                                               ptrdiff_t ldk, const float *qp, ptrdiff_t D,
+                                               float *st)
+{
+    MF_ALIGNED(32) float kt[8][32];          /* [dim of the chunk][key]: 8 dims of 8 * NK keys */
+    __m256 acc[4][4];                        /* [query][8 keys] */
+    MF__UNROLL
+    for (int i = 0; i < NQ; i++)
+        MF__UNROLL
+        for (int h = 0; h < NK; h++)
+            acc[i][h] = _mm256_setzero_ps();
+    for (ptrdiff_t d0 = 0; d0 < D; d0 += 8) {
+        const int nd = D - d0 < 8 ? (int)(D - d0) : 8;
+        MF__UNROLL
+        for (int h = 0; h < NK; h++) {
+            if (nd == 8) {
+                __m256 r[8];
+                MF__UNROLL
+                for (int j = 0; j < 8; j++)
+                    r[j] = _mm256_loadu_ps(k + (8 * h + j) * ldk + d0);
+                mf__transpose8x8(r);
+                MF__UNROLL
+                for (int d = 0; d < 8; d++)
+                    _mm256_store_ps(kt[d] + 8 * h, r[d]);
+            } else {                          /* the last dims of a head_dim not a multiple of 8 */
+                for (int d = 0; d < nd; d++)
+                    for (int j = 0; j < 8; j++)
+                        kt[d][8 * h + j] = k[(8 * h + j) * ldk + d0 + d];
+            }
+        }
+        for (int d = 0; d < nd; d++) {
+            __m256 kv[4];
+            MF__UNROLL
+            for (int h = 0; h < NK; h++)
+                kv[h] = _mm256_load_ps(kt[d] + 8 * h);
+            MF__UNROLL
+            for (int i = 0; i < NQ; i++) {
+                const __m256 qb = _mm256_broadcast_ss(qp + (d0 + d) * 8 + i);
+                MF__UNROLL
+                for (int h = 0; h < NK; h++)
+                    acc[i][h] = _mm256_fmadd_ps(kv[h], qb, acc[i][h]);
+            }
+        }
+    }
+    MF__UNROLL
+    for (int h = 0; h < NK; h++) {            /* [query][key] -> st [key][query] */
+        __m256 r[8];
+        MF__UNROLL
+        for (int i = 0; i < 8; i++)
+            r[i] = acc[i < NQ ? i : NQ - 1][h];
+        mf__transpose8x8(r);
+        MF__UNROLL
+        for (int j = 0; j < 8; j++)
+            _mm256_storeu_ps(st + (8 * h + j) * 8, r[j]);
+    }
+}
+
+/* Scores of keys j0 .. of the tile through mf__scores_keys_in_lanes while whole blocks fit
+ * (32 keys for 1-2 queries, 16 for 3-4); returns the first key left to the panel. */
+MF_ALWAYS_INLINE ptrdiff_t mf__scores_few_queries(int nq, const float *k, ptrdiff_t ldk,
+                                                  const float *qp, ptrdiff_t D, ptrdiff_t n,
+                                                  float *st)
+{
+    ptrdiff_t j0 = 0;
+#define MF__KEYS(NQ, NK)                                                                         \
+    for (; j0 + 8 * (NK) <= n; j0 += 8 * (NK))                                                  \
+        mf__scores_keys_in_lanes(NQ, NK, k + j0 * ldk, ldk, qp, D, st + j0 * 8)
+    switch (nq) {
+    case 1: MF__KEYS(1, 4); break;
+    case 2: MF__KEYS(2, 4); break;
+    case 3: MF__KEYS(3, 2); break;
+    default: MF__KEYS(4, 2); break;
+    }
+#undef MF__KEYS
+    return j0;
+}
+#endif
+
 /*
  * The body of mf_attend_range_f32 for a panel of W queries (W = 16, or 8 when the block has at
  * most 8 rows: decode's query heads of one kv group).  Every query's column goes through the same
@@ -82,8 +192,13 @@ MF_ALWAYS_INLINE void mf__attend_range(
 
     for (ptrdiff_t t0 = key_begin; t0 < n_keys; t0 += kv_tile) {
         ptrdiff_t n = kv_tile < n_keys - t0 ? kv_tile : n_keys - t0;
-        /* S^T = K_tile . Qp, 6 keys a register block (12 for the 8-wide panel) */
+        /* S^T = K_tile . Qp, 6 keys a register block (12 for the 8-wide panel; up to 4 queries:
+         * 16 or 32 keys in lanes first) */
         ptrdiff_t j0 = 0;
+#if defined(MF_GEMM_AVX2)
+        if (W == 8 && nq <= 4)
+            j0 = mf__scores_few_queries(nq, k + t0 * Da, Da, qp, D, n, st);
+#endif
         if (W == 8)
             for (; j0 + 12 <= n; j0 += 12)
                 mf_gemm_panel8x12_f32(k + (t0 + j0) * Da, Da, qp, D, st + j0 * W);
