@@ -3,11 +3,13 @@ then answers commands on stdin, one a line, with seconds on stdout:
 
     pp N      a prefill of N tokens from an empty cache (llm.eval of N ids)
     tg N      N single-token steps from an empty cache
+    fill D    an empty cache, then a prefill of D tokens: the untimed setup of `tg N D`
+    tg N D    N single-token steps after the D tokens `fill D` left in the cache
     quit
 
 Run by bench_model.py with the interpreter that has llama_cpp ($MEGAFUSE_BENCH_LLAMA_PYTHON,
 else the benchmark's own); the token ids come from a seeded generator, as megafuse's do.
-Arguments: model path, threads.
+Arguments: model path, threads, context size (n_ctx; default 512).
 """
 import sys
 import time
@@ -15,27 +17,29 @@ import time
 import numpy as np
 
 
-def main(path, threads):
+def main(path, threads, n_ctx):
     from llama_cpp import Llama
 
-    llm = Llama(model_path=path, n_threads=threads, n_threads_batch=threads, n_ctx=512,
+    llm = Llama(model_path=path, n_threads=threads, n_threads_batch=threads, n_ctx=n_ctx,
                 n_batch=512, logits_all=False, verbose=False)
-    ids = [int(i) for i in np.random.default_rng(2).integers(0, llm.n_vocab(), 512)]
+    ids = [int(i) for i in np.random.default_rng(2).integers(0, llm.n_vocab(), n_ctx)]
     print("ready", flush=True)
     for line in sys.stdin:
         words = line.split()
         if not words or words[0] == "quit":
             break
         n = int(words[1])
-        llm.reset()
+        depth = int(words[2]) if len(words) > 2 else 0
+        if words[0] == "fill" or not depth:
+            llm.reset()
         t = time.perf_counter()
-        if words[0] == "pp":
+        if words[0] in ("pp", "fill"):
             llm.eval(ids[:n])
         else:
-            for j in range(n):
+            for j in range(depth, depth + n):
                 llm.eval(ids[j:j + 1])
         print(f"{time.perf_counter() - t:.9f}", flush=True)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], int(sys.argv[2]))
+    main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]) if len(sys.argv) > 3 else 512)

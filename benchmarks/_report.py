@@ -63,7 +63,8 @@ def record_contention(benchmark, *, shape, label, mode, median, other, competito
 
 
 def record_model(benchmark, *, test, mode, impl, tokens, median, other, competitor):
-    """One whole-model row (bench_model.py): test "pp128" / "tg64", mode "quiet" / "busy"."""
+    """One whole-model row (bench_model.py): test "pp128" / "tg64" / "tg64@1024", mode "quiet" /
+    "busy"."""
     row = dict(test=test, mode=mode, impl=impl, tokens=tokens, median=median, other=other,
                competitor=competitor)
     MODEL.append(row)
@@ -74,7 +75,7 @@ def record_model(benchmark, *, test, mode, impl, tokens, median, other, competit
 
 
 def _model_lines():
-    head = (f"{'model':<8} {'mode':<6} {'impl':<15} {'t/s':>9} {'ms':>9} {'/llama.cpp':>10} "
+    head = (f"{'model':<9} {'mode':<6} {'impl':<15} {'t/s':>9} {'ms':>9} {'/llama.cpp':>10} "
             f"{'busy/quiet':>10} {'other':>5}")
     lines = [head, "-" * len(head)]
     def find(test, mode, impl):
@@ -86,7 +87,7 @@ def _model_lines():
         ratio = peer["median"] / r["median"] if peer and r is not peer else None
         slow = r["median"] / quiet["median"] if r["mode"] == "busy" and quiet else None
         lines.append(
-            f"{r['test']:<8} {r['mode']:<6} {r['impl']:<15} "
+            f"{r['test']:<9} {r['mode']:<6} {r['impl']:<15} "
             f"{_cell(r['tokens'] / r['median'], '9.1f', 9)} {_cell(r['median'] * 1e3, '9.1f', 9)} "
             f"{_cell(ratio, '9.2f', 9)}{'x' if ratio else ' '} "
             f"{_cell(slow, '9.2f', 9)}{'x' if slow else ' '} "
@@ -259,7 +260,8 @@ def table_lines():
         if RESULTS or CONTENTION:
             lines.append("")
         lines.append("whole model (bench_model.py): pp128 = prefill of 128 tokens, tg64 = 64 "
-                     "single-token steps, both from an empty cache; t/s = tokens / median; "
+                     "single-token steps, both from an empty cache; tg64@1024 = 64 steps after "
+                     "1024 cached tokens; t/s = tokens / median; "
                      "/llama.cpp = llama.cpp's median / this row's (>1: faster); busy = a "
                      "spinning process pinned to one core; busy/quiet = slowdown")
         lines += _model_lines()

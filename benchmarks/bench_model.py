@@ -6,7 +6,10 @@
   llm.eval of the same count);
 - tg64: 64 single-token steps from an empty cache;
 - busy: tg64 again while a spinning process pinned to one core holds it (issue 13: a step must
-  not collapse when another process holds a core).
+  not collapse when another process holds a core);
+- tg64@1024: 64 single-token steps after a prefill of 1024 tokens (untimed): decode in a long
+  conversation, where attention reads 1024+ cached keys a layer (in megafuse, float32 K/V: 48 MB a
+  token for SmolLM2; llama.cpp's default cache is F16, half of that).
 
 The model is SmolLM2-135M-Instruct (Q4_1 layers, Q8_0 tied embedding: the default model,
 megafuse.models.default_model_path(), fetched once), or $MEGAFUSE_BENCH_MODEL.  megafuse runs
@@ -32,7 +35,8 @@ from _config import PAUSE, THREADS
 from _timing import measure, wait_quiet
 from bench_contention import Spinner
 
-MODEL_ROWS = (("pp", 128), ("tg", 64))
+MODEL_ROWS = (("pp", 128, 0), ("tg", 64, 0), ("tg", 64, 1024))   # (kind, tokens, cached keys)
+DEPTH_MAX = max(depth for _, _, depth in MODEL_ROWS)
 MIN_ROUNDS = 5
 BUDGET = 6.0                     # seconds of timed calls per row
 
@@ -55,7 +59,7 @@ def megafuse_model(activations):
     key = activations
     if key not in _MODELS:
         _MODELS.clear()
-        _MODELS[key] = mf.Model.from_gguf(model_path(), cache_capacity=512,
+        _MODELS[key] = mf.Model.from_gguf(model_path(), cache_capacity=DEPTH_MAX + 128,
                                           activations=activations)
     return _MODELS[key]
 
@@ -73,13 +77,14 @@ class LlamaPeer:
         self.version = probe.stdout.strip()
         script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_llama_peer.py")
         env = dict(os.environ, OMP_NUM_THREADS=str(THREADS))
-        self.proc = subprocess.Popen([python, script, path, str(THREADS)], stdin=subprocess.PIPE,
+        self.proc = subprocess.Popen([python, script, path, str(THREADS), str(DEPTH_MAX + 128)],
+                                     stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, text=True, env=env)
         if self.proc.stdout.readline().strip() != "ready":
             raise RuntimeError("llama.cpp peer: did not start")
 
-    def run(self, kind, n):
-        self.proc.stdin.write(f"{kind} {n}\n")
+    def run(self, kind, n, depth=0):
+        self.proc.stdin.write(f"{kind} {n} {depth}\n")
         self.proc.stdin.flush()
         return float(self.proc.stdout.readline())
 
@@ -97,38 +102,54 @@ def llama_peer():
     peer.close()
 
 
-def _work(model, kind, n, ids):
+def _work(model, kind, n, depth, ids):
+    """(the timed call, its untimed setup): pp: a prefill of n tokens; tg: n single-token steps
+    after a prefill of `depth` tokens, from an empty cache."""
     def fn():
         if kind == "pp":
             model.forward(ids[:n])
         else:
-            for j in range(n):
+            for j in range(depth, depth + n):
                 model.forward(ids[j:j + 1])
-    return fn
+
+    def setup():
+        model.reset()
+        if depth:
+            model.forward(ids[:depth])
+    return fn, setup
+
+
+def _test_name(kind, n, depth):
+    return f"{kind}{n}" + (f"@{depth}" if depth else "")
 
 
 def _params():
     out = []
-    for kind, n in MODEL_ROWS:
-        for mode in ("quiet", "busy") if kind == "tg" else ("quiet",):
+    for kind, n, depth in MODEL_ROWS:
+        for mode in ("quiet", "busy") if kind == "tg" and not depth else ("quiet",):
             for impl in ("megafuse-int8", "megafuse-float", "llama.cpp"):
-                out.append(pytest.param(kind, n, mode, impl,
-                                        id=f"smollm2-model-{kind}{n}-{mode}-{impl}"))
+                out.append(pytest.param(kind, n, depth, mode, impl,
+                                        id=f"smollm2-model-{_test_name(kind, n, depth)}-{mode}-"
+                                           f"{impl}"))
     return out
 
 
-@pytest.mark.parametrize("kind,n,mode,impl", _params())
-def test_model(benchmark, request, kind, n, mode, impl):
+@pytest.mark.parametrize("kind,n,depth,mode,impl", _params())
+def test_model(benchmark, request, kind, n, depth, mode, impl):
     mf.set_num_threads(THREADS)
-    benchmark.group = f"model {kind}{n} {mode}"
-    ids = np.random.default_rng(2).integers(0, 49152, 512)
+    test = _test_name(kind, n, depth)
+    benchmark.group = f"model {test} {mode}"
+    ids = np.random.default_rng(2).integers(0, 49152, DEPTH_MAX + 128)
     setup = None
     if impl == "llama.cpp":           # (one call: a command to the peer process and its reply;
         peer = request.getfixturevalue("llama_peer")        # the pipe adds ~0.1 ms a call)
-        fn = lambda: peer.run(kind, n)                       # noqa: E731
+        fn = lambda: peer.run(kind, n, depth)                # noqa: E731
+        if depth:
+            def setup():                  # (returns None: pytest-benchmark would take a value
+                peer.run("fill", depth)   # for the arguments of fn)
     else:
         model = megafuse_model(impl.split("-")[1])
-        fn, setup = _work(model, kind, n, ids), model.reset
+        fn, setup = _work(model, kind, n, depth, ids)
     spin = None
     if mode == "busy":
         wait_quiet()
@@ -141,5 +162,5 @@ def test_model(benchmark, request, kind, n, mode, impl):
         if spin:
             spin.stop()
     time.sleep(PAUSE)
-    _report.record_model(benchmark, test=f"{kind}{n}", mode=mode, impl=impl, tokens=n,
+    _report.record_model(benchmark, test=test, mode=mode, impl=impl, tokens=n,
                          median=med, other=other, competitor=competitor)
