@@ -275,6 +275,50 @@ def test_one_token_over_a_long_context(simd_level, fmt):
         check(got, want, TOL["q8_emulated"], pure)
 
 
+def one_hot_rows(rng, rows, cols):
+    """[rows, cols]: a single 1.0 a row, in a random column.  A projection through it picks one
+    input value exactly, so every summation order gives the same bits."""
+    w = np.zeros((rows, cols), np.float32)
+    w[np.arange(rows), rng.integers(0, cols, rows)] = 1.0
+    return w
+
+
+@pytest.mark.parametrize("shape", [("group-1", 128, 128, 2, 2, 64, 64),
+                                   ("group-2", 128, 128, 4, 2, 64, 64),
+                                   ("group-3", 192, 192, 3, 1, 64, 64),
+                                   ("group-4", 128, 128, 4, 1, 20, 32),
+                                   ("group-7", 224, 224, 7, 1, 32, 32)], ids=lambda s: s[0])
+def test_one_token_attention_equals_prefill_bit_for_bit(simd_level, shape):
+    """Decode's attention (keys in lanes for 1-4 query heads a kv group, the 8-wide query panel
+    above) against prefill's 16-query blocks: one-hot projections make q, k, v and the output
+    projection exact on both paths, so the outputs show the attention's own bits.  75 one-token
+    calls after 10 cached positions equal one 75-token call: two tiles of keys, whole and partial
+    key blocks, a head_dim (20) that is not a multiple of 8."""
+    _, E, Ea, H, G, D, Da = shape
+    T, S = 75, 10
+    rng = np.random.default_rng(5)
+    whole = prefill_case(shape, T, start_pos=S, bias=False)
+    pad = np.arange(Da) >= D                                 # padded head dims: zero rows
+    for name, heads in (("wq", H), ("wk", G), ("wv", G)):
+        w = one_hot_rows(rng, heads * Da, Ea)
+        w[np.tile(pad, heads)] = 0.0
+        whole[name] = w
+    wo = one_hot_rows(rng, Ea, H * Da)
+    wo[:, np.tile(pad, H)] = 0.0
+    wo[E:] = 0.0
+    whole["wo"] = wo
+    steps = copy_args(whole)
+    megafuse.mega_fused_attention_prefill(**whole)
+    one = dict(steps, tokens=1, scratch=np.zeros(
+        megafuse.mega_fused_attention_prefill_scratch_size(1, Ea, H, Da), np.uint8))
+    for t in range(T):
+        one.update(output=steps["output"][t:t + 1], input=steps["input"][t:t + 1],
+                   residual=steps["residual"][t:t + 1], start_pos=S + t)
+        megafuse.mega_fused_attention_prefill(**one)
+    for name in ("kv_cache_k", "kv_cache_v", "output"):
+        np.testing.assert_array_equal(steps[name], whole[name], err_msg=name)
+
+
 @pytest.mark.parametrize("T", [1, 9])
 def test_int8_out_projection_of_one_32_wide_head(simd_level, T):
     """H * Da = 32: the quantized attention rows (a Q8_0 activation row of 32 values: 192 bytes)

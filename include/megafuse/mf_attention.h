@@ -4,7 +4,8 @@
  *
  * The block's queries are packed once into a panel Qp [D][16] (or [D][8] for up to 8 queries:
  * decode's heads of a kv group); then, KV tile by KV tile:
- *   S^T [n][16] = K_tile . Qp            (mf_gemm_panel_f32: keys as the rows of x, 6 at a time)
+ *   S^T [n][16] = K_tile . Qp            (mf_gemm_panel_f32: keys as the rows of x, 6 at a time;
+ *                                         up to 4 queries: keys in lanes, mf__scores_keys_in_lanes)
  *   scale, causal mask, online softmax   (16 queries side by side: vector max / exp / sums)
  *   out[i] = out[i] * alpha_i + P^T[:, i] . V_tile    (mf_gemm_xt_f32: V rows used in place)
  * No hsum anywhere, no score array longer than one KV tile, one normalisation at the end.
