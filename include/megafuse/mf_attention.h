@@ -133,8 +133,9 @@ MF_ALWAYS_INLINE void mf__scores_keys_in_lanes(const int NQ, const int NK, const
     }
 }
 
-/* Scores of keys j0 .. of the tile through mf__scores_keys_in_lanes while whole blocks fit
- * (32 keys for 1-2 queries, 16 for 3-4); returns the first key left to the panel. */
+/* The scores of a tile's first keys through mf__scores_keys_in_lanes, as many whole blocks as fit
+ * in its n keys (32 keys a block for 1-2 queries, 16 for 3-4); returns the first key left to the
+ * panel. */
 MF_ALWAYS_INLINE ptrdiff_t mf__scores_few_queries(int nq, const float *k, ptrdiff_t ldk,
                                                   const float *qp, ptrdiff_t D, ptrdiff_t n,
                                                   float *st)
