@@ -4,7 +4,8 @@
                  --top-p P --min-p M --repeat-penalty R --seed S] [--activations float|int8]
                  [--threads N] [--ctx N]
     megafuse bench [--dtype q8_0] [--tokens 128] [--decode 32] [--repeat 5] [--threads N]
-                   [--model FILE.gguf [--layer N] [--pp 128] [--tg 64] [--activations int8]]
+                   [--model FILE.gguf [--layer N] [--pp 128] [--tg 64] [--depth 0]
+                                      [--activations int8]]
                    [--json out.json] [--seed 0] [--no-check]
     megafuse info                                  # megafuse.show_config()
 
@@ -21,7 +22,9 @@ llama / qwen2 GGUF file -- runs a prefill of --tokens tokens (median of --repeat
 tokens/s, GB/s, GFLOP/s, max relative error.  The error must be at most 1e-4 with float weights
 (FP32 / FP16 / BF16) and 2e-2 when activations are quantized (any block-quantized weight); the
 exit status is 1 otherwise.  With --model it also times the whole model, in the rows llama-bench
-prints: ppN (a prefill of N tokens from an empty cache) and tgN (N single-token steps).
+prints: ppN (a prefill of N tokens from an empty cache) and tgN (N single-token steps); with
+--depth D both start after D tokens already in the cache (their prefill untimed), the rows
+``ppN @ dD`` and ``tgN @ dD`` of llama-bench's -d.
 """
 import argparse
 import json
@@ -244,6 +247,9 @@ def add_bench_arguments(parser):
                         help="whole model: tokens of the prefill row ppN (128; 0: none)")
     parser.add_argument("--tg", type=int, default=64,
                         help="whole model: single-token steps of the row tgN (64; 0: none)")
+    parser.add_argument("--depth", type=int, default=0,
+                        help="whole model: tokens already in the cache when each row starts "
+                             "(their prefill untimed), as llama-bench's -d (0)")
     parser.add_argument("--activations", default="int8", choices=["int8", "float"],
                         help="whole model: activation mode (int8, llama.cpp's scheme)")
     parser.add_argument("--threads", type=int, default=0, help="threads (default: all)")
@@ -314,7 +320,7 @@ def cmd_bench(args, parser):
     for name in ("tokens", "repeat"):
         if getattr(args, name) < 1:
             parser.error(f"--{name}: expected a positive value, got {getattr(args, name)}")
-    for name in ("decode", "pp", "tg"):
+    for name in ("decode", "pp", "tg", "depth"):
         if getattr(args, name) < 0:
             parser.error(f"--{name}: expected a value >= 0, got {getattr(args, name)}")
     try:
@@ -332,9 +338,10 @@ def cmd_bench(args, parser):
 
 
 def run_model_bench(args, out=None):
-    """The whole model of --model, timed as llama-bench does: ppN = a prefill of N tokens
-    from an empty cache, tgN = N single-token steps from an empty cache (each row: median of
-    --repeat runs after a warm-up, tokens/s and its standard deviation)."""
+    """The whole model of --model, timed as llama-bench does: ppN = a prefill of N tokens,
+    tgN = N single-token steps, each from an empty cache or, with --depth D, after a prefill of
+    D tokens that is not timed (llama-bench's ``ppN @ dD``, ``tgN @ dD``).  Each row: median of
+    --repeat runs after a warm-up, tokens/s and its standard deviation."""
     import megafuse
     from megafuse.model import Model
 
@@ -347,27 +354,31 @@ def run_model_bench(args, out=None):
         return None
     progress = Progress()
     progress(f"megafuse bench: loading the model {args.model}")
-    model = Model.from_gguf(reader, cache_capacity=max(args.pp, args.tg, 1),
+    depth, longest = args.depth, max(args.pp, args.tg, 1)
+    model = Model.from_gguf(reader, cache_capacity=depth + longest,
                             activations=args.activations)
     rng = np.random.default_rng(args.seed + 2)
-    ids = rng.integers(0, model.vocab_size, max(args.pp, args.tg, 1))
+    ids = rng.integers(0, model.vocab_size, depth + longest)          # [depth + longest]
     rows = []
     for name, n in (("pp", args.pp), ("tg", args.tg)):
         if n == 0:
             continue
+        test = f"{name}{n}" + (f" @ d{depth}" if depth else "")
         rates = []
         for i in range(args.repeat + 1):
-            progress(f"megafuse bench: {name}{n} {i}/{args.repeat}")
+            progress(f"megafuse bench: {test} {i}/{args.repeat}")
             model.reset()
+            if depth:
+                model.forward(ids[:depth])
             t = time.perf_counter()
             if name == "pp":
-                model.forward(ids[:n])
+                model.forward(ids[depth:depth + n])
             else:
-                for j in range(n):
+                for j in range(depth, depth + n):
                     model.forward(ids[j:j + 1])
             if i:                              # (the first run warms up)
                 rates.append(n / (time.perf_counter() - t))
-        rows.append({"test": f"{name}{n}", "tokens": n,
+        rows.append({"test": test, "tokens": n, "depth": depth,
                      "tokens_per_s": statistics.median(rates),
                      "stddev": statistics.stdev(rates) if len(rates) > 1 else 0.0})
     progress.done()
@@ -375,13 +386,14 @@ def run_model_bench(args, out=None):
     report = {"model": args.model, "name": c.name, "layers": c.n_layers,
               "formats": model.formats, "weight_bytes": model.weight_bytes,
               "activations": model.activations, "threads": megafuse.get_num_threads(),
-              "repeats": args.repeat, "results": rows}
+              "repeats": args.repeat, "depth": depth, "results": rows}
     print(f"  whole model: {c.name or c.architecture}, {c.n_layers} layers, "
           f"{model.weight_bytes / 1e6:.1f} MB of weights ({', '.join(model.formats)}), "
           f"{model.activations} activations, {report['threads']} threads", file=out)
-    print(f"  {'test':<8} {'t/s':>10} {'+/-':>8}", file=out)
+    width = max([8] + [len(r["test"]) for r in rows])
+    print(f"  {'test':<{width}} {'t/s':>10} {'+/-':>8}", file=out)
     for r in rows:
-        print(f"  {r['test']:<8} {r['tokens_per_s']:>10.2f} {r['stddev']:>8.2f}", file=out)
+        print(f"  {r['test']:<{width}} {r['tokens_per_s']:>10.2f} {r['stddev']:>8.2f}", file=out)
     return report
 
 

@@ -94,7 +94,7 @@ def test_no_check(monkeypatch, capsys):
 
 
 @pytest.mark.parametrize("argv", [["--tokens", "0"], ["--dtype", "q9_0"], ["--decode", "-1"],
-                                  ["frobnicate"]])
+                                  ["--depth", "-1"], ["frobnicate"]])
 def test_bad_arguments_are_usage_errors(argv, capsys):
     with pytest.raises(SystemExit) as exc:
         cli.main(argv)
@@ -148,6 +148,23 @@ def test_bench_model_rows_pp_and_tg(tmp_path, capsys):
     assert [r["test"] for r in report["results"]] == ["pp16", "tg4"]
     assert all(r["tokens_per_s"] > 0 for r in report["results"])
     assert report["formats"]["Q4_1"] == "12" and report["activations"] == "int8"
+
+
+def test_bench_model_rows_at_a_depth(tmp_path, capsys):
+    """--depth D: both rows start after D cached tokens (llama-bench's -d), named so."""
+    pytest.importorskip("gguf")
+    from test_model import write_model
+    path = write_model(tmp_path / "m.gguf", "llama", "Q4_1", n_layers=2)
+    out_json = tmp_path / "r.json"
+    status, out, err = run(["bench", "--model", str(path), "--tokens", "8", "--decode", "2",
+                            "--repeat", "2", "--pp", "8", "--tg", "4", "--depth", "40",
+                            "--json", str(out_json)], capsys)
+    assert status == 0, out + err
+    assert "pp8 @ d40" in out and "tg4 @ d40" in out
+    report = json.loads(out_json.read_text())["model"]
+    assert [r["test"] for r in report["results"]] == ["pp8 @ d40", "tg4 @ d40"]
+    assert report["depth"] == 40 and all(r["depth"] == 40 for r in report["results"])
+    assert all(r["tokens_per_s"] > 0 for r in report["results"])
 
 
 def test_run_answers_the_france_question(smollm2_path, capsys):
