@@ -30,7 +30,7 @@ def main(path, threads, n_ctx):
             break
         n = int(words[1])
         depth = int(words[2]) if len(words) > 2 else 0
-        if words[0] == "fill" or not depth:
+        if not (words[0] == "tg" and depth):     # only `tg N D` continues a cache
             llm.reset()
         t = time.perf_counter()
         if words[0] in ("pp", "fill"):

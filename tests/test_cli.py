@@ -150,12 +150,20 @@ def test_bench_model_rows_pp_and_tg(tmp_path, capsys):
     assert report["formats"]["Q4_1"] == "12" and report["activations"] == "int8"
 
 
-def test_bench_model_rows_at_a_depth(tmp_path, capsys):
+def test_bench_model_rows_at_a_depth(tmp_path, monkeypatch, capsys):
     """--depth D: both rows start after D cached tokens (llama-bench's -d), named so."""
     pytest.importorskip("gguf")
+    from megafuse.model import Model
     from test_model import write_model
     path = write_model(tmp_path / "m.gguf", "llama", "Q4_1", n_layers=2)
     out_json = tmp_path / "r.json"
+    calls = []                           # (cache position, tokens) of every forward call
+    forward = Model.forward
+
+    def recording_forward(self, ids, *a, **k):
+        calls.append((self.position, len(ids)))
+        return forward(self, ids, *a, **k)
+    monkeypatch.setattr(Model, "forward", recording_forward)
     status, out, err = run(["bench", "--model", str(path), "--tokens", "8", "--decode", "2",
                             "--repeat", "2", "--pp", "8", "--tg", "4", "--depth", "40",
                             "--json", str(out_json)], capsys)
@@ -164,6 +172,9 @@ def test_bench_model_rows_at_a_depth(tmp_path, capsys):
     report = json.loads(out_json.read_text())["model"]
     assert [r["test"] for r in report["results"]] == ["pp8 @ d40", "tg4 @ d40"]
     assert report["depth"] == 40 and all(r["depth"] == 40 for r in report["results"])
+    # each run: a prefill of 40 from an empty cache, then the row's tokens from position 40
+    assert all(pos == 0 for pos, n in calls if n == 40)
+    assert [c for c in calls if c[1] != 40] == [(40, 8)] * 3 + [(40 + j, 1) for j in range(4)] * 3
     assert all(r["tokens_per_s"] > 0 for r in report["results"])
 
 
