@@ -209,21 +209,22 @@ static inline void mf_q_codes_q5_K(const block_q5_K *b, int c, __m256i *lo, __m2
     *hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 4), m4), h2);
 }
 
-/* 4 rows: acc += (d_w d_a) sumi - (dmin_w d_a) summ per row, as mf_q_kterm. */
 /* 4 rows: acc += (d_w d_a) sumi - (dmin_w d_a) summ per row, as mf_q_kterm.  Chunk c (64
  * weights, sub-blocks 2c and 2c+1) of two rows at a time runs against activation registers
- * loaded once; the two sub-blocks' int16 pair sums are interleaved (unpack) so that one pmaddwd
- * applies both scales (sc_2c, sc_2c+1: 32-bit element c of the scales, vpermd -- no shuffle-mask
- * loads: vector loads bound this loop otherwise).  A loop, not unrolled: GCC spills when it is. */
+ * loaded once; the two sub-blocks' int16 pair sums are interleaved (unpack) and the two halves
+ * added as int16 (|sum| <= 2 * 2 * 31 * 127 = 15748), so that one pmaddwd applies both scales
+ * (sc_2c, sc_2c+1: 32-bit element c of the scales, vpermd -- no shuffle-mask loads: vector
+ * loads bound this loop otherwise).  The same integer sum as a pmaddwd per half, one multiply
+ * less (vpmaddubsw and vpmaddwd share two pipes on AMD Zen 3; the unpacks and adds run beside
+ * them).  A loop, not unrolled: GCC spills when it is. */
 #define MF_Q_K45_ROW(CODES, b, hs, ms, sr)                                                     \
     {                                                                                          \
         __m256i lo, hi;                                                                        \
         CODES(b, c, hs, &lo, &hi);                                                             \
         const __m256i p1 = _mm256_maddubs_epi16(lo, alo), p2 = _mm256_maddubs_epi16(hi, ahi);  \
         const __m256i scv = _mm256_permutevar8x32_epi32(ms, idx);                              \
-        sr = _mm256_add_epi32(sr, _mm256_add_epi32(                                            \
-            _mm256_madd_epi16(_mm256_unpacklo_epi16(p1, p2), scv),                             \
-            _mm256_madd_epi16(_mm256_unpackhi_epi16(p1, p2), scv)));                           \
+        sr = _mm256_add_epi32(sr, _mm256_madd_epi16(                                           \
+            _mm256_add_epi16(_mm256_unpacklo_epi16(p1, p2), _mm256_unpackhi_epi16(p1, p2)), scv)); \
     }
 /* hs: Q5_K's 5th bits, qh >> 2c (bit 0 of each byte: chunk c's low codes, bit 1: its high) */
 #define MF_Q_K45_PASS(CODES, HBITS, ba, msa, sa, bb, msb, sb)                                  \
