@@ -313,6 +313,18 @@ static inline __m256i mf_q_q6k_scv(__m256i sch, int k)
     return _mm256_shuffle_epi8(sch, sel);
 }
 
+/* The pmaddwd scales of registers k, k+1 (k even) of half h once their int16 pair sums are
+ * interleaved (unpacklo / unpackhi) and added: [s_{8h+2k}, s_{8h+2k+2} | s_{8h+2k+1}, s_{8h+2k+3}]
+ * in each int32 (each register's 128-bit halves have their own scale: mf_q_q6k_scv). */
+static inline __m256i mf_q_q6k_scv2(__m256i sch, int k)
+{
+    const int b = 4 * k;        /* byte of s_{8h+2k} in sch */
+    const __m256i sel = _mm256_set_m128i(
+        _mm_set1_epi32((b + 7) << 24 | (b + 6) << 16 | (b + 3) << 8 | (b + 2)),
+        _mm_set1_epi32((b + 5) << 24 | (b + 4) << 16 | (b + 1) << 8 | b));
+    return _mm256_shuffle_epi8(sch, sel);
+}
+
 /* 8 int32 lanes summing to sumi - 32 * sumo of one Q6_K super-block (see mf_dot_q6_K_q8_K). */
 static inline __m256i mf_q_sumi_q6_K(const block_q6_K *b, const block_q8_K *ab, __m256i bs)
 {
@@ -325,9 +337,11 @@ static inline __m256i mf_q_sumi_q6_K(const block_q6_K *b, const block_q8_K *ab, 
         mf_q6k_codes(b, h, q);
         const __m256i sch = h ? _mm256_permute2x128_si256(sc16, sc16, 0x11)
                               : _mm256_permute2x128_si256(sc16, sc16, 0x00);
-        for (int k = 0; k < 4; k++) {
-            const __m256i p = _mm256_maddubs_epi16(q[k], mf_q_loadu256(ab->qs + 128 * h + 32 * k));
-            s = _mm256_add_epi32(s, _mm256_madd_epi16(p, mf_q_q6k_scv(sch, k)));
+        for (int k = 0; k < 4; k += 2) {
+            const __m256i pl = _mm256_maddubs_epi16(q[k], mf_q_loadu256(ab->qs + 128 * h + 32 * k));
+            const __m256i ph = _mm256_maddubs_epi16(q[k + 1], mf_q_loadu256(ab->qs + 128 * h + 32 * k + 32));
+            const __m256i x = _mm256_add_epi16(_mm256_unpacklo_epi16(pl, ph), _mm256_unpackhi_epi16(pl, ph));
+            s = _mm256_add_epi32(s, _mm256_madd_epi16(x, mf_q_q6k_scv2(sch, k)));
         }
     }
     return s;
