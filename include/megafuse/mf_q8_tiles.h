@@ -337,10 +337,12 @@ static inline __m256i mf_q_sumi_q6_K(const block_q6_K *b, const block_q8_K *ab, 
         mf_q6k_codes(b, h, q);
         const __m256i sch = h ? _mm256_permute2x128_si256(sc16, sc16, 0x11)
                               : _mm256_permute2x128_si256(sc16, sc16, 0x00);
-        for (int k = 0; k < 4; k += 2) {
-            const __m256i pl = _mm256_maddubs_epi16(q[k], mf_q_loadu256(ab->qs + 128 * h + 32 * k));
-            const __m256i ph = _mm256_maddubs_epi16(q[k + 1], mf_q_loadu256(ab->qs + 128 * h + 32 * k + 32));
-            const __m256i x = _mm256_add_epi16(_mm256_unpacklo_epi16(pl, ph), _mm256_unpackhi_epi16(pl, ph));
+        for (int k = 0; k < 4; k += 2) {      /* registers k, k+1: one pmaddwd (|x| <= 2 * 16002) */
+            const int8_t *a = ab->qs + 128 * h + 32 * k;
+            const __m256i pl = _mm256_maddubs_epi16(q[k], mf_q_loadu256(a));
+            const __m256i ph = _mm256_maddubs_epi16(q[k + 1], mf_q_loadu256(a + 32));
+            const __m256i x = _mm256_add_epi16(_mm256_unpacklo_epi16(pl, ph),
+                                               _mm256_unpackhi_epi16(pl, ph));
             s = _mm256_add_epi32(s, _mm256_madd_epi16(x, mf_q_q6k_scv2(sch, k)));
         }
     }
