@@ -490,6 +490,31 @@ def test_int8_multirow_dot_is_the_one_row_dot(simd_level, dt):
             assert same_bits(many, one), (n, rows)
 
 
+@pytest.mark.parametrize("dt", BLOCK_FORMATS)
+def test_int8_dot_extreme_codes_are_exact(simd_level, dt):
+    """Every code at its largest (all code bits set), scales 1 (Q6_K: its int8 scales 127),
+    activations all +127, all -127 or alternating: the int16 sums inside the dots sit at their
+    bounds (the K-quant dots add two registers' pair sums before one pmaddwd: up to 2 * 16002),
+    and the result is an exact integer.  The one-row and 4-row dots must both give it."""
+    n, rows = 2 * block_size(dt) if dt in KQUANT_FORMATS else 512, 5
+    raw = np.full((rows * n // block_size(dt), mf.ck_dtype_block_bytes(dt)), 0xFF, np.uint8)
+    for off in SCALE_FIELDS[dt]:
+        raw[:, off:off + 2] = np.array([np.float16(1.0)]).view(np.uint8)
+    if dt == DT.Q6_K:
+        raw[:, 192:208] = 127
+    w = raw.reshape(rows, -1)
+    wd = mf.dequantize(w, dt, (rows, n)).astype(np.float64)  # [rows, n], integers
+    for x in (np.full(n, 127.0), np.full(n, -127.0), np.where(np.arange(n) % 2, 127.0, -127.0)):
+        x = x.astype(np.float32)
+        assert np.array_equal(activation_emulation(x, dt).reshape(-1), x)   # codes +-127, d = 1
+        exact = np.array([float(np.float32(int(sum(int(a) * int(b) for a, b in zip(r, x)))))
+                          for r in wd], np.float32)
+        many = _kernels._rows_dot(w, dt, x, True)
+        one = np.array([_kernels._row_dot(w[r], dt, x, True) for r in range(rows)], np.float32)
+        assert same_bits(one, exact), (dt.name, one, exact)
+        assert same_bits(many, exact), (dt.name, many, exact)
+
+
 # ---------------------------------------------------------------------------------------------
 # Activation quantizers == megafuse.reference (GGML's quantize_row_q8_0_ref / q8_K_ref)
 # ---------------------------------------------------------------------------------------------
