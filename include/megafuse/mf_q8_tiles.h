@@ -185,10 +185,6 @@ static inline void mf_q_k4_scales_mins4(const uint8_t *s0, const uint8_t *s1, co
     out[3] = _mm256_cvtepu8_epi16(_mm_unpackhi_epi64(c, d));
 }
 
-/* int16 element k (0..7) of each 128-bit lane of v, in all 8 int16 of that lane. */
-#define MF_Q_SEL16(v, k)                                                                       \
-    _mm256_shuffle_epi8(v, _mm256_set1_epi16((short)(((2 * (k) + 1) << 8) | (2 * (k)))))
-
 /* The codes of chunk c (sub-blocks 2c, 2c+1) of a Q4_K / Q5_K super-block. */
 static inline void mf_q_codes_q4_K(const block_q4_K *b, int c, __m256i *lo, __m256i *hi)
 {
@@ -304,18 +300,10 @@ static inline void NAME(const void *const *vw, const void *va, ptrdiff_t n, floa
 MF_DOT4_K45(mf_dot4_q4_K_q8_K, block_q4_K, mf_q_codes_q4_Kh, mf_q_hbits_q4_K)
 MF_DOT4_K45(mf_dot4_q5_K_q8_K, block_q5_K, mf_q_codes_q5_Kh, mf_q_hbits_q5_K)
 
-/* Q6_K: the pmaddwd scale vector of the k-th 32 codes of half h: [s_{8h+2k} x 8 | s_{8h+2k+1} x 8],
- * from sch = the half's 8 scales as int16 in both lanes. */
-static inline __m256i mf_q_q6k_scv(__m256i sch, int k)
-{
-    const __m256i sel = _mm256_set_m128i(_mm_set1_epi16((short)(((4 * k + 3) << 8) | (4 * k + 2))),
-                                         _mm_set1_epi16((short)(((4 * k + 1) << 8) | (4 * k))));
-    return _mm256_shuffle_epi8(sch, sel);
-}
-
 /* The pmaddwd scales of registers k, k+1 (k even) of half h once their int16 pair sums are
  * interleaved (unpacklo / unpackhi) and added: [s_{8h+2k}, s_{8h+2k+2} | s_{8h+2k+1}, s_{8h+2k+3}]
- * in each int32 (each register's 128-bit halves have their own scale: mf_q_q6k_scv). */
+ * in each int32, from sch = the half's 8 scales as int16 in both lanes (each register's 128-bit
+ * halves, 16 codes each, have their own scale). */
 static inline __m256i mf_q_q6k_scv2(__m256i sch, int k)
 {
     const int b = 4 * k;        /* byte of s_{8h+2k} in sch */
@@ -467,13 +455,24 @@ MF_Q8_TILE_ROW32(mf_q8_tile_q5_0, CK_DT_Q5_0)
 MF_Q8_TILE_ROW32(mf_q8_tile_q5_1, CK_DT_Q5_1)
 MF_Q8_TILE_ROW32(mf_q8_tile_q8_0, CK_DT_Q8_0)
 
-/* Q4_K / Q5_K / Q6_K: nt (even, <= MF_Q8_TILE_TOKENS) tokens of Q8_K rows. */
+/* Q4_K / Q5_K / Q6_K: nt (even, <= MF_Q8_TILE_TOKENS) tokens of Q8_K rows.
+ *
+ * The one-token dots' pairing, with its shuffles moved out of the loop: the two registers of
+ * codes of each 64 weights (Q4_K / Q5_K: sub-blocks 2c, 2c+1; Q6_K: registers k, k+1 of a half)
+ * are interleaved by 16 bits once, when a chunk is decoded (UL = unpacklo, UH = unpackhi), and
+ * the matching activation registers once a token.  Since vpmaddubsw works on byte pairs,
+ * maddubs(unpacklo(u1, u2), unpacklo(a1, a2)) = unpacklo(maddubs(u1, a1), maddubs(u2, a2)): the
+ * int16 sum of the two products is the one-token dots' x, whose one pmaddwd applies both
+ * sub-blocks' scales (|x| <= 2 * 16002).  Per 64 weights, a row and a token: 2 vpmaddubsw, 1
+ * vpmaddwd, 2 adds, against 2, 2 and 2 with a pmaddwd per register; vpmaddubsw and vpmaddwd share
+ * two pipes on AMD Zen 3.  The same integer sums, so the same bits. */
 static inline void mf_q8_tile_kq(int dt, const void *const *vw, const char *xq, ptrdiff_t xs,
                                  int nt, ptrdiff_t n, float *out /* [nt][4] */)
 {
     enum { NS = MF_Q8_CHUNK / QK_K };
-    __m256i Ub[4][NS][8];       /* codes of each 32 weights */
-    __m256i SCb[4][NS][8];      /* their int16 scales for pmaddwd */
+    __m256i ULb[4][NS][4];      /* [row][super-block][64 weights]: unpacklo of its code pair */
+    __m256i UHb[4][NS][4];      /* [row][super-block][64 weights]: unpackhi */
+    __m256i SCb[4][NS][4];      /* [row][super-block][64 weights]: x's int16 scale pairs */
     __m256i MNb[4][NS];         /* Q4_K / Q5_K: [mins | mins] int16; Q6_K: the 16 scales int16 */
     float Db[NS][4], DMb[NS][4];
     double acc[MF_Q8_TILE_TOKENS][4];
@@ -498,9 +497,10 @@ static inline void mf_q8_tile_kq(int dt, const void *const *vw, const char *xq, 
                         mf_q6k_codes(b, h, q);
                         const __m256i sch = h ? _mm256_permute2x128_si256(sc16, sc16, 0x11)
                                               : _mm256_permute2x128_si256(sc16, sc16, 0x00);
-                        for (int k = 0; k < 4; k++) {
-                            Ub[r][s][4 * h + k] = q[k];
-                            SCb[r][s][4 * h + k] = mf_q_q6k_scv(sch, k);
+                        for (int k = 0; k < 4; k += 2) {
+                            ULb[r][s][2 * h + k / 2] = _mm256_unpacklo_epi16(q[k], q[k + 1]);
+                            UHb[r][s][2 * h + k / 2] = _mm256_unpackhi_epi16(q[k], q[k + 1]);
+                            SCb[r][s][2 * h + k / 2] = mf_q_q6k_scv2(sch, k);
                         }
                     }
                     Db[s][r] = mf_q_fp16(b->d);
@@ -508,23 +508,17 @@ static inline void mf_q8_tile_kq(int dt, const void *const *vw, const char *xq, 
                 } else {
                     const block_q4_K *b4 = (const block_q4_K *)blk;   /* d, dmin, scales: */
                     const __m256i ms = mf_q_k4_scales_mins(b4->scales);    /* the same in Q5_K */
-                    const __m256i sc = _mm256_permute2x128_si256(ms, ms, 0x00);
                     MNb[r][s] = _mm256_permute2x128_si256(ms, ms, 0x11);
                     for (int c = 0; c < 4; c++) {
+                        __m256i lo, hi;
                         if (dt == CK_DT_Q4_K)
-                            mf_q_codes_q4_K(b4, c, &Ub[r][s][2 * c], &Ub[r][s][2 * c + 1]);
+                            mf_q_codes_q4_K(b4, c, &lo, &hi);
                         else
-                            mf_q_codes_q5_K((const block_q5_K *)blk, c, &Ub[r][s][2 * c],
-                                            &Ub[r][s][2 * c + 1]);
+                            mf_q_codes_q5_K((const block_q5_K *)blk, c, &lo, &hi);
+                        ULb[r][s][c] = _mm256_unpacklo_epi16(lo, hi);
+                        UHb[r][s][c] = _mm256_unpackhi_epi16(lo, hi);
+                        SCb[r][s][c] = _mm256_permutevar8x32_epi32(ms, _mm256_set1_epi32(c));
                     }
-                    SCb[r][s][0] = MF_Q_SEL16(sc, 0);
-                    SCb[r][s][1] = MF_Q_SEL16(sc, 1);
-                    SCb[r][s][2] = MF_Q_SEL16(sc, 2);
-                    SCb[r][s][3] = MF_Q_SEL16(sc, 3);
-                    SCb[r][s][4] = MF_Q_SEL16(sc, 4);
-                    SCb[r][s][5] = MF_Q_SEL16(sc, 5);
-                    SCb[r][s][6] = MF_Q_SEL16(sc, 6);
-                    SCb[r][s][7] = MF_Q_SEL16(sc, 7);
                     Db[s][r] = mf_q_fp16(b4->d);
                     DMb[s][r] = mf_q_fp16(b4->dmin);
                 }
@@ -546,14 +540,22 @@ static inline void mf_q8_tile_kq(int dt, const void *const *vw, const char *xq, 
                 __m256i p00 = _mm256_setzero_si256(), p10 = p00, p20 = p00, p30 = p00;
                 __m256i p01 = p00, p11 = p00, p21 = p00, p31 = p00;
                 MF_Q_NO_UNROLL               /* unrolled, GCC spills the 8 accumulators */
-                for (int j = 0; j < 8; j++) {
-                    const __m256i A0 = mf_q_loadu256(a0[s].qs + 32 * j);
-                    const __m256i A1 = mf_q_loadu256(a1[s].qs + 32 * j);
+                for (int c = 0; c < 4; c++) {
+                    const __m256i x0 = mf_q_loadu256(a0[s].qs + 64 * c);
+                    const __m256i y0 = mf_q_loadu256(a0[s].qs + 64 * c + 32);
+                    const __m256i x1 = mf_q_loadu256(a1[s].qs + 64 * c);
+                    const __m256i y1 = mf_q_loadu256(a1[s].qs + 64 * c + 32);
+                    const __m256i AL0 = _mm256_unpacklo_epi16(x0, y0);
+                    const __m256i AH0 = _mm256_unpackhi_epi16(x0, y0);
+                    const __m256i AL1 = _mm256_unpacklo_epi16(x1, y1);
+                    const __m256i AH1 = _mm256_unpackhi_epi16(x1, y1);
 #define MF_Q_KQ_ROW(r, pr0, pr1)                                                               \
                     {                                                                          \
-                        const __m256i u = Ub[r][s][j], sc = SCb[r][s][j];                      \
-                        pr0 = _mm256_add_epi32(pr0, _mm256_madd_epi16(_mm256_maddubs_epi16(u, A0), sc)); \
-                        pr1 = _mm256_add_epi32(pr1, _mm256_madd_epi16(_mm256_maddubs_epi16(u, A1), sc)); \
+                        const __m256i ul = ULb[r][s][c], uh = UHb[r][s][c], sc = SCb[r][s][c]; \
+                        pr0 = _mm256_add_epi32(pr0, _mm256_madd_epi16(_mm256_add_epi16(        \
+                            _mm256_maddubs_epi16(ul, AL0), _mm256_maddubs_epi16(uh, AH0)), sc)); \
+                        pr1 = _mm256_add_epi32(pr1, _mm256_madd_epi16(_mm256_add_epi16(        \
+                            _mm256_maddubs_epi16(ul, AL1), _mm256_maddubs_epi16(uh, AH1)), sc)); \
                     }
                     MF_Q_KQ_ROW(0, p00, p01)
                     MF_Q_KQ_ROW(1, p10, p11)
