@@ -7,6 +7,8 @@ then answers commands on stdin, one a line, with seconds on stdout:
     tg N D    N single-token steps after the D tokens `fill D` left in the cache
     quit
 
+`--quantize SRC DST FTYPE THREADS` instead writes DST, SRC requantized by llama.cpp (quantize()).
+
 Run by bench_model.py with the interpreter that has llama_cpp ($MEGAFUSE_BENCH_LLAMA_PYTHON,
 else the benchmark's own); the token ids come from a seeded generator, as megafuse's do.
 Arguments: model path, threads, context size (n_ctx; default 512).
@@ -41,5 +43,29 @@ def main(path, threads, n_ctx):
         print(f"{time.perf_counter() - t:.9f}", flush=True)
 
 
+def quantize(src, dst, ftype, threads):
+    """dst = src requantized by llama.cpp's own quantizer (llama_model_quantize, as the
+    llama-quantize tool runs it with --allow-requantize) to the file type LLAMA_FTYPE_MOSTLY_<ftype>
+    ("Q4_K_M", "Q6_K", ...): its per-tensor choices, fallbacks included.  Written to a temporary
+    name first, so an interrupted run leaves no partial dst."""
+    import ctypes
+    import os
+
+    import llama_cpp
+
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{ftype}")
+    params.allow_requantize = True
+    params.nthread = threads
+    part = dst + ".part"
+    rc = llama_cpp.llama_model_quantize(src.encode(), part.encode(), ctypes.byref(params))
+    if rc != 0:
+        raise SystemExit(f"llama_model_quantize({src!r} -> {ftype}) returned {rc}")
+    os.replace(part, dst)
+
+
 if __name__ == "__main__":
-    main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]) if len(sys.argv) > 3 else 512)
+    if sys.argv[1] == "--quantize":      # --quantize SRC DST FTYPE THREADS
+        quantize(sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5]))
+    else:
+        main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]) if len(sys.argv) > 3 else 512)

@@ -62,32 +62,34 @@ def record_contention(benchmark, *, shape, label, mode, median, other, competito
     return row
 
 
-def record_model(benchmark, *, test, mode, impl, tokens, median, other, competitor):
-    """One whole-model row (bench_model.py): test "pp128" / "tg64" / "tg64@1024", mode "quiet" /
+def record_model(benchmark, *, file, test, mode, impl, tokens, median, other, competitor):
+    """One whole-model row (bench_model.py): file = the model file's label ("Q4_1", or
+    "Q4_K_M*" for a requantization), test "pp128" / "tg64" / "tg64@1024", mode "quiet" /
     "busy"."""
-    row = dict(test=test, mode=mode, impl=impl, tokens=tokens, median=median, other=other,
-               competitor=competitor)
+    row = dict(file=file, test=test, mode=mode, impl=impl, tokens=tokens, median=median,
+               other=other, competitor=competitor)
     MODEL.append(row)
-    benchmark.extra_info.update(test=test, mode=mode, impl=impl, median_s=median,
+    benchmark.extra_info.update(file=file, test=test, mode=mode, impl=impl, median_s=median,
                                 tokens_per_s=tokens / median if median else None,
                                 competitor_cpu_share=competitor)
     return row
 
 
 def _model_lines():
-    head = (f"{'model':<9} {'mode':<6} {'impl':<15} {'t/s':>9} {'ms':>9} {'/llama.cpp':>10} "
-            f"{'busy/quiet':>10} {'other':>5}")
+    head = (f"{'file':<7} {'model':<9} {'mode':<6} {'impl':<15} {'t/s':>9} {'ms':>9} "
+            f"{'/llama.cpp':>10} {'busy/quiet':>10} {'other':>5}")
     lines = [head, "-" * len(head)]
-    def find(test, mode, impl):
-        return next((r for r in MODEL if (r["test"], r["mode"], r["impl"]) == (test, mode, impl)),
+    def find(file, test, mode, impl):
+        return next((r for r in MODEL
+                     if (r["file"], r["test"], r["mode"], r["impl"]) == (file, test, mode, impl)),
                     None)
     for r in MODEL:
-        peer = find(r["test"], r["mode"], "llama.cpp")
-        quiet = find(r["test"], "quiet", r["impl"])
+        peer = find(r["file"], r["test"], r["mode"], "llama.cpp")
+        quiet = find(r["file"], r["test"], "quiet", r["impl"])
         ratio = peer["median"] / r["median"] if peer and r is not peer else None
         slow = r["median"] / quiet["median"] if r["mode"] == "busy" and quiet else None
         lines.append(
-            f"{r['test']:<9} {r['mode']:<6} {r['impl']:<15} "
+            f"{r['file']:<7} {r['test']:<9} {r['mode']:<6} {r['impl']:<15} "
             f"{_cell(r['tokens'] / r['median'], '9.1f', 9)} {_cell(r['median'] * 1e3, '9.1f', 9)} "
             f"{_cell(ratio, '9.2f', 9)}{'x' if ratio else ' '} "
             f"{_cell(slow, '9.2f', 9)}{'x' if slow else ' '} "
@@ -263,7 +265,9 @@ def table_lines():
                      "single-token steps, both from an empty cache; tg64@1024 = 64 steps after "
                      "1024 cached tokens; t/s = tokens / median; "
                      "/llama.cpp = llama.cpp's median / this row's (>1: faster); busy = a "
-                     "spinning process pinned to one core; busy/quiet = slowdown")
+                     "spinning process pinned to one core; busy/quiet = slowdown; file = the "
+                     "model file's format (*: that file requantized to this format by "
+                     "llama.cpp's quantizer)")
         lines += _model_lines()
     return lines
 
@@ -298,7 +302,8 @@ def report_dict():
                        weight_bytes_per_layer=r["weight_bytes"],
                        busy_over_quiet=contention_ratio(r["shape"], r["label"]))
                   for r in CONTENTION]
-    model = [dict(test=r["test"], mode=r["mode"], impl=r["impl"], median_s=r["median"],
+    model = [dict(file=r["file"], test=r["test"], mode=r["mode"], impl=r["impl"],
+                  median_s=r["median"],
                   tokens_per_s=r["tokens"] / r["median"], other_cpu_share=r["other"],
                   competitor_cpu_share=r["competitor"]) for r in MODEL]
     return dict(versions=_versions(), cpu=platform.processor() or platform.machine(),

@@ -19,10 +19,17 @@ source with -march=native, OpenMP and CPU_REPACK) runs in its own process
 one), on the same thread count.  Its rows skip, with the reason, when llama_cpp cannot be
 imported there.  Each row: median of the timed rounds (at least 5); the summary table gives
 tokens/s and megafuse / llama.cpp in the same run.
+
+The same file requantized by llama.cpp's own quantizer (llama_model_quantize, in the peer's
+interpreter; cached beside the model) to Q4_K_M, Q6_K and Q8_0 -- the files users download most,
+with llama.cpp's per-tensor choices and fallbacks -- gives pp128 and tg64 rows (int8 mode and
+llama.cpp): the whole model's K-quant and Q8_0 paths.  They skip without llama_cpp.
 """
 import os
+import re
 import subprocess
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -36,6 +43,9 @@ from _timing import measure, wait_quiet
 from bench_contention import Spinner
 
 MODEL_ROWS = (("pp", 128, 0), ("tg", 64, 0), ("tg", 64, 1024))   # (kind, tokens, cached keys)
+REQUANTIZED = ("Q4_K_M", "Q6_K", "Q8_0")    # llama.cpp file types the model is requantized to
+REQUANT_ROWS = (("pp", 128, 0), ("tg", 64, 0))
+PEER_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_llama_peer.py")
 DEPTH_MAX = max(depth for _, _, depth in MODEL_ROWS)
 MIN_ROUNDS = 5
 BUDGET = 6.0                     # seconds of timed calls per row
@@ -52,14 +62,59 @@ def model_path():
         pytest.skip(f"the default model could not be fetched: {exc}")
 
 
+def llama_python():
+    """The interpreter that has llama_cpp, or a skip saying how to get one."""
+    python = os.environ.get("MEGAFUSE_BENCH_LLAMA_PYTHON", sys.executable)
+    probe = subprocess.run([python, "-c", "import llama_cpp; print(llama_cpp.__version__)"],
+                           capture_output=True, text=True)
+    if probe.returncode != 0:
+        pytest.skip(f"llama.cpp peer: llama_cpp is not importable by {python} (pip install "
+                    f"llama-cpp-python==0.3.36, or set MEGAFUSE_BENCH_LLAMA_PYTHON)")
+    return python
+
+
+_REQUANTIZED = {}
+
+
+def requantized_path(ftype):
+    """The model file requantized by llama.cpp to file type ftype (REQUANTIZED), made once and
+    kept beside the model (or in the temporary directory if that is read-only)."""
+    if ftype not in _REQUANTIZED:
+        src = model_path()
+        folder = os.path.dirname(os.path.abspath(src))
+        if not os.access(folder, os.W_OK):
+            folder = tempfile.gettempdir()
+        stem = os.path.splitext(os.path.basename(src))[0]
+        dst = os.path.join(folder, f"{stem}.requant-{ftype}.gguf")
+        if not os.path.exists(dst):
+            done = subprocess.run([llama_python(), PEER_SCRIPT, "--quantize", src, dst, ftype,
+                                   str(THREADS)], capture_output=True, text=True)
+            if done.returncode != 0:
+                raise RuntimeError(f"llama.cpp could not requantize {src} to {ftype}: "
+                                   f"{done.stderr[-2000:]}")
+        _REQUANTIZED[ftype] = dst
+    return _REQUANTIZED[ftype]
+
+
+def row_file(ftype):
+    """(path, table label) of a row's model file: the model itself (ftype None), labelled by the
+    format its name gives (SmolLM2-135M-Instruct.Q4_1.gguf: Q4_1), or its requantization to
+    ftype (labelled ftype*)."""
+    if ftype is None:
+        path = model_path()
+        label = os.path.splitext(os.path.basename(path))[0].rsplit(".", 1)[-1]
+        return path, label if re.fullmatch(r"(B?F|Q|IQ)[0-9A-Z_]+", label) else "file"
+    return requantized_path(ftype), f"{ftype}*"
+
+
 _MODELS = {}
 
 
-def megafuse_model(activations):
-    key = activations
+def megafuse_model(activations, path):
+    key = (activations, path)
     if key not in _MODELS:
         _MODELS.clear()
-        _MODELS[key] = mf.Model.from_gguf(model_path(), cache_capacity=DEPTH_MAX + 128,
+        _MODELS[key] = mf.Model.from_gguf(path, cache_capacity=DEPTH_MAX + 128,
                                           activations=activations)
     return _MODELS[key]
 
@@ -68,16 +123,10 @@ class LlamaPeer:
     """llama.cpp in a process of its own, timing what it is told to (see _llama_peer.py)."""
 
     def __init__(self, path):
-        python = os.environ.get("MEGAFUSE_BENCH_LLAMA_PYTHON", sys.executable)
-        probe = subprocess.run([python, "-c", "import llama_cpp; print(llama_cpp.__version__)"],
-                               capture_output=True, text=True)
-        if probe.returncode != 0:
-            pytest.skip(f"llama.cpp peer: llama_cpp is not importable by {python} (pip install "
-                        f"llama-cpp-python==0.3.36, or set MEGAFUSE_BENCH_LLAMA_PYTHON)")
-        self.version = probe.stdout.strip()
-        script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_llama_peer.py")
+        python = llama_python()
         env = dict(os.environ, OMP_NUM_THREADS=str(THREADS))
-        self.proc = subprocess.Popen([python, script, path, str(THREADS), str(DEPTH_MAX + 128)],
+        self.proc = subprocess.Popen([python, PEER_SCRIPT, path, str(THREADS),
+                                      str(DEPTH_MAX + 128)],
                                      stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, text=True, env=env)
         if self.proc.stdout.readline().strip() != "ready":
@@ -95,11 +144,30 @@ class LlamaPeer:
             self.proc.wait(timeout=30)
 
 
+class LlamaPeers:
+    """One peer process at a time: the one for the model file the current row runs."""
+
+    def __init__(self):
+        self.path = self.peer = None
+
+    def get(self, path):
+        if path != self.path:
+            self.close()
+            self.peer = LlamaPeer(path)
+            self.path = path
+        return self.peer
+
+    def close(self):
+        if self.peer is not None:
+            self.peer.close()
+        self.path = self.peer = None
+
+
 @pytest.fixture(scope="module")
-def llama_peer():
-    peer = LlamaPeer(model_path())
-    yield peer
-    peer.close()
+def llama_peers():
+    peers = LlamaPeers()
+    yield peers
+    peers.close()
 
 
 def _work(model, kind, n, depth, ids):
@@ -128,27 +196,34 @@ def _params():
     for kind, n, depth in MODEL_ROWS:
         for mode in ("quiet", "busy") if kind == "tg" and not depth else ("quiet",):
             for impl in ("megafuse-int8", "megafuse-float", "llama.cpp"):
-                out.append(pytest.param(kind, n, depth, mode, impl,
+                out.append(pytest.param(None, kind, n, depth, mode, impl,
                                         id=f"smollm2-model-{_test_name(kind, n, depth)}-{mode}-"
                                            f"{impl}"))
+    for ftype in REQUANTIZED:
+        for kind, n, depth in REQUANT_ROWS:
+            for impl in ("megafuse-int8", "llama.cpp"):
+                out.append(pytest.param(ftype, kind, n, depth, "quiet", impl,
+                                        id=f"smollm2-{ftype}-model-{_test_name(kind, n, depth)}-"
+                                           f"quiet-{impl}"))
     return out
 
 
-@pytest.mark.parametrize("kind,n,depth,mode,impl", _params())
-def test_model(benchmark, request, kind, n, depth, mode, impl):
+@pytest.mark.parametrize("ftype,kind,n,depth,mode,impl", _params())
+def test_model(benchmark, request, ftype, kind, n, depth, mode, impl):
     mf.set_num_threads(THREADS)
     test = _test_name(kind, n, depth)
-    benchmark.group = f"model {test} {mode}"
+    path, label = row_file(ftype)
+    benchmark.group = f"model {label} {test} {mode}"
     ids = np.random.default_rng(2).integers(0, 49152, DEPTH_MAX + 128)
     setup = None
     if impl == "llama.cpp":           # (one call: a command to the peer process and its reply;
-        peer = request.getfixturevalue("llama_peer")        # the pipe adds ~0.1 ms a call)
+        peer = request.getfixturevalue("llama_peers").get(path)   # the pipe adds ~0.1 ms)
         fn = lambda: peer.run(kind, n, depth)                # noqa: E731
         if depth:
             def setup():                  # (returns None: pytest-benchmark would take a value
                 peer.run("fill", depth)   # for the arguments of fn)
     else:
-        model = megafuse_model(impl.split("-")[1])
+        model = megafuse_model(impl.split("-")[1], path)
         fn, setup = _work(model, kind, n, depth, ids)
     spin = None
     if mode == "busy":
@@ -162,5 +237,5 @@ def test_model(benchmark, request, kind, n, depth, mode, impl):
         if spin:
             spin.stop()
     time.sleep(PAUSE)
-    _report.record_model(benchmark, test=test, mode=mode, impl=impl, tokens=n,
+    _report.record_model(benchmark, file=label, test=test, mode=mode, impl=impl, tokens=n,
                          median=med, other=other, competitor=competitor)
