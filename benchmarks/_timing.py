@@ -7,14 +7,25 @@ import time
 from _config import BUDGET, MAX_ROUNDS, MAX_WAIT, MIN_ROUNDS, PAUSE, QUIET, QUIET_WAIT
 
 
-def cpu_ticks(pid="self"):
-    """(busy clock ticks of the whole machine, ticks of process pid), or None off Linux."""
+OWN_HELPERS = set()   # pids of this run's own helper processes (bench_model.py's llama.cpp peer):
+                      # their CPU time is the timed row's work, not other processes'
+
+
+def cpu_ticks():
+    """(busy clock ticks of the whole machine, ticks of this process and its OWN_HELPERS), or
+    None off Linux."""
     try:
         with open("/proc/stat") as f:
             fields = [int(v) for v in f.readline().split()[1:]]
-        return sum_busy(fields), process_ticks(pid)
+        own = process_ticks("self")
     except (OSError, ValueError, IndexError):
         return None
+    for pid in tuple(OWN_HELPERS):
+        try:
+            own += process_ticks(pid)
+        except (OSError, ValueError, IndexError):     # it has exited
+            pass
+    return sum_busy(fields), own
 
 
 def sum_busy(fields):
@@ -34,8 +45,8 @@ def ticks_per_second():
 
 
 def other_load(before, after, seconds):
-    """Share of the machine's CPU time (0..1) that processes other than this one used between
-    two cpu_ticks() readings `seconds` apart."""
+    """Share of the machine's CPU time (0..1) that processes other than this one (and its
+    helpers) used between two cpu_ticks() readings `seconds` apart."""
     if before is None or after is None or seconds <= 0:
         return None
     other = (after[0] - before[0]) - (after[1] - before[1])

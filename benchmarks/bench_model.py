@@ -38,6 +38,7 @@ import pytest
 import megafuse as mf
 
 import _report
+import _timing
 from _config import PAUSE, THREADS
 from _timing import measure, wait_quiet
 from bench_contention import Spinner
@@ -129,6 +130,7 @@ class LlamaPeer:
                                       str(DEPTH_MAX + 128)],
                                      stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, text=True, env=env)
+        _timing.OWN_HELPERS.add(self.proc.pid)     # its CPU time is the row's, not "other"
         if self.proc.stdout.readline().strip() != "ready":
             raise RuntimeError("llama.cpp peer: did not start")
 
@@ -142,6 +144,7 @@ class LlamaPeer:
             self.proc.stdin.write("quit\n")
             self.proc.stdin.flush()
             self.proc.wait(timeout=30)
+        _timing.OWN_HELPERS.discard(self.proc.pid)
 
 
 class LlamaPeers:
