@@ -18,6 +18,37 @@ _LAYER_BIASES = ("bq", "bk", "bv", "bo", "b1", "b2")
 _BLOCK_FORMATS = (5, 6, 7, 8, 9, 11, 12, 13)      # Q4_0 ... Q5_K: activations are quantized
 
 
+# The thread team every runner uses (one per process, remade when the thread count changes),
+# so that the steps of many runners -- a chain of DecoderLayers, several models -- find the same
+# threads awake.  With a team per runner, each of them kept its own threads spinning for a while
+# after its step (MF_TEAM_IDLE_SPIN_NS), on the cores the next runner's step needed, and woke its
+# own sleeping threads at its next call: a ring of 46 SmolLM2-shaped Q4_1 DecoderLayers decoded
+# slower on 2 threads than on 1.  A runner whose step starts while another Python thread's step
+# holds it runs on a team of its own (ModelRunner.team).  Taken and released with the GIL held.
+cdef mf_team *_shared_team = NULL
+cdef bint _shared_team_busy = False
+
+
+cdef mf_team *_take_shared_team(int n_threads) except? NULL:
+    """The shared team with n_threads threads, now this caller's; NULL if another step holds
+    it (MemoryError if it cannot be made)."""
+    global _shared_team, _shared_team_busy
+    if _shared_team_busy:
+        return NULL
+    if _shared_team == NULL or _shared_team.n_threads != n_threads:
+        mf_team_destroy(_shared_team)
+        _shared_team = mf_team_create(n_threads)
+        if _shared_team == NULL:
+            raise MemoryError()
+    _shared_team_busy = True
+    return _shared_team
+
+
+cdef void _give_back_shared_team() noexcept:
+    global _shared_team_busy
+    _shared_team_busy = False
+
+
 cdef Py_ssize_t _activation_row(tuple formats, Py_ssize_t n, Py_ssize_t block):
     """Bytes of the largest activation row of n values that weights of these formats (those of
     the given block size) read on the int8 path; 0 if none does."""
@@ -48,11 +79,13 @@ cdef class ModelRunner:
     cdef mf_model m
     cdef mf_model_layer *layers
     cdef mf_step st
-    cdef mf_team *team
+    cdef mf_team *team         # its own, for a step that starts while the shared team is busy
     cdef char *scratch_raw
     cdef list keep
     cdef list spans            # the model's arrays as sorted, disjoint (start, end) addresses
     cdef bint busy
+    cdef int last_team_threads
+    cdef bint last_on_own_team
     cdef readonly int n_layers, embed_dim, num_heads, num_kv_heads, head_dim
     cdef readonly int intermediate_dim, vocab_size, cache_capacity
     cdef readonly str activations
@@ -243,7 +276,13 @@ cdef class ModelRunner:
     @property
     def team_threads(self):
         """Threads of the team the last forward ran on (0 before the first)."""
-        return 0 if self.team == NULL else self.team.n_threads
+        return self.last_team_threads
+
+    @property
+    def ran_on_own_team(self):
+        """Whether the last forward ran on this runner's own team (another Python thread's step
+        held the shared one) rather than the shared team."""
+        return self.last_on_own_team
 
     def forward(self, tokens=None, x=None, *, start_pos, logits=None, bint all_logits=False,
                 x_out=None, hidden=None):
@@ -267,6 +306,7 @@ cdef class ModelRunner:
         cdef int S, q_tile = 0, kv_tile = 0, n_threads, bad = -1
         cdef int32_t tok_id
         cdef const KernelTable *table = _K
+        cdef mf_team *team
         if self.layers == NULL:
             raise RuntimeError("ModelRunner: not initialised")
         if (tokens is None) == (x is None):
@@ -334,20 +374,27 @@ cdef class ModelRunner:
             raise RuntimeError("ModelRunner.forward: the model is running in another thread "
                                "(a model holds one sequence: use one per thread)")
         n_threads = _num_threads
-        if self.team == NULL or self.team.n_threads != n_threads:
-            mf_team_destroy(self.team)
-            self.team = mf_team_create(n_threads)
-            if self.team == NULL:
-                raise MemoryError()
+        team = _take_shared_team(n_threads)
+        if team == NULL:                      # another thread's step holds it: our own
+            if self.team == NULL or self.team.n_threads != n_threads:
+                mf_team_destroy(self.team)
+                self.team = mf_team_create(n_threads)
+                if self.team == NULL:
+                    raise MemoryError()
+            team = self.team
+        self.last_team_threads = team.n_threads
+        self.last_on_own_team = team == self.team
         c_mega_fuse_get_optimal_tiles(&q_tile, &kv_tile, self.head_dim)
         self.m.q_tile, self.m.kv_tile = q_tile, kv_tile
         self.busy = True
         try:
             with nogil:
-                table.model_forward(&self.st, self.team, tok_p, x_p, <int>T, S, logits_p,
+                table.model_forward(&self.st, team, tok_p, x_p, <int>T, S, logits_p,
                                     all_logits, x_out_p, hidden_p, n_threads)
         finally:
             self.busy = False
+            if team != self.team:
+                _give_back_shared_team()
 
 
 def _union_of_spans(arrays):

@@ -407,6 +407,61 @@ def test_the_thread_team_runs_every_chunk_once_and_phases_in_order(n_threads):
     assert _kernels._team_probe(n_threads, 2000, 1, 1) == (0, 0)
 
 
+def _step_in_two_threads(models, seqs):
+    """Each model steps through its ids one token a call, the two in two Python threads started
+    together: (the logits of each, whether each ran a step on its runner's own team)."""
+    import threading
+    got, own, errors = [None, None], [False, False], []
+    start = threading.Barrier(2)
+
+    def run(k):
+        try:
+            start.wait()
+            rows = []
+            for i in seqs[k]:
+                rows.append(models[k].forward([i]))
+                own[k] |= models[k]._runner.ran_on_own_team
+            got[k] = np.stack(rows)
+        except BaseException as exc:                               # noqa: BLE001
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(k,)) for k in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors, errors
+    return got, own
+
+
+def test_models_in_two_python_threads_each_get_their_own_results(tmp_path):
+    """Runners share one thread team; a step that starts while another Python thread's step holds
+    it runs on a team of its own.  Two models stepping in two threads at once (the team forced
+    even for these small models) give what each gives alone, bit for bit, at any thread count."""
+    path = write_model(tmp_path / "m.gguf", "llama", "Q4_0")
+    models = [Model.from_gguf(path, cache_capacity=64) for _ in range(2)]
+    seqs = (list(range(1, 33)), list(range(32, 0, -1)))
+    before = megafuse.get_num_threads()
+    own_team_seen = False
+    try:
+        for n_threads in (1, 2, 3):
+            megafuse.set_num_threads(n_threads)
+            want = []
+            for model, ids in zip(models, seqs):
+                model._runner.solo_bytes = 0
+                model.reset()
+                want.append(np.stack([model.forward([i]) for i in ids]))
+                model.reset()
+            got, own = _step_in_two_threads(models, seqs)
+            for k in range(2):
+                np.testing.assert_array_equal(got[k], want[k])
+            own_team_seen |= any(own)
+    finally:
+        megafuse.set_num_threads(before)
+    # (the two threads' 96 steps overlapped at least once: a runner's own team ran)
+    assert own_team_seen
+
+
 def _forward_in_child(model, ids, queue):
     queue.put(model.forward(ids, logits="all"))
 
