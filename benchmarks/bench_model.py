@@ -63,14 +63,18 @@ def model_path():
         pytest.skip(f"the default model could not be fetched: {exc}")
 
 
+_LLAMA_PYTHON = []        # the interpreter once its llama_cpp import has been seen to work
+
+
 def llama_python():
     """The interpreter that has llama_cpp, or a skip saying how to get one."""
     python = os.environ.get("MEGAFUSE_BENCH_LLAMA_PYTHON", sys.executable)
-    probe = subprocess.run([python, "-c", "import llama_cpp; print(llama_cpp.__version__)"],
-                           capture_output=True, text=True)
-    if probe.returncode != 0:
-        pytest.skip(f"llama.cpp peer: llama_cpp is not importable by {python} (pip install "
-                    f"llama-cpp-python==0.3.36, or set MEGAFUSE_BENCH_LLAMA_PYTHON)")
+    if python not in _LLAMA_PYTHON:
+        probe = subprocess.run([python, "-c", "import llama_cpp"], capture_output=True, text=True)
+        if probe.returncode != 0:
+            pytest.skip(f"llama.cpp peer: llama_cpp is not importable by {python} (pip install "
+                        f"llama-cpp-python==0.3.36, or set MEGAFUSE_BENCH_LLAMA_PYTHON)")
+        _LLAMA_PYTHON.append(python)
     return python
 
 

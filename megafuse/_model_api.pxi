@@ -29,24 +29,14 @@ cdef mf_team *_shared_team = NULL
 cdef bint _shared_team_busy = False
 
 
-cdef mf_team *_take_shared_team(int n_threads) except? NULL:
-    """The shared team with n_threads threads, now this caller's; NULL if another step holds
-    it (MemoryError if it cannot be made)."""
-    global _shared_team, _shared_team_busy
-    if _shared_team_busy:
-        return NULL
-    if _shared_team == NULL or _shared_team.n_threads != n_threads:
-        mf_team_destroy(_shared_team)
-        _shared_team = mf_team_create(n_threads)
-        if _shared_team == NULL:
+cdef mf_team *_team_sized(mf_team **slot, int n_threads) except NULL:
+    """The team at *slot, (re)made with n_threads threads if it has another count or none."""
+    if slot[0] == NULL or slot[0].n_threads != n_threads:
+        mf_team_destroy(slot[0])
+        slot[0] = mf_team_create(n_threads)
+        if slot[0] == NULL:
             raise MemoryError()
-    _shared_team_busy = True
-    return _shared_team
-
-
-cdef void _give_back_shared_team() noexcept:
-    global _shared_team_busy
-    _shared_team_busy = False
+    return slot[0]
 
 
 cdef Py_ssize_t _activation_row(tuple formats, Py_ssize_t n, Py_ssize_t block):
@@ -307,6 +297,8 @@ cdef class ModelRunner:
         cdef int32_t tok_id
         cdef const KernelTable *table = _K
         cdef mf_team *team
+        cdef bint shared
+        global _shared_team, _shared_team_busy
         if self.layers == NULL:
             raise RuntimeError("ModelRunner: not initialised")
         if (tokens is None) == (x is None):
@@ -374,27 +366,23 @@ cdef class ModelRunner:
             raise RuntimeError("ModelRunner.forward: the model is running in another thread "
                                "(a model holds one sequence: use one per thread)")
         n_threads = _num_threads
-        team = _take_shared_team(n_threads)
-        if team == NULL:                      # another thread's step holds it: our own
-            if self.team == NULL or self.team.n_threads != n_threads:
-                mf_team_destroy(self.team)
-                self.team = mf_team_create(n_threads)
-                if self.team == NULL:
-                    raise MemoryError()
-            team = self.team
-        self.last_team_threads = team.n_threads
-        self.last_on_own_team = team == self.team
+        shared = not _shared_team_busy        # else another thread's step holds it: our own
+        team = _team_sized(&_shared_team if shared else &self.team, n_threads)
+        self.last_team_threads = n_threads
+        self.last_on_own_team = not shared
         c_mega_fuse_get_optimal_tiles(&q_tile, &kv_tile, self.head_dim)
         self.m.q_tile, self.m.kv_tile = q_tile, kv_tile
         self.busy = True
+        if shared:
+            _shared_team_busy = True
         try:
             with nogil:
                 table.model_forward(&self.st, team, tok_p, x_p, <int>T, S, logits_p,
                                     all_logits, x_out_p, hidden_p, n_threads)
         finally:
             self.busy = False
-            if team != self.team:
-                _give_back_shared_team()
+            if shared:
+                _shared_team_busy = False
 
 
 def _union_of_spans(arrays):
