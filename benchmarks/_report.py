@@ -76,7 +76,7 @@ def record_model(benchmark, *, file, test, mode, impl, tokens, median, other, co
 
 
 def _model_lines():
-    head = (f"{'file':<7} {'model':<9} {'mode':<6} {'impl':<15} {'t/s':>9} {'ms':>9} "
+    head = (f"{'file':<7} {'model':<9} {'mode':<6} {'impl':<19} {'t/s':>9} {'ms':>9} "
             f"{'/llama.cpp':>10} {'busy/quiet':>10} {'other':>5}")
     lines = [head, "-" * len(head)]
     def find(file, test, mode, impl):
@@ -89,7 +89,7 @@ def _model_lines():
         ratio = peer["median"] / r["median"] if peer and r is not peer else None
         slow = r["median"] / quiet["median"] if r["mode"] == "busy" and quiet else None
         lines.append(
-            f"{r['file']:<7} {r['test']:<9} {r['mode']:<6} {r['impl']:<15} "
+            f"{r['file']:<7} {r['test']:<9} {r['mode']:<6} {r['impl']:<19} "
             f"{_cell(r['tokens'] / r['median'], '9.1f', 9)} {_cell(r['median'] * 1e3, '9.1f', 9)} "
             f"{_cell(ratio, '9.2f', 9)}{'x' if ratio else ' '} "
             f"{_cell(slow, '9.2f', 9)}{'x' if slow else ' '} "

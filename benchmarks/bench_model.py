@@ -8,8 +8,9 @@
 - busy: tg64 again while a spinning process pinned to one core holds it (issue 13: a step must
   not collapse when another process holds a core);
 - tg64@1024: 64 single-token steps after a prefill of 1024 tokens (untimed): decode in a long
-  conversation, where attention reads 1024+ cached keys a layer (in megafuse, float32 K/V: 48 MB a
-  token for SmolLM2; llama.cpp's default cache is F16, half of that).
+  conversation, where attention reads 1024+ cached keys a layer (in megafuse, float32 K/V by
+  default: 48 MB a token for SmolLM2; llama.cpp's default cache is F16, half of that).  The
+  `megafuse-int8-f16kv` row runs megafuse with kv_dtype="float16", llama.cpp's cache type.
 
 The model is SmolLM2-135M-Instruct (Q4_1 layers, Q8_0 tied embedding: the default model,
 megafuse.models.default_model_path(), fetched once), or $MEGAFUSE_BENCH_MODEL.  megafuse runs
@@ -115,12 +116,12 @@ def row_file(ftype):
 _MODELS = {}
 
 
-def megafuse_model(activations, path):
-    key = (activations, path)
+def megafuse_model(activations, path, kv_dtype="float32"):
+    key = (activations, path, kv_dtype)
     if key not in _MODELS:
         _MODELS.clear()
         _MODELS[key] = mf.Model.from_gguf(path, cache_capacity=DEPTH_MAX + 128,
-                                          activations=activations)
+                                          activations=activations, kv_dtype=kv_dtype)
     return _MODELS[key]
 
 
@@ -202,7 +203,10 @@ def _params():
     out = []
     for kind, n, depth in MODEL_ROWS:
         for mode in ("quiet", "busy") if kind == "tg" and not depth else ("quiet",):
-            for impl in ("megafuse-int8", "megafuse-float", "llama.cpp"):
+            impls = ("megafuse-int8", "megafuse-float", "llama.cpp")
+            if depth:                         # + megafuse with llama.cpp's F16 cache type
+                impls = impls[:2] + ("megafuse-int8-f16kv",) + impls[2:]
+            for impl in impls:
                 out.append(pytest.param(None, kind, n, depth, mode, impl,
                                         id=f"smollm2-model-{_test_name(kind, n, depth)}-{mode}-"
                                            f"{impl}"))
@@ -230,7 +234,8 @@ def test_model(benchmark, request, ftype, kind, n, depth, mode, impl):
             def setup():                  # (returns None: pytest-benchmark would take a value
                 peer.run("fill", depth)   # for the arguments of fn)
     else:
-        model = megafuse_model(impl.split("-")[1], path)
+        model = megafuse_model(impl.split("-")[1], path,
+                               "float16" if impl.endswith("-f16kv") else "float32")
         fn, setup = _work(model, kind, n, depth, ids)
     spin = None
     if mode == "busy":

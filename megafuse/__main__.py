@@ -2,10 +2,10 @@
 
     megafuse run [--model FILE.gguf] -p PROMPT [--chat] [-n 128] [--temperature T --top-k K
                  --top-p P --min-p M --repeat-penalty R --seed S] [--activations float|int8]
-                 [--threads N] [--ctx N]
+                 [--threads N] [--ctx N] [--kv-dtype float32|float16]
     megafuse bench [--dtype q8_0] [--tokens 128] [--decode 32] [--repeat 5] [--threads N]
                    [--model FILE.gguf [--layer N] [--pp 128] [--tg 64] [--depth 0]
-                                      [--activations int8]]
+                                      [--activations int8] [--kv-dtype float32]]
                    [--json out.json] [--seed 0] [--no-check]
     megafuse info                                  # megafuse.show_config()
 
@@ -24,7 +24,8 @@ tokens/s, GB/s, GFLOP/s, max relative error.  The error must be at most 1e-4 wit
 exit status is 1 otherwise.  With --model it also times the whole model, in the rows llama-bench
 prints: ppN (a prefill of N tokens from an empty cache) and tgN (N single-token steps); with
 --depth D both start after D tokens already in the cache (their prefill untimed), the rows
-``ppN @ dD`` and ``tgN @ dD`` of llama-bench's -d.
+``ppN @ dD`` and ``tgN @ dD`` of llama-bench's -d.  ``--kv-dtype float16`` (both commands) keeps
+the whole model's KV cache in float16, as llama.cpp's default F16 cache (-ctk / -ctv f16) does.
 """
 import argparse
 import json
@@ -252,6 +253,9 @@ def add_bench_arguments(parser):
                              "(their prefill untimed), as llama-bench's -d (0)")
     parser.add_argument("--activations", default="int8", choices=["int8", "float"],
                         help="whole model: activation mode (int8, llama.cpp's scheme)")
+    parser.add_argument("--kv-dtype", default="float32", choices=["float32", "float16"],
+                        help="whole model: what the KV cache holds (float32; float16 as "
+                             "llama.cpp's default)")
     parser.add_argument("--threads", type=int, default=0, help="threads (default: all)")
     parser.add_argument("--seed", type=int, default=0, help="random seed (0)")
     parser.add_argument("--json", metavar="FILE", help="also write the report as JSON")
@@ -283,6 +287,9 @@ def add_run_arguments(parser):
     parser.add_argument("--threads", type=int, default=0, help="threads (default: all)")
     parser.add_argument("--ctx", type=int, default=4096,
                         help="KV-cache positions (default 4096, at most the model's context)")
+    parser.add_argument("--kv-dtype", default="float32", choices=["float32", "float16"],
+                        help="what the KV cache holds: float32 (default) or float16 (half the "
+                             "memory, faster decode late in a long context)")
 
 
 def build_parser():
@@ -356,7 +363,7 @@ def run_model_bench(args, out=None):
     progress(f"megafuse bench: loading the model {args.model}")
     depth, longest = args.depth, max(args.pp, args.tg, 1)
     model = Model.from_gguf(reader, cache_capacity=depth + longest,
-                            activations=args.activations)
+                            activations=args.activations, kv_dtype=args.kv_dtype)
     rng = np.random.default_rng(args.seed + 2)
     ids = rng.integers(0, model.vocab_size, depth + longest)          # [depth + longest]
     rows = []
@@ -385,11 +392,13 @@ def run_model_bench(args, out=None):
     c = model.config
     report = {"model": args.model, "name": c.name, "layers": c.n_layers,
               "formats": model.formats, "weight_bytes": model.weight_bytes,
-              "activations": model.activations, "threads": megafuse.get_num_threads(),
+              "activations": model.activations, "kv_dtype": model.kv_dtype,
+              "threads": megafuse.get_num_threads(),
               "repeats": args.repeat, "depth": depth, "results": rows}
     print(f"  whole model: {c.name or c.architecture}, {c.n_layers} layers, "
           f"{model.weight_bytes / 1e6:.1f} MB of weights ({', '.join(model.formats)}), "
-          f"{model.activations} activations, {report['threads']} threads", file=out)
+          f"{model.activations} activations, {model.kv_dtype} KV cache, "
+          f"{report['threads']} threads", file=out)
     width = max([8] + [len(r["test"]) for r in rows])
     print(f"  {'test':<{width}} {'t/s':>10} {'+/-':>8}", file=out)
     for r in rows:
@@ -413,7 +422,8 @@ def cmd_run(args, parser):
     try:
         path = args.model or models.default_model_path(file=err)
         t0 = time.perf_counter()
-        model = Model.from_gguf(path, cache_capacity=args.ctx, activations=args.activations)
+        model = Model.from_gguf(path, cache_capacity=args.ctx, activations=args.activations,
+                                kv_dtype=args.kv_dtype)
         tok = model.tokenizer
         if args.chat:
             messages = ([{"role": "system", "content": args.system}] if args.system else [])

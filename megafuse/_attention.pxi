@@ -23,9 +23,19 @@ cdef extern from "megafuse/mf_attention.h" nogil:
                              Py_ssize_t D, float scale, Py_ssize_t kv_tile, Py_ssize_t key_begin,
                              Py_ssize_t key_end, float *out, Py_ssize_t ldo, float *m_out,
                              float *l_out)
+    void mf_attend_range_f16(const float *q, Py_ssize_t ldq, const uint16_t *k,
+                             const uint16_t *v, Py_ssize_t Da, Py_ssize_t first_pos,
+                             Py_ssize_t pos_step, int nq, Py_ssize_t D, float scale,
+                             Py_ssize_t kv_tile, Py_ssize_t key_begin, Py_ssize_t key_end,
+                             float *out, Py_ssize_t ldo, float *m_out, float *l_out)
     void mf_attend_combine_f32(const float *acc, Py_ssize_t ld_part, const float *m,
                                const float *l, Py_ssize_t ld_ml, int n_seg, Py_ssize_t D,
                                Py_ssize_t Da, float *out)
+
+
+cdef inline const void *kv_rows(const void *cache, bint kv_f16, Py_ssize_t i) noexcept nogil:
+    """Element i of a K or V cache of float32 (kv_f16 False) or float16 values."""
+    return <const char *>cache + i * (2 if kv_f16 else 4)
 
 
 cdef inline void softmax_update(
@@ -112,22 +122,30 @@ cdef void attend_query_tile(
 cdef void attend_query_rows(
         const float *q,        # [nq, ldq]: query rows of one head at consecutive positions
         Py_ssize_t ldq,
-        const float *k_g,      # [>last position, Da]: kv head g of the K cache
-        const float *v_g,      # [>last position, Da]: the same rows of the V cache
+        const void *k_g,       # [>last position, Da]: kv head g of the K cache
+        const void *v_g,       # [>last position, Da]: the same rows of the V cache
+        bint kv_f16,           # the caches hold float16 (else float32) values
         Py_ssize_t first_pos,  # absolute position of query row 0 (row i: first_pos + i)
         Py_ssize_t nq, Py_ssize_t D, Py_ssize_t Da, float scale, Py_ssize_t kv_tile,
         float *out,            # [nq, ldo] out: row i = causal attention of query row i
         Py_ssize_t ldo) noexcept nogil:
     """Prefill's attention for one (head, query tile): blocks of 16 rows by mf_attend_block_f32
-    (attend_query_tile for head dims above MF_ATT_MAX_HEAD_DIM)."""
-    cdef Py_ssize_t b0 = 0
+    (attend_query_tile for head dims above MF_ATT_MAX_HEAD_DIM: float32 caches only)."""
+    cdef Py_ssize_t b0 = 0, nb
     if D > MF_ATT_MAX_HEAD_DIM:
-        attend_query_tile(q, ldq, k_g, v_g, first_pos, 1, nq, D, Da, scale, kv_tile, out, ldo)
+        attend_query_tile(q, ldq, <const float *>k_g, <const float *>v_g, first_pos, 1, nq, D, Da,
+                          scale, kv_tile, out, ldo)
         return
     while b0 < nq:
-        mf_attend_block_f32(q + b0 * ldq, ldq, k_g, v_g, Da, first_pos + b0, 1,
-                            <int>min(<Py_ssize_t>MF_ATT_QUERIES, nq - b0), D, scale, kv_tile,
-                            out + b0 * ldo, ldo)
+        nb = min(<Py_ssize_t>MF_ATT_QUERIES, nq - b0)
+        if kv_f16:
+            mf_attend_range_f16(q + b0 * ldq, ldq, <const uint16_t *>k_g, <const uint16_t *>v_g,
+                                Da, first_pos + b0, 1, <int>nb, D, scale, kv_tile, 0,
+                                first_pos + b0 + nb, out + b0 * ldo, ldo, NULL, NULL)
+        else:
+            mf_attend_block_f32(q + b0 * ldq, ldq, <const float *>k_g, <const float *>v_g, Da,
+                                first_pos + b0, 1, <int>nb, D, scale, kv_tile, out + b0 * ldo,
+                                ldo)
         b0 += MF_ATT_QUERIES
 
 
@@ -202,30 +220,42 @@ cdef inline Py_ssize_t one_token_task_heads(const OneTokenPlan *p, Py_ssize_t ta
 cdef void one_token_task(
         const OneTokenPlan *p, Py_ssize_t task,
         const float *q,        # [H, Da]: the token's query heads (roped)
-        const float *kv_cache_k,   # [G, C, Da]: rows 0 .. P are read
-        const float *kv_cache_v,   # [G, C, Da]
+        const void *kv_cache_k,    # [G, C, Da]: rows 0 .. P are read
+        const void *kv_cache_v,    # [G, C, Da]
+        bint kv_f16,           # the caches hold float16 values (else float32; D <= 256 then)
         Py_ssize_t P, Py_ssize_t H, Py_ssize_t G, Py_ssize_t D, Py_ssize_t Da, Py_ssize_t C,
         float scale, Py_ssize_t kv_tile,
         float *attn,           # [H, Da] out (ONE_TOKEN_BLOCKS / TILES)
         float *parts) noexcept nogil:   # [max_seg, H, Da] sums, then m, l (ONE_TOKEN_SPLIT)
     """Task `task` (< p.tasks) of one token's attention."""
-    cdef Py_ssize_t s, nh
+    cdef Py_ssize_t s, nh, k0 = 0, k1 = P + 1
     cdef Py_ssize_t h = one_token_task_heads(p, task, H, G, &nh)
     cdef Py_ssize_t g = h // (H // G)
     cdef float *part_m = parts + p.max_seg * H * Da        # [max_seg, H]
     cdef float *part_l = part_m + p.max_seg * H            # [max_seg, H]
+    cdef const void *k_g = kv_rows(kv_cache_k, kv_f16, g * C * Da)
+    cdef const void *v_g = kv_rows(kv_cache_v, kv_f16, g * C * Da)
+    cdef float *out = attn + h * Da
+    cdef Py_ssize_t ldo = Da
+    cdef float *m_out = NULL
+    cdef float *l_out = NULL
+    if p.kind == ONE_TOKEN_TILES:
+        attend_query_tile(q + h * Da, Da, <const float *>k_g, <const float *>v_g, P, 0, nh, D,
+                          Da, scale, kv_tile, out, ldo)
+        return
     if p.kind == ONE_TOKEN_SPLIT:
         s = task % p.n_seg
-        mf_attend_range_f32(q + h * Da, Da, kv_cache_k + g * C * Da, kv_cache_v + g * C * Da,
-                            Da, P, 0, <int>nh, D, scale, kv_tile, s * p.seg_len,
-                            min(P + 1, (s + 1) * p.seg_len), parts + (s * H + h) * Da, Da,
-                            part_m + s * H + h, part_l + s * H + h)
-    elif p.kind == ONE_TOKEN_BLOCKS:
-        mf_attend_block_f32(q + h * Da, Da, kv_cache_k + g * C * Da, kv_cache_v + g * C * Da,
-                            Da, P, 0, <int>nh, D, scale, kv_tile, attn + h * Da, Da)
+        k0, k1 = s * p.seg_len, min(P + 1, (s + 1) * p.seg_len)
+        out, m_out, l_out = parts + (s * H + h) * Da, part_m + s * H + h, part_l + s * H + h
+    if kv_f16:
+        mf_attend_range_f16(q + h * Da, Da, <const uint16_t *>k_g, <const uint16_t *>v_g, Da, P,
+                            0, <int>nh, D, scale, kv_tile, k0, k1, out, ldo, m_out, l_out)
+    elif p.kind == ONE_TOKEN_SPLIT:
+        mf_attend_range_f32(q + h * Da, Da, <const float *>k_g, <const float *>v_g, Da, P, 0,
+                            <int>nh, D, scale, kv_tile, k0, k1, out, ldo, m_out, l_out)
     else:
-        attend_query_tile(q + h * Da, Da, kv_cache_k + g * C * Da, kv_cache_v + g * C * Da, P,
-                          0, nh, D, Da, scale, kv_tile, attn + h * Da, Da)
+        mf_attend_block_f32(q + h * Da, Da, <const float *>k_g, <const float *>v_g, Da, P, 0,
+                            <int>nh, D, scale, kv_tile, out, ldo)
 
 
 cdef inline void one_token_combine(const OneTokenPlan *p, Py_ssize_t h, const float *parts,
@@ -251,8 +281,8 @@ cdef void attend_one_token(
     cdef OneTokenPlan plan = one_token_plan(P, H, G, D, Da)
     cdef Py_ssize_t task, h
     for task in prange(plan.tasks, num_threads=num_threads, schedule='dynamic', nogil=True):
-        one_token_task(&plan, task, q, kv_cache_k, kv_cache_v, P, H, G, D, Da, C, scale, kv_tile,
-                       attn, parts)
+        one_token_task(&plan, task, q, kv_cache_k, kv_cache_v, False, P, H, G, D, Da, C, scale,
+                       kv_tile, attn, parts)
     if plan.kind == ONE_TOKEN_SPLIT:
         for h in prange(H, num_threads=num_threads, schedule='static', nogil=True):
             one_token_combine(&plan, h, parts, H, D, Da, attn)

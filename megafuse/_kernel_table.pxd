@@ -54,12 +54,13 @@ cdef extern from "megafuse/mf_model.h" nogil:
         const float *b1
         const float *b2
         int wq_dt, wk_dt, wv_dt, wo_dt, w1_dt, w2_dt
-        float *k_cache
-        float *v_cache
+        void *k_cache
+        void *v_cache
     ctypedef struct mf_model:
         int n_layers, E, H, G, D, F, V, C
         float eps
         int int8
+        int kv_f16
         int q_tile, kv_tile
         const mf_model_layer *layers
         const void *embedding
@@ -70,11 +71,12 @@ cdef extern from "megafuse/mf_model.h" nogil:
         const float *rope_cos
         const float *rope_sin
     ctypedef struct mf_step_scratch:
-        size_t x, xn, xq, xqk, q, attn, attnq, act, actq, parts
+        size_t x, xn, xq, xqk, q, attn, attnq, act, actq, parts, kv
         size_t xq_row, xqk_row, attnq_row, actq_row
         size_t total
     mf_step_scratch mf_step_scratch_layout(size_t E, size_t HD, size_t F, size_t xq_row,
-                                           size_t xqk_row, size_t attnq_row, size_t actq_row)
+                                           size_t xqk_row, size_t attnq_row, size_t actq_row,
+                                           size_t kv_floats)
     ctypedef struct mf_lane:
         uint32_t start
         uint32_t end

@@ -10,6 +10,7 @@ from megafuse._dtype import CKDataType as _CKDataType
 
 # NumPy dtypes that may hold each kind of buffer
 _F32 = (np.dtype(np.float32),)                          # activations, caches, biases, FP32
+_KV_CACHE = (np.dtype(np.float32), np.dtype(np.float16))   # a model's KV caches
 _FP16_ARRAYS = (np.dtype(np.float16), np.dtype(np.uint16))   # FP16 values or their bits
 _BF16_ARRAYS = (np.dtype(np.uint16),)                   # bfloat16 bits
 _BLOCK_ARRAYS = (np.dtype(np.uint8),)                   # the bytes of GGML blocks

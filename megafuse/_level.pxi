@@ -9,14 +9,15 @@ from libc.math cimport sqrtf, expf, INFINITY
 from libc.string cimport memcpy, memset
 from cython.parallel cimport prange
 
-from libc.stdint cimport int32_t, int64_t, uint32_t
+from libc.stdint cimport int32_t, int64_t, uint16_t, uint32_t
 from megafuse._kernel_table cimport (
     KernelTable, KERNEL_TABLE_VERSION, MF_ATT_MAX_KV_TILE, MF_MAX_Q_TILE, MF_SIMD_NAME,
     mf_team, mf_team_claim_gen, mf_team_wait_done, mf_team_chunk_done, mf_team_run,
     mf_model, mf_model_layer, mf_step, mf_phase, mf_phase_cut_lanes, mf_phase_take,
     MF_STEP_TOKENS)
 from megafuse._ckernel_dtype cimport (
-    CKDataType, CK_DT_FP32, CK_DT_Q8_0, CK_DT_Q8_K, ck_dtype_block_size, ck_dtype_row_bytes)
+    CKDataType, CK_DT_FP32, CK_DT_FP16, CK_DT_Q8_0, CK_DT_Q8_K, ck_dtype_block_size,
+    ck_dtype_row_bytes)
 from megafuse._mf_quant cimport (
     mf_dequantize_row, mf_quantize_row, mf_weight_row_dot_f32, mf_weight_row_dot_q8,
     mf_quantize_activation_row, mf_quantize_blocks_q8_0_act, mf_q8_0_act_pad,

@@ -26,6 +26,9 @@ _BLOCK_FORMATS = (5, 6, 7, 8, 9, 11, 12, 13)      # Q4_0 ... Q5_K: activations a
 # slower on 2 threads than on 1.  A runner whose step starts while another Python thread's step
 # holds it runs on a team of its own (ModelRunner.team).  Taken and released with the GIL held.
 cdef mf_team *_shared_team = NULL
+# float16 caches are read by mf_attend_range_f16 (include/megafuse/mf_attention.h), which takes
+# head dims up to MF_ATT_MAX_HEAD_DIM
+_KV_F16_MAX_HEAD_DIM = 256
 cdef bint _shared_team_busy = False
 
 
@@ -57,7 +60,9 @@ cdef class ModelRunner:
 
     layers: one mapping a layer with ln1_gamma, ln2_gamma [E]; wq [H*D, E], wk, wv [G*D, E],
     wo [E, H*D], w1 [2*I, E] (gate rows, then up rows), w2 [E, I], each stored in its format
-    (wq_dt ... w2_dt); biases bq ... b2 or None; k_cache, v_cache float32 [G, C, D] (written).
+    (wq_dt ... w2_dt); biases bq ... b2 or None; k_cache, v_cache [G, C, D] (written), float32
+    or float16 (every cache of the model alike; float16: k and v rounded as they are written,
+    head_dim <= 256).
     embedding [V, E] in embedding_dt (None: forward takes hidden states), out_norm [E] and head
     [V, E] in head_dt (None: forward returns hidden states).  rope_cos / rope_sin [C, D/2] or
     None.  activations: "int8" (activations quantized for block-format weights, llama.cpp's
@@ -79,6 +84,7 @@ cdef class ModelRunner:
     cdef readonly int n_layers, embed_dim, num_heads, num_kv_heads, head_dim
     cdef readonly int intermediate_dim, vocab_size, cache_capacity
     cdef readonly str activations
+    cdef readonly str kv_dtype        # "float32" or "float16": what the KV caches hold
 
     def __cinit__(self):
         self.layers = NULL
@@ -165,8 +171,14 @@ cdef class ModelRunner:
                 read.append((p + name, arr))
             g1 = _array(get("ln1_gamma"), p + "ln1_gamma", _F32, E, "[E]")
             g2 = _array(get("ln2_gamma"), p + "ln2_gamma", _F32, E, "[E]")
-            kc = _array(get("k_cache"), p + "k_cache", _F32, G * C * D, "[G, C, D]", True)
-            vc = _array(get("v_cache"), p + "v_cache", _F32, G * C * D, "[G, C, D]", True)
+            kc = _array(get("k_cache"), p + "k_cache", _KV_CACHE, G * C * D, "[G, C, D]", True)
+            vc = _array(get("v_cache"), p + "v_cache", _KV_CACHE, G * C * D, "[G, C, D]", True)
+            if l == 0:
+                kv_dt = kc.dtype
+            for name, arr in (("k_cache", kc), ("v_cache", vc)):
+                if arr.dtype != kv_dt:
+                    raise TypeError(f"{p}{name}: expected dtype {kv_dt} like layers[0].k_cache "
+                                    f"(every cache of a model holds one dtype), got {arr.dtype}")
             keep.extend((g1, g2, kc, vc))
             read.extend(((p + "ln1_gamma", g1), (p + "ln2_gamma", g2)))
             written.extend(((p + "k_cache", kc), (p + "v_cache", vc)))
@@ -182,7 +194,8 @@ cdef class ModelRunner:
             ly.wo_dt, ly.w1_dt, ly.w2_dt = dts["wo"], dts["w1"], dts["w2"]
             ly.bq, ly.bk, ly.bv = _fp(biases["bq"]), _fp(biases["bk"]), _fp(biases["bv"])
             ly.bo, ly.b1, ly.b2 = _fp(biases["bo"]), _fp(biases["b1"]), _fp(biases["b2"])
-            ly.k_cache, ly.v_cache = _wp(kc), _wp(vc)
+            ly.k_cache = cnp.PyArray_DATA(<cnp.ndarray>kc)
+            ly.v_cache = cnp.PyArray_DATA(<cnp.ndarray>vc)
             formats["xq"] += [dts["wq"], dts["wk"], dts["wv"], dts["w1"]]
             formats["attn"].append(dts["wo"])
             formats["act"].append(dts["w2"])
@@ -213,7 +226,12 @@ cdef class ModelRunner:
         self.m.rope_cos, self.m.rope_sin = _fp(rope_cos), _fp(rope_sin)
         _check_separate(written, read)
 
+        kv_f16 = kv_dt == np.float16
+        if kv_f16 and D > _KV_F16_MAX_HEAD_DIM:
+            raise ValueError(f"k_cache, v_cache: float16 caches take head_dim <= "
+                             f"{_KV_F16_MAX_HEAD_DIM}, got {D} (use float32 caches)")
         int8 = activations == "int8"
+        self.m.kv_f16 = kv_f16
         self.m.n_layers, self.m.E, self.m.H, self.m.G = L, E, H, G
         self.m.D, self.m.F, self.m.V, self.m.C = D, I, V, C
         self.m.eps = eps
@@ -225,7 +243,8 @@ cdef class ModelRunner:
             max(_activation_row(tuple(formats["attn"]) if int8 else (), H * D, 32),
                 _activation_row(tuple(formats["attn"]) if int8 else (), H * D, 256)),
             max(_activation_row(tuple(formats["act"]) if int8 else (), I, 32),
-                _activation_row(tuple(formats["act"]) if int8 else (), I, 256)))
+                _activation_row(tuple(formats["act"]) if int8 else (), I, 256)),
+            2 * G * D if kv_f16 else 0)
         self.scratch_raw = <char *>malloc(layout.total + 64)
         self.st.phases = <mf_phase *>malloc(mf_step_max_phases(L) * sizeof(mf_phase))
         if self.scratch_raw == NULL or self.st.phases == NULL:
@@ -241,6 +260,7 @@ cdef class ModelRunner:
         self.head_dim, self.intermediate_dim, self.vocab_size = D, I, V
         self.cache_capacity = C
         self.activations = activations
+        self.kv_dtype = "float16" if kv_f16 else "float32"
 
     @property
     def scratch_bytes(self):

@@ -198,8 +198,9 @@ cdef void qkv_head(const mf_step *st, const mf_model_layer *ly, Py_ssize_t hh) n
     cdef float *q = <float *>(st.scratch + st.layout.q)
     cdef const char *w
     cdef const float *b
-    cdef float *out
+    cdef float *out = NULL
     cdef char *xq
+    cdef void *cache = NULL               # a float16 cache: where the rows go once rounded
     cdef int dt
     cdef bint rope
     if hh < H:
@@ -212,13 +213,23 @@ cdef void qkv_head(const mf_step *st, const mf_model_layer *ly, Py_ssize_t hh) n
         dt, row_bytes = ly.wk_dt, ck_dtype_row_bytes(ly.wk_dt, E)
         w = <const char *>ly.wk + g * D * row_bytes
         b = ly.bk + g * D if ly.bk != NULL else NULL
-        out, ld, rope = ly.k_cache + (g * C + S) * D, D, True
+        ld, rope = D, True
+        if m.kv_f16:
+            cache = <uint16_t *>ly.k_cache + (g * C + S) * D
+        else:
+            out = <float *>ly.k_cache + (g * C + S) * D
     else:
         g = hh - H - G
         dt, row_bytes = ly.wv_dt, ck_dtype_row_bytes(ly.wv_dt, E)
         w = <const char *>ly.wv + g * D * row_bytes
         b = ly.bv + g * D if ly.bv != NULL else NULL
-        out, ld, rope = ly.v_cache + (g * C + S) * D, D, False
+        ld, rope = D, False
+        if m.kv_f16:
+            cache = <uint16_t *>ly.v_cache + (g * C + S) * D
+        else:
+            out = <float *>ly.v_cache + (g * C + S) * D
+    if cache != NULL:                     # computed in float32 first: kv head hh - H's rows
+        out = <float *>(st.scratch + st.layout.kv) + (hh - H) * T * D
     xq = q8_rows_for(st, dt, &xq_row)
     r0 = 0
     while r0 < D:
@@ -228,6 +239,9 @@ cdef void qkv_head(const mf_step *st, const mf_model_layer *ly, Py_ssize_t hh) n
         for t in range(T):
             rope_rotate_heads(out + t * ld, 1, D, D, m.rope_cos + (S + t) * (D // 2),
                               m.rope_sin + (S + t) * (D // 2))
+    if cache != NULL:                     # rounded to nearest-even float16 (NumPy's cast)
+        for t in range(T):
+            mf_quantize_row(out + t * D, <uint16_t *>cache + t * D, D, CK_DT_FP16)
 
 
 cdef void attention_chunk(const mf_step *st, const mf_model_layer *ly,
@@ -247,8 +261,8 @@ cdef void attention_chunk(const mf_step *st, const mf_model_layer *ly,
     if T == 1:
         p.kind, p.tasks, p.n_chunks = st.att_kind, st.att_tasks, st.att_n_chunks
         p.n_seg, p.seg_len, p.max_seg = st.att_n_seg, st.att_seg_len, st.att_max_seg
-        one_token_task(&p, c, q, ly.k_cache, ly.v_cache, st.S, H, G, D, D, C, scale, m.kv_tile,
-                       attn, parts)
+        one_token_task(&p, c, q, ly.k_cache, ly.v_cache, m.kv_f16, st.S, H, G, D, D, C, scale,
+                       m.kv_tile, attn, parts)
         if quantize and p.kind != ONE_TOKEN_SPLIT:
             h = one_token_task_heads(&p, c, H, G, &nh)
             quantize_row_piece(attn, attnq, HD, h * D, (h + nh) * D)
@@ -258,8 +272,9 @@ cdef void attention_chunk(const mf_step *st, const mf_model_layer *ly,
     i0 = (c % n_qt) * m.q_tile
     nq = min(<Py_ssize_t>m.q_tile, T - i0)
     g = h // (H // G)
-    attend_query_rows(q + i0 * HD + h * D, HD, ly.k_cache + g * C * D, ly.v_cache + g * C * D,
-                      st.S + i0, nq, D, D, scale, m.kv_tile, attn + i0 * HD + h * D, HD)
+    attend_query_rows(q + i0 * HD + h * D, HD, kv_rows(ly.k_cache, m.kv_f16, g * C * D),
+                      kv_rows(ly.v_cache, m.kv_f16, g * C * D), m.kv_f16, st.S + i0, nq, D, D,
+                      scale, m.kv_tile, attn + i0 * HD + h * D, HD)
     if quantize:
         for t in range(i0, i0 + nq):
             quantize_row_piece(attn + t * HD, attnq + t * st.layout.attnq_row, HD, h * D,

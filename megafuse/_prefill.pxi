@@ -182,8 +182,8 @@ cdef void fused_prefill(
         i0 = qt * q_tile
         nq = min(<Py_ssize_t>q_tile, T - i0)
         attend_query_rows(q + i0 * HDa + h * Da, HDa, kv_cache_k + (h // group) * C * Da,
-                          kv_cache_v + (h // group) * C * Da, S + i0, nq, D, Da, scale, kv_tile,
-                          attn + i0 * HDa + h * Da, HDa)
+                          kv_cache_v + (h // group) * C * Da, False, S + i0, nq, D, Da, scale,
+                          kv_tile, attn + i0 * HDa + h * Da, HDa)
 
     # ---- phase 3: out-projection + bias + residual -----------------------------------------------
     if int8_path and uses_q8_activations(wo_dt):

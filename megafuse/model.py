@@ -38,6 +38,14 @@ F32Array = npt.NDArray[np.float32]
 TokenIds = Union[Sequence[int], npt.NDArray[np.integer]]
 
 _ACTIVATIONS = ("int8", "float")
+_KV_DTYPES = {"float32": np.float32, "float16": np.float16}   # kv_dtype -> what the cache holds
+
+
+def _kv_cache_dtype(kv_dtype: Any) -> Any:
+    """The NumPy dtype of a KV cache of kv_dtype ("float32" or "float16")."""
+    if not isinstance(kv_dtype, str) or kv_dtype not in _KV_DTYPES:
+        raise ValueError(f"kv_dtype: expected 'float32' or 'float16', got {kv_dtype!r}")
+    return _KV_DTYPES[kv_dtype]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,7 +117,13 @@ class Model:
       float32 logits: [V] for the last token, or [T, V] for every token;
     - ``generate(prompt_ids, max_new_tokens, ...)`` yields new token ids one at a time;
     - ``reset()``, ``position`` (tokens in the cache), ``cache_capacity``, ``vocab_size``,
-      ``config``, ``tokenizer`` (``megafuse.Tokenizer``, from the same file), ``activations``.
+      ``config``, ``tokenizer`` (``megafuse.Tokenizer``, from the same file), ``activations``,
+      ``kv_dtype``.
+
+    ``kv_dtype`` is what the KV cache holds: "float32" (the default: k and v as computed) or
+    "float16" (k and v rounded to float16 as they are written, as llama.cpp's default F16
+    cache does: half the cache's memory, and half the bytes a decode step reads from it --
+    what decode costs late in a long context; head_dim <= 256).
 
     Not thread-safe: one model is one sequence (use one per thread).  The kernels use
     ``megafuse.get_num_threads()`` threads.
@@ -120,23 +134,26 @@ class Model:
                  out_norm: F32Array, head: npt.NDArray[Any], head_dt: CKDataType,
                  rope_cos: Optional[F32Array], rope_sin: Optional[F32Array],
                  cache_capacity: int, activations: str = "int8", source: Any = None,
-                 rope_freq_factors: Optional[F32Array] = None) -> None:
+                 rope_freq_factors: Optional[F32Array] = None,
+                 kv_dtype: str = "float32") -> None:
         import importlib
         from megafuse.memory import zeros as huge_page_zeros
         kernels: Any = importlib.import_module("megafuse._kernels")  # (private: not in the stubs)
         if activations not in _ACTIVATIONS:
             raise ValueError(f"activations: expected 'int8' or 'float', got {activations!r}")
+        cache_dtype = _kv_cache_dtype(kv_dtype)
         cfg = config
         G, C, D = cfg.num_kv_heads, int(cache_capacity), cfg.head_dim
         if C < 1:
             raise ValueError(f"cache_capacity: expected a positive value, got {C}")
         self.config = cfg
         self.activations = activations
+        self.kv_dtype = str(kv_dtype)
         self.cache_capacity = C
         self._layers = layers
         for spec in layers:          # the KV caches on 2 MiB pages: decode reads them whole
-            spec["k_cache"] = huge_page_zeros((G, C, D), np.float32)
-            spec["v_cache"] = huge_page_zeros((G, C, D), np.float32)
+            spec["k_cache"] = huge_page_zeros((G, C, D), cache_dtype)     # [G, C, D]
+            spec["v_cache"] = huge_page_zeros((G, C, D), cache_dtype)     # [G, C, D]
         self._embedding, self._embedding_dt = embedding, CKDataType(embedding_dt)
         self._head, self._head_dt = head, CKDataType(head_dt)
         self._out_norm = out_norm
@@ -158,7 +175,7 @@ class Model:
 
     @classmethod
     def from_gguf(cls, path: Any, *, cache_capacity: Optional[int] = None,
-                  activations: str = "int8") -> Model:
+                  activations: str = "int8", kv_dtype: str = "float32") -> Model:
         """The model of a llama- or qwen2-architecture GGUF file (any other architecture is a
         NotImplementedError naming it).  path: a path, a ``megafuse.gguf.GGUFFile`` or a
         ``gguf.GGUFReader``.  Weights keep their GGML formats.  The layers' matrices and the
@@ -166,11 +183,13 @@ class Model:
         them (``_pack_weights``); an untied token embedding stays a read-only view of the file
         (a step reads only its tokens' rows).  ``megafuse.gguf.layer_arrays`` already gives
         w1 as gate + up rows and llama's q / k rows in rotate-half order.  cache_capacity
-        (positions of the KV cache) defaults to min(context length, 4096)."""
+        (positions of the KV cache) defaults to min(context length, 4096); kv_dtype
+        ("float32" or "float16") is what the cache holds (see the class)."""
         from megafuse import gguf as _gguf
         from megafuse.layer import rope_tables
         if activations not in _ACTIVATIONS:
             raise ValueError(f"activations: expected 'int8' or 'float', got {activations!r}")
+        _kv_cache_dtype(kv_dtype)
         reader = _gguf.open_reader(path)
         hp = _gguf.hparams(reader)                 # NotImplementedError for other architectures
         L = hp["block_count"]
@@ -223,7 +242,7 @@ class Model:
         return cls(config=config, layers=layers, embedding=embedding, embedding_dt=emb_dt,
                    out_norm=out_norm, head=head, head_dt=head_dt, rope_cos=cos, rope_sin=sin,
                    cache_capacity=C, activations=activations, source=reader,
-                   rope_freq_factors=freq_factors)
+                   rope_freq_factors=freq_factors, kv_dtype=kv_dtype)
 
     # ---- state ------------------------------------------------------------------------------
 
@@ -442,8 +461,8 @@ class Model:
         """What ``forward(token_ids, logits="all")`` on an empty cache computes, by
         ``megafuse.reference.model_forward`` (plain NumPy, float64 math on the same weights):
         (logits [T, V], hidden [L, T, E]).  quantize_activations defaults to this model's mode
-        (True: the int8 path's emulation).  The model's own cache is not touched.  Slow: for
-        checking, not for running."""
+        (True: the int8 path's emulation); the reference's cache holds this model's kv_dtype.
+        The model's own cache is not touched.  Slow: for checking, not for running."""
         import importlib
         ref: Any = importlib.import_module("megafuse.reference")
         ids = self._ids(token_ids)
@@ -457,7 +476,7 @@ class Model:
             self._layers, self._embedding, int(self._embedding_dt), self._out_norm, self._head,
             int(self._head_dt), ids, c.embed_dim, c.num_heads, c.num_kv_heads, c.head_dim,
             c.intermediate_dim, c.vocab_size, c.eps, self.rope_cos, self.rope_sin,
-            quantize_activations=bool(quantize_activations))
+            quantize_activations=bool(quantize_activations), kv_dtype=self.kv_dtype)
         return out
 
     def layer(self, index: int, *, cache_capacity: Optional[int] = None) -> Any:

@@ -937,8 +937,9 @@ def _attention_layer(output, input, residual, ln1_gamma,
     cache_k[:, positions, D:] = 0.0
     cache_v[:, positions, D:] = 0.0
 
-    # Attention reads keys and values back from the cache (float32, as the kernel stores
-    # them): positions < start_pos come from earlier calls, the others were just written.
+    # Attention reads keys and values back from the cache (float32 as the kernel stores them,
+    # or a model's float16 cache: the assignment above rounds them to nearest-even float16):
+    # positions < start_pos come from earlier calls, the others were just written.
     P = start_pos + T
     attn = attention(q, cache_k[:, :P, :D], cache_v[:, :P, :D], positions)   # [T, H, D]
 
@@ -1292,7 +1293,7 @@ def mega_fuse_report_stats(hidden, num_layers, seq_len):
 
 def model_forward(layers, embedding, embedding_dt, out_norm, head, head_dt, token_ids,
                   embed_dim, num_heads, num_kv_heads, head_dim, intermediate_dim, vocab_size,
-                  eps, rope_cos, rope_sin, *, quantize_activations=False):
+                  eps, rope_cos, rope_sin, *, quantize_activations=False, kv_dtype="float32"):
     """A decoder-only model on token_ids [T] (positions 0 .. T-1, an empty cache), the way
     megafuse.Model runs it.  Returns (logits [T, V], hidden [L, T, E]), float32: hidden[l] is
     layer l's output (the residual stream after it).
@@ -1301,6 +1302,8 @@ def model_forward(layers, embedding, embedding_dt, out_norm, head, head_dt, toke
     ln2_gamma) and formats (wq_dt ... w2_dt); embedding / head [V, E] in embedding_dt /
     head_dt (only the rows of token_ids are dequantized); out_norm [E]; rope tables [>= T, D/2]
     or None.  quantize_activations: the int8 path's emulation (False: pure float math).
+    kv_dtype: what the KV cache holds, "float32" or "float16" (k and v rounded to float16 as
+    they are written, then read back from the cache).
     Each layer is mega_fused_attention_prefill(_q8_0) then mega_fused_mlp_prefill, in float64.
     """
     E, H, G, D, I, V = (embed_dim, num_heads, num_kv_heads, head_dim, intermediate_dim,
@@ -1315,8 +1318,8 @@ def model_forward(layers, embedding, embedding_dt, out_norm, head, head_dt, toke
                        else mega_fused_attention_prefill)
     hidden = np.zeros((len(layers), T, E), np.float32)
     for n, ly in enumerate(layers):
-        cache_k = np.zeros((G, T, D), np.float32)
-        cache_v = np.zeros((G, T, D), np.float32)
+        cache_k = np.zeros((G, T, D), {"float32": np.float32, "float16": np.float16}[kv_dtype])
+        cache_v = np.zeros((G, T, D), cache_k.dtype)
         h = np.zeros((T, E), np.float32)
         attention_layer(h, x, x, ly["ln1_gamma"], ly["wq"], ly.get("bq"), ly["wq_dt"],
                         ly["wk"], ly.get("bk"), ly["wk_dt"], ly["wv"], ly.get("bv"),

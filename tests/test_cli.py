@@ -5,6 +5,7 @@ import shutil
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 import megafuse
@@ -176,6 +177,34 @@ def test_bench_model_rows_at_a_depth(tmp_path, monkeypatch, capsys):
     assert all(pos == 0 for pos, n in calls if n == 40)
     assert [c for c in calls if c[1] != 40] == [(40, 8)] * 3 + [(40 + j, 1) for j in range(4)] * 3
     assert all(r["tokens_per_s"] > 0 for r in report["results"])
+
+
+def test_kv_dtype_float16_reaches_the_model(tmp_path, monkeypatch, capsys):
+    """--kv-dtype float16 (bench and run) builds the model with a float16 KV cache."""
+    pytest.importorskip("gguf")
+    from megafuse.model import Model
+    from test_model import write_model
+    path = write_model(tmp_path / "m.gguf", "llama", "Q8_0", n_layers=2)
+    out_json = tmp_path / "r.json"
+    status, out, err = run(["bench", "--model", str(path), "--tokens", "8", "--decode", "2",
+                            "--repeat", "2", "--pp", "8", "--tg", "2", "--kv-dtype", "float16",
+                            "--json", str(out_json)], capsys)
+    assert status == 0, out + err
+    assert "float16 KV cache" in out
+    assert json.loads(out_json.read_text())["model"]["kv_dtype"] == "float16"
+    seen = []
+    init = Model.__init__
+
+    def recording_init(self, *a, **k):
+        init(self, *a, **k)
+        seen.append(self._layers[0]["k_cache"].dtype)
+    monkeypatch.setattr(Model, "__init__", recording_init)
+    status, _, err = run(["run", "--model", str(path), "-p", "x", "-n", "1", "--kv-dtype",
+                          "float16"], capsys)
+    assert seen == [np.float16]
+    with pytest.raises(SystemExit) as exc:               # argparse's usage error
+        cli.main(["run", "--model", str(path), "-p", "x", "--kv-dtype", "bf16"])
+    assert exc.value.code == 2 and "--kv-dtype" in capsys.readouterr().err
 
 
 def test_run_answers_the_france_question(smollm2_path, capsys):

@@ -259,6 +259,86 @@ def test_generate_greedy_equals_argmax_and_sampling_is_seeded(tmp_path):
     assert len(out) == 5 and model.stop_reason == "context" and model.position == 64
 
 
+# ---- a float16 KV cache (kv_dtype="float16") ------------------------------------------------
+
+# Float mode against the reference holding the same float16 cache: the kernel's float32 k or v
+# and the reference's (float64, then float32) can differ in the last bit, and a value at a
+# float16 rounding boundary then rounds the other way (one float16 ulp, 2**-11 relative).
+KV_F16_TOL = 2e-3
+
+
+@pytest.mark.parametrize("activations", ["int8", "float"])
+@pytest.mark.parametrize("shape", [SHAPE, (384, 4, 2, 96, 256), (256, 2, 1, 128, 256)],
+                         ids=["D64", "D96", "D128"])
+def test_a_float16_cache_holds_the_rounded_rows_and_matches_the_reference(tmp_path, activations,
+                                                                          shape):
+    path = write_model(tmp_path / "m.gguf", "llama", "Q8_0", shape=shape)
+    ids = [int(i) for i in np.random.default_rng(5).integers(0, VOCAB, 21)]
+    m16 = Model.from_gguf(path, activations=activations, cache_capacity=32, kv_dtype="float16")
+    m32 = Model.from_gguf(path, activations=activations, cache_capacity=32)
+    assert (m16.kv_dtype, m32.kv_dtype) == ("float16", "float32")
+    assert m16._layers[0]["k_cache"].dtype == np.float16
+    assert m16._layers[0]["k_cache"].nbytes * 2 == m32._layers[0]["k_cache"].nbytes
+    got16, got32 = m16.forward(ids, logits="all"), m32.forward(ids, logits="all")
+    # layer 0 sees the same input in both models: its rows are the float32 ones, rounded to
+    # nearest-even float16 (NumPy's cast); rows past the tokens stay 0
+    for name in ("k_cache", "v_cache"):
+        np.testing.assert_array_equal(m16._layers[0][name],
+                                      m32._layers[0][name].astype(np.float16))
+    m16.reset()
+    assert_model_matches_reference(m16, ids, tol_float=KV_F16_TOL)
+    if activations == "float":            # the rounding is there, and small
+        assert 0 < rel_err(got16, got32) < KV_F16_TOL
+
+
+def test_a_float16_cache_splits_and_threads_like_a_float32_one(tmp_path, threads):
+    """Prefill then decode equals one prefill bit for bit (int8 mode, under 512 keys), and the
+    results do not depend on threads, with split-KV decode (past 512 keys) too."""
+    path = write_model(tmp_path / "m.gguf", "qwen2", "Q4_0", tied=False)
+    model = Model.from_gguf(path, cache_capacity=560, kv_dtype="float16")
+    ids = [int(i) for i in np.random.default_rng(6).integers(0, VOCAB, 540)]
+    whole = model.forward(ids[:40], logits="all")
+    model.reset()
+    model.forward(ids[:25])
+    steps = np.stack([model.forward(ids[t:t + 1]) for t in range(25, 40)])
+    np.testing.assert_array_equal(steps, whole[25:])
+    results = []
+    for n, solo_bytes in ((1, 0), (2, 0), (3, 0), (2, 2**31 - 1)):
+        megafuse.set_num_threads(n)
+        model._runner.solo_bytes = solo_bytes
+        model.reset()
+        logits = model.forward(ids[:530], logits="all")
+        results.append(np.concatenate([logits, np.stack([model.forward(ids[t:t + 1])
+                                                         for t in range(530, 540)])]))
+    for other in results[1:]:
+        np.testing.assert_array_equal(other, results[0])
+    m32 = Model.from_gguf(path, cache_capacity=560)       # split-KV decode: the same answer
+    m32.forward(ids[:530])
+    ref = np.stack([m32.forward(ids[t:t + 1]) for t in range(530, 540)])
+    assert rel_err(results[0][530:], ref) < 2e-2
+
+
+def test_kv_dtype_is_checked(tmp_path):
+    path = write_model(tmp_path / "m.gguf", "llama", "Q8_0")
+    for bad in ("bfloat16", "f16", np.float16, None):
+        with pytest.raises(ValueError, match="kv_dtype"):
+            Model.from_gguf(path, kv_dtype=bad)
+    model = Model.from_gguf(path, cache_capacity=16, kv_dtype="float16")
+    c = model.config
+    layers = [dict(spec) for spec in model._layers]
+    layers[1]["v_cache"] = np.zeros(layers[1]["v_cache"].shape, np.float32)
+    from megafuse import _kernels
+    with pytest.raises(TypeError, match=r"layers\[1\]\.v_cache: expected dtype float16"):
+        _kernels.ModelRunner(layers=layers, embed_dim=c.embed_dim, num_heads=c.num_heads,
+                             num_kv_heads=c.num_kv_heads, head_dim=c.head_dim,
+                             intermediate_dim=c.intermediate_dim, cache_capacity=16, eps=c.eps)
+    # head dims past 256 take float32 caches only (the float16 tile is converted on the stack)
+    wide = write_model(tmp_path / "w.gguf", "llama", "Q8_0", shape=(576, 2, 1, 288, 256))
+    with pytest.raises(ValueError, match="head_dim <= 256"):
+        Model.from_gguf(wide, cache_capacity=8, kv_dtype="float16")
+    assert Model.from_gguf(wide, cache_capacity=8).forward([1, 2]).shape == (VOCAB,)
+
+
 # ---- the real model: SmolLM2-135M-Instruct (Q4_1 layers, Q8_0 tied embedding) ----------------
 
 @pytest.fixture(scope="module", params=["float", "int8"])
@@ -319,6 +399,18 @@ def test_smollm2_top1_agrees_with_transformers(smollm2):
     agree = float(np.mean(logits.argmax(1) == ref["top1"]))
     # float mode: the same math as transformers' float32 model; int8: llama.cpp's 98.9 %
     assert agree >= (0.995 if smollm2.activations == "float" else 0.985), agree
+
+
+def test_smollm2_with_a_float16_cache_agrees_with_transformers(smollm2_path):
+    """The float16 cache on the real model: top-1 as transformers' float32 model in float mode
+    (as the float32 cache does), and near llama.cpp's 98.9 % in int8 mode."""
+    ref = hf_reference()
+    for activations, bar in (("float", 0.995), ("int8", 0.975)):
+        model = Model.from_gguf(smollm2_path, cache_capacity=128, activations=activations,
+                                kv_dtype="float16")
+        logits = model.forward(ref["ids"], logits="all")
+        agree = float(np.mean(logits.argmax(1) == ref["top1"]))
+        assert agree >= bar, (activations, agree)
 
 
 def test_smollm2_prefill_then_decode_equals_one_prefill(smollm2):

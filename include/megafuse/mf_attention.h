@@ -26,6 +26,7 @@
 #define MF_ATT_QUERIES 16        /* query rows of a block (one panel of queries) */
 #define MF_ATT_MAX_HEAD_DIM 256  /* head_dim this kernel takes (the panel lives on the stack) */
 #define MF_ATT_MAX_KV_TILE 256   /* KV tile this kernel takes (MF_MAX_KV_TILE) */
+#define MF_ATT_F16_TILE_FLOATS 16384   /* a float16 cache's tile, converted: keys x Da at most */
 
 /* s[i] = exp(s[i] - m[i]); sum[i] += s[i] for i < W (8 or 16). */
 MF_ALWAYS_INLINE void mf__exp_sub_acc(const int W, float *s, const float *m, float *sum)
@@ -187,6 +188,35 @@ static inline void mf__touch_tile(const float *k, const float *v, ptrdiff_t byte
 #endif
 }
 
+/* y[i] = float16 bits h[i] as float32, i < n (IEEE binary16: every value exact in float32). */
+static inline void mf__f16_to_f32(const uint16_t *h, float *y, ptrdiff_t n)
+{
+    ptrdiff_t i = 0;
+#if defined(__F16C__) && defined(__AVX__)
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(h + i))));
+#endif
+    for (; i < n; i++) {
+        const uint32_t sign = (uint32_t)(h[i] & 0x8000u) << 16, e = (h[i] >> 10) & 0x1fu;
+        uint32_t m = h[i] & 0x3ffu, bits;
+        if (e == 0x1f) {                          /* inf / NaN (payload kept, quiet bit as is) */
+            bits = sign | 0x7f800000u | m << 13;
+        } else if (e != 0) {                      /* normal */
+            bits = sign | (e + 112) << 23 | m << 13;
+        } else if (m == 0) {                      /* +-0 */
+            bits = sign;
+        } else {                                  /* subnormal: normalise */
+            int k = 0;
+            while (!(m & 0x400u)) {
+                m <<= 1;
+                k++;
+            }
+            bits = sign | (uint32_t)(113 - k) << 23 | (m & 0x3ffu) << 13;
+        }
+        memcpy(&y[i], &bits, sizeof bits);
+    }
+}
+
 /*
  * The body of mf_attend_range_f32 for a panel of W queries (W = 16, or 8 when the block has at
  * most 8 rows: decode's query heads of one kv group).  Every query's column goes through the same
@@ -195,7 +225,8 @@ static inline void mf__touch_tile(const float *k, const float *v, ptrdiff_t byte
 MF_ALWAYS_INLINE void mf__attend_range(
     const int W, const float *q, ptrdiff_t ldq, const float *k, const float *v, ptrdiff_t Da,
     ptrdiff_t first_pos, ptrdiff_t pos_step, int nq, ptrdiff_t D, float scale, ptrdiff_t kv_tile,
-    ptrdiff_t key_begin, ptrdiff_t key_end, float *out, ptrdiff_t ldo, float *m_out, float *l_out)
+    ptrdiff_t key_begin, ptrdiff_t key_end, float *out, ptrdiff_t ldo, float *m_out, float *l_out,
+    const uint16_t *k16, const uint16_t *v16, float *kt, float *vt)
 {
     MF_ALIGNED(64) float qp[MF_ATT_MAX_HEAD_DIM * MF_ATT_QUERIES];   /* [D][W] queries, packed */
     MF_ALIGNED(64) float st[MF_ATT_MAX_KV_TILE * MF_ATT_QUERIES];    /* [n][W] scores, then p */
@@ -227,24 +258,29 @@ MF_ALWAYS_INLINE void mf__attend_range(
 
     for (ptrdiff_t t0 = key_begin; t0 < n_keys; t0 += kv_tile) {
         ptrdiff_t n = kv_tile < n_keys - t0 ? kv_tile : n_keys - t0;
-        if (pos_step == 0)                /* decode: the tile read in address order first */
-            mf__touch_tile(k + t0 * Da, v + t0 * Da, n * Da * (ptrdiff_t)sizeof(float));
+        const float *kb = k16 ? kt : k + t0 * Da, *vb = k16 ? vt : v + t0 * Da;   /* the tile */
+        if (k16) {                        /* a float16 cache: the tile converted, in order */
+            mf__f16_to_f32(k16 + t0 * Da, kt, n * Da);
+            mf__f16_to_f32(v16 + t0 * Da, vt, n * Da);
+        } else if (pos_step == 0) {       /* decode: the tile read in address order first */
+            mf__touch_tile(kb, vb, n * Da * (ptrdiff_t)sizeof(float));
+        }
         /* S^T = K_tile . Qp, 6 keys a register block (12 for the 8-wide panel; up to 4 queries:
          * 16 or 32 keys in lanes first) */
         ptrdiff_t j0 = 0;
 #if defined(MF_GEMM_AVX2)
         if (W == 8 && nq <= 4)
-            j0 = mf__scores_few_queries(nq, k + t0 * Da, Da, qp, D, n, st);
+            j0 = mf__scores_few_queries(nq, kb, Da, qp, D, n, st);
 #endif
         if (W == 8)
             for (; j0 + 12 <= n; j0 += 12)
-                mf_gemm_panel8x12_f32(k + (t0 + j0) * Da, Da, qp, D, st + j0 * W);
+                mf_gemm_panel8x12_f32(kb + j0 * Da, Da, qp, D, st + j0 * W);
         for (; j0 < n; j0 += MF_GEMM_MR) {
             int mr = (int)(n - j0 < MF_GEMM_MR ? n - j0 : MF_GEMM_MR);
             if (W == MF_PANEL_ROWS)
-                mf_gemm_panel_f32(mr, k + (t0 + j0) * Da, Da, qp, D, st + j0 * W, 1);
+                mf_gemm_panel_f32(mr, kb + j0 * Da, Da, qp, D, st + j0 * W, 1);
             else
-                mf_gemm_panel8_f32(mr, k + (t0 + j0) * Da, Da, qp, D, st + j0 * W);
+                mf_gemm_panel8_f32(mr, kb + j0 * Da, Da, qp, D, st + j0 * W);
         }
         /* scale, causal mask (keys past a row's position weigh nothing), tile max (NaN skipped) */
         int diagonal = t0 + n - 1 > pos[0];
@@ -301,13 +337,13 @@ MF_ALWAYS_INLINE void mf__attend_range(
         for (ptrdiff_t d0 = 0; d0 < d16; d0 += 16)
             for (int i0 = 0; i0 < nq; i0 += MF_GEMM_MR) {
                 int mr = nq - i0 < MF_GEMM_MR ? nq - i0 : MF_GEMM_MR;
-                mf_gemm_xt_f32(mr, st + i0, W, v + t0 * Da + d0, Da, n, out + i0 * ldo + d0, ldo);
+                mf_gemm_xt_f32(mr, st + i0, W, vb + d0, Da, n, out + i0 * ldo + d0, ldo);
             }
         for (int i = 0; i < nq; i++)          /* dims past the last whole 16 */
             for (ptrdiff_t d = d16; d < D; d++) {
                 float acc = 0.0f;
                 for (ptrdiff_t j = 0; j < n; j++)
-                    acc += st[j * W + i] * v[(t0 + j) * Da + d];
+                    acc += st[j * W + i] * vb[j * Da + d];
                 out[i * ldo + d] += acc;
             }
     }
@@ -345,7 +381,7 @@ static void mf_attend_range_f32(const float *q, ptrdiff_t ldq, const float *k, c
      * pointer, which removes about a quarter of the instructions a key costs. */
 #define MF__ATTEND(W, DA)                                                                        \
     mf__attend_range(W, q, ldq, k, v, DA, first_pos, pos_step, nq, D, scale, kv_tile,          \
-                     key_begin, key_end, out, ldo, m_out, l_out)
+                     key_begin, key_end, out, ldo, m_out, l_out, NULL, NULL, NULL, NULL)
     if (nq <= 8) {
         if (Da == 64)
             MF__ATTEND(8, 64);
@@ -362,6 +398,45 @@ static void mf_attend_range_f32(const float *q, ptrdiff_t ldq, const float *k, c
             MF__ATTEND(MF_PANEL_ROWS, Da);
     }
 #undef MF__ATTEND
+}
+
+/*
+ * mf_attend_range_f32 over a float16 K/V cache (a model's kv_dtype "float16"): k, v are float16
+ * rows at stride Da.  Each KV tile is converted to float32 on the stack as it is reached (in
+ * address order, which also brings it in at the rate of a sequential read), then runs through the
+ * same code as a float32 tile: the result is mf_attend_range_f32's on the cache's values widened
+ * to float32.  The tile is at most MF_ATT_F16_TILE_FLOATS / Da keys (kv_tile is cut to that:
+ * 256 keys at D = 64, 128 at 128, 64 at 256).  D <= MF_ATT_MAX_HEAD_DIM.
+ */
+static void mf_attend_range_f16(const float *q, ptrdiff_t ldq, const uint16_t *k,
+                                const uint16_t *v, ptrdiff_t Da, ptrdiff_t first_pos,
+                                ptrdiff_t pos_step, int nq, ptrdiff_t D, float scale,
+                                ptrdiff_t kv_tile, ptrdiff_t key_begin, ptrdiff_t key_end,
+                                float *out, ptrdiff_t ldo, float *m_out, float *l_out)
+{
+    MF_ALIGNED(64) float kt[MF_ATT_F16_TILE_FLOATS];     /* [tile keys][Da]: the tile's K */
+    MF_ALIGNED(64) float vt[MF_ATT_F16_TILE_FLOATS];     /* [tile keys][Da]: its V */
+    if (kv_tile > MF_ATT_F16_TILE_FLOATS / Da)
+        kv_tile = MF_ATT_F16_TILE_FLOATS / Da;
+#define MF__ATTEND16(W, DA)                                                                      \
+    mf__attend_range(W, q, ldq, NULL, NULL, DA, first_pos, pos_step, nq, D, scale, kv_tile,    \
+                     key_begin, key_end, out, ldo, m_out, l_out, k, v, kt, vt)
+    if (nq <= 8) {
+        if (Da == 64)
+            MF__ATTEND16(8, 64);
+        else if (Da == 128)
+            MF__ATTEND16(8, 128);
+        else
+            MF__ATTEND16(8, Da);
+    } else {
+        if (Da == 64)
+            MF__ATTEND16(MF_PANEL_ROWS, 64);
+        else if (Da == 128)
+            MF__ATTEND16(MF_PANEL_ROWS, 128);
+        else
+            MF__ATTEND16(MF_PANEL_ROWS, Da);
+    }
+#undef MF__ATTEND16
 }
 
 /* The whole attention of the block's rows: keys 0 .. the last row's position (see above). */

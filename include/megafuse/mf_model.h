@@ -31,7 +31,8 @@ typedef struct {
     const float *bq, *bk, *bv;       /* [H*D], [G*D], [G*D] or NULL */
     const float *bo, *b1, *b2;       /* [E], [2*F], [E] or NULL */
     int wq_dt, wk_dt, wv_dt, wo_dt, w1_dt, w2_dt;
-    float *k_cache, *v_cache;        /* [G, C, D]: position p of kv head g is row [g, p] */
+    void *k_cache, *v_cache;         /* [G, C, D] float32, or float16 (mf_model.kv_f16):
+                                        position p of kv head g is row [g, p] */
 } mf_model_layer;
 
 typedef struct {
@@ -39,6 +40,8 @@ typedef struct {
     float eps;
     int int8;                        /* 1: activations quantized (Q8_0 / Q8_K) for block-format
                                         weights, as llama.cpp does; 0: float32 throughout */
+    int kv_f16;                      /* 1: the KV caches hold float16 values (k and v are
+                                        rounded to float16 as they are written; D <= 256) */
     int q_tile, kv_tile;             /* attention tiles (mega_fuse_get_optimal_tiles) */
     const mf_model_layer *layers;    /* [L] */
     const void *embedding;           /* [V, E] in embedding_dt, or NULL (hidden states in) */
@@ -61,18 +64,21 @@ typedef struct {
  *   act    [T, F]  float32       silu(gate) * up
  *   actq   [T, actq_row]         act quantized for w2                     (int8 mode)
  *   parts  [MF_STEP_SPLIT_FLOATS] float32   split-KV partial sums of one-token attention
+ *   kv     [2G, T, D] float32    float16 caches: each kv head's k and v rows before rounding
+ *                                (kv_floats = 2G * D; 0 for float32 caches)
  * The quantized row sizes are the activation rows of the model's formats (the caller takes the
  * largest, mf_activation_row_bytes); 0 where nothing is quantized.
  */
 typedef struct {
-    size_t x, xn, xq, xqk, q, attn, attnq, act, actq, parts;
+    size_t x, xn, xq, xqk, q, attn, attnq, act, actq, parts, kv;
     size_t xq_row, xqk_row, attnq_row, actq_row;
     size_t total;
 } mf_step_scratch;
 
 static inline mf_step_scratch mf_step_scratch_layout(size_t E, size_t HD, size_t F,
                                                      size_t xq_row, size_t xqk_row,
-                                                     size_t attnq_row, size_t actq_row)
+                                                     size_t attnq_row, size_t actq_row,
+                                                     size_t kv_floats)
 {
     mf_step_scratch s;
     size_t T = MF_STEP_TOKENS, at = 0;
@@ -90,6 +96,7 @@ static inline mf_step_scratch mf_step_scratch_layout(size_t E, size_t HD, size_t
     s.act = at;    at = mf_round_up_64(at + T * F * sizeof(float));
     s.actq = at;   at = mf_round_up_64(at + T * actq_row);
     s.parts = at;  at = mf_round_up_64(at + MF_STEP_SPLIT_FLOATS * sizeof(float));
+    s.kv = at;     at = mf_round_up_64(at + T * kv_floats * sizeof(float));
     s.total = at;
     return s;
 }
