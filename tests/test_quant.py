@@ -490,6 +490,25 @@ def test_int8_multirow_dot_is_the_one_row_dot(simd_level, dt):
             assert same_bits(many, one), (n, rows)
 
 
+@pytest.mark.parametrize("dt", [DT.FP16, DT.BF16] + list(BLOCK_FORMATS))
+def test_float_multirow_dot_is_the_one_row_dot(simd_level, dt):
+    """The float path's one-token kernel (4 rows side by side) gives every row the bits of its
+    one-row dot: FP16 / BF16 rows with a tail past the last 16 values, the block formats over
+    several blocks; rows in groups of 4 and a last group of 1..3."""
+    rng = np.random.default_rng(71 + int(dt))
+    b = block_size(dt)
+    sizes = [1, 15, 16, 17, 40, 895, 2048] if b == 1 else [b, 3 * b, 9 * b]
+    for n in sizes:
+        for rows in (1, 3, 4, 6, 9):
+            x = rng.standard_normal((rows, n)).astype(np.float32)
+            w = mf.quantize(x, dt)                          # [rows, row storage]
+            a = (rng.standard_normal(n) * np.exp(rng.uniform(-2, 2))).astype(np.float32)
+            many = _kernels._rows_dot(w, dt, a, False)
+            one = np.array([_kernels._row_dot(w[r], dt, a, False) for r in range(rows)],
+                           np.float32)
+            assert same_bits(many, one), (n, rows)
+
+
 @pytest.mark.parametrize("dt", BLOCK_FORMATS)
 def test_int8_dot_extreme_codes_are_exact(simd_level, dt):
     """Every code at its largest (all code bits set), scales 1 (Q6_K: its int8 scales 127),
