@@ -151,7 +151,10 @@ class DecoderLayer:
                  rope_theta: float = 10000.0, cache_capacity: int = 2048,
                  max_tokens: Optional[int] = None,
                  rope_freq_factors: Optional[npt.ArrayLike] = None,
-                 rope_position_scale: float = 1.0, activations: str = "int8") -> None:
+                 rope_position_scale: float = 1.0, activations: str = "int8",
+                 kv_dtype: str = "float32") -> None:
+        from megafuse.model import _kv_cache_dtype
+        cache_dtype = _kv_cache_dtype(kv_dtype)
         gamma1 = self._vector(ln1_gamma, "ln1_gamma")
         E = _positive_int(embed_dim if embed_dim is not None else gamma1.size, "embed_dim")
         H = _positive_int(num_heads, "num_heads")
@@ -207,9 +210,11 @@ class DecoderLayer:
 
         self.rope_cos, self.rope_sin = rope_tables(D, C, rope_theta, freq_factors=rope_freq_factors,
                                                    position_scale=rope_position_scale)
-        # the caches on 2 MiB pages (megafuse.memory): decode reads them end to end every token
-        self.kv_cache_k: F32Array = _huge_page_zeros((G, C, D), np.float32)
-        self.kv_cache_v: F32Array = _huge_page_zeros((G, C, D), np.float32)
+        # the caches on 2 MiB pages (megafuse.memory): decode reads them end to end every token;
+        # float32, or float16 (kv_dtype: as megafuse.Model's)
+        self.kv_dtype = kv_dtype
+        self.kv_cache_k: npt.NDArray[Any] = _huge_page_zeros((G, C, D), cache_dtype)  # [G, C, D]
+        self.kv_cache_v: npt.NDArray[Any] = _huge_page_zeros((G, C, D), cache_dtype)  # [G, C, D]
         spec: Dict[str, Any] = {"ln1_gamma": self.ln1_gamma, "ln2_gamma": self.ln2_gamma,
                                 "k_cache": self.kv_cache_k, "v_cache": self.kv_cache_v}
         spec.update(self._weights)
@@ -241,7 +246,7 @@ class DecoderLayer:
                     max_tokens: Optional[int] = None,
                     rope_freq_factors: Optional[npt.ArrayLike] = None,
                     rope_position_scale: float = 1.0,
-                    activations: str = "int8") -> DecoderLayer:
+                    activations: str = "int8", kv_dtype: str = "float32") -> DecoderLayer:
         """A layer from NumPy weights in the torch ``Linear.weight`` layout:
 
         wq [H*D, E], wk / wv [G*D, E], wo [E, H*D], w1 [2*I, E] (the gate rows, then the up
@@ -264,6 +269,9 @@ class DecoderLayer:
         (activations quantized to Q8_0 / Q8_K for those weights' integer dot products); "float"
         keeps float32 activations through every projection (mega_fused_attention_prefill and
         mega_fused_mlp_prefill_f32: block-format weights dequantized as they are read).
+
+        kv_dtype: what the KV cache (``kv_cache_k`` / ``kv_cache_v``) holds, "float32" (default)
+        or "float16" (k and v rounded to float16 as they are written; see ``megafuse.Model``).
         """
         formats = cls._formats(dtype, dtypes)
         given = {"wq": wq, "wk": wk, "wv": wv, "wo": wo, "w1": w1, "w2": w2}
@@ -288,21 +296,22 @@ class DecoderLayer:
                    cache_capacity=cache_capacity, max_tokens=max_tokens,
                    rope_freq_factors=rope_freq_factors,
                    rope_position_scale=rope_position_scale, activations=activations,
-                   wq=converted["wq"],
+                   kv_dtype=kv_dtype, wq=converted["wq"],
                    wk=converted["wk"], wv=converted["wv"], wo=converted["wo"],
                    w1=converted["w1"], w2=converted["w2"])
 
     @classmethod
     def from_gguf(cls, reader: Any, layer_index: int, *, cache_capacity: Optional[int] = None,
                   max_tokens: Optional[int] = None,
-                  activations: str = "int8") -> DecoderLayer:
+                  activations: str = "int8", kv_dtype: str = "float32") -> DecoderLayer:
         """Layer ``layer_index`` of a llama- or qwen2-architecture GGUF file.
 
         reader: a path, a ``megafuse.gguf.GGUFFile`` or a ``gguf.GGUFReader``.  Weights stay
         read-only views of the file in their GGML format, except w1 (gate and up rows
         concatenated) and llama's wq / wk (rows put back in rotate-half order), which are
         copies.  Hyper-parameters come from the metadata; cache_capacity defaults to
-        min(context length, 4096); activations as in ``from_arrays``.  See ``megafuse.gguf``.
+        min(context length, 4096); activations and kv_dtype as in ``from_arrays``.  See
+        ``megafuse.gguf``.
         """
         from megafuse import gguf as _gguf
         kwargs = _gguf.layer_arrays(reader, layer_index)
@@ -311,7 +320,7 @@ class DecoderLayer:
         else:
             kwargs.pop("context_length", None)
         return cls(cache_capacity=cache_capacity, max_tokens=max_tokens, activations=activations,
-                   **kwargs)
+                   kv_dtype=kv_dtype, **kwargs)
 
     @staticmethod
     def _formats(dtype: DTypeLike,
@@ -490,8 +499,8 @@ class DecoderLayer:
         E, H, G, D, I = (self.embed_dim, self.num_heads, self.num_kv_heads, self.head_dim,
                          self.intermediate_dim)
         w, dt, b = self._weights, self._dtypes, self._biases
-        cache_k = np.zeros((G, T, D), np.float32)
-        cache_v = np.zeros((G, T, D), np.float32)
+        cache_k = np.zeros((G, T, D), self.kv_cache_k.dtype)     # the layer's cache dtype
+        cache_v = np.zeros((G, T, D), self.kv_cache_v.dtype)
         h = np.zeros((T, E), np.float32)
         attention = (ref.mega_fused_attention_prefill_q8_0 if quantize_activations
                      else ref.mega_fused_attention_prefill)

@@ -501,7 +501,7 @@ class Model:
                              cache_capacity=cache_capacity or self.cache_capacity,
                              rope_position_scale=cfg.rope_position_scale,
                              rope_freq_factors=self._rope_freq_factors,
-                             activations=self.activations)
+                             activations=self.activations, kv_dtype=self.kv_dtype)
         return layer
 
 

@@ -318,11 +318,34 @@ def test_a_float16_cache_splits_and_threads_like_a_float32_one(tmp_path, threads
     assert rel_err(results[0][530:], ref) < 2e-2
 
 
+@pytest.mark.parametrize("activations", ["int8", "float"])
+def test_a_float16_model_is_its_float16_layers_chained(tmp_path, activations):
+    """Model.layer(n) shares the model's kv_dtype: a float16 DecoderLayer chain computes the
+    float16 model's hidden states bit for bit (prefill, then a decode step), and its reference
+    holds a float16 cache too."""
+    path = write_model(tmp_path / "m.gguf", "llama", "Q4_K", n_layers=2)
+    model = Model.from_gguf(path, cache_capacity=32, activations=activations,
+                            kv_dtype="float16")
+    ids = [7, 3, 250, 11, 42, 5, 6, 99, 100]
+    hidden, step = model.hidden_states(ids), model.hidden_states([17])
+    x, x1 = model.embed(ids), model.embed([17])[0]
+    for n in range(2):
+        layer = model.layer(n, cache_capacity=32)
+        assert layer.kv_dtype == "float16" and layer.kv_cache_k.dtype == np.float16
+        want = layer.reference(x)
+        x, x1 = layer.prefill(x), layer.decode(x1)
+        np.testing.assert_array_equal(hidden[n], x)
+        np.testing.assert_array_equal(step[n, 0], x1)
+        assert rel_err(x, want) < (KV_F16_TOL if activations == "float" else 2e-2)
+
+
 def test_kv_dtype_is_checked(tmp_path):
     path = write_model(tmp_path / "m.gguf", "llama", "Q8_0")
     for bad in ("bfloat16", "f16", np.float16, None):
         with pytest.raises(ValueError, match="kv_dtype"):
             Model.from_gguf(path, kv_dtype=bad)
+        with pytest.raises(ValueError, match="kv_dtype"):
+            megafuse.DecoderLayer.from_gguf(path, 0, kv_dtype=bad)
     model = Model.from_gguf(path, cache_capacity=16, kv_dtype="float16")
     c = model.config
     layers = [dict(spec) for spec in model._layers]
