@@ -358,6 +358,35 @@ MF_ALWAYS_INLINE void mf__attend_range(
         mf_scale_f32(out + i * ldo, 1.0f / l[i], D);
 }
 
+/* One instance of mf__attend_range by panel width (8 queries for up to 8 rows) and by K/V row
+ * stride: a constant for the usual head dims (64: Llama-3.2, Qwen2, SmolLM2; 128), so that every
+ * K and V address of the register blocks is an immediate offset of one pointer, which removes
+ * about a quarter of the instructions a key costs.  CALL(W, DA) is the caller's call. */
+#define MF__ATTEND_BY_SHAPE(CALL)                                                                \
+    do {                                                                                         \
+        if (nq <= 8) {                                                                           \
+            if (Da == 64)                                                                        \
+                CALL(8, 64);                                                                     \
+            else if (Da == 128)                                                                  \
+                CALL(8, 128);                                                                    \
+            else                                                                                 \
+                CALL(8, Da);                                                                     \
+        } else {                                                                                 \
+            if (Da == 64)                                                                        \
+                CALL(MF_PANEL_ROWS, 64);                                                         \
+            else if (Da == 128)                                                                  \
+                CALL(MF_PANEL_ROWS, 128);                                                        \
+            else                                                                                 \
+                CALL(MF_PANEL_ROWS, Da);                                                         \
+        }                                                                                        \
+    } while (0)
+#define MF__ATTEND32(W, DA)                                                                      \
+    mf__attend_range(W, q, ldq, k, v, DA, first_pos, pos_step, nq, D, scale, kv_tile,          \
+                     key_begin, key_end, out, ldo, m_out, l_out, NULL, NULL, NULL, NULL)
+#define MF__ATTEND16(W, DA)                                                                      \
+    mf__attend_range(W, q, ldq, NULL, NULL, DA, first_pos, pos_step, nq, D, scale, kv_tile,    \
+                     key_begin, key_end, out, ldo, m_out, l_out, k, v, kt, vt)
+
 /*
  * Keys key_begin .. key_end-1 (and none past a row's position) of the attention of nq (1..16)
  * query rows at positions pos_i = first_pos + i * pos_step: q rows at stride ldq, K/V rows of one
@@ -376,28 +405,7 @@ static void mf_attend_range_f32(const float *q, ptrdiff_t ldq, const float *k, c
                                 ptrdiff_t key_end, float *out, ptrdiff_t ldo, float *m_out,
                                 float *l_out)
 {
-    /* The K/V row stride as a constant for the usual head dims (64: Llama-3.2, Qwen2, SmolLM2;
-     * 128): every K and V address of the register blocks is then an immediate offset of one
-     * pointer, which removes about a quarter of the instructions a key costs. */
-#define MF__ATTEND(W, DA)                                                                        \
-    mf__attend_range(W, q, ldq, k, v, DA, first_pos, pos_step, nq, D, scale, kv_tile,          \
-                     key_begin, key_end, out, ldo, m_out, l_out, NULL, NULL, NULL, NULL)
-    if (nq <= 8) {
-        if (Da == 64)
-            MF__ATTEND(8, 64);
-        else if (Da == 128)
-            MF__ATTEND(8, 128);
-        else
-            MF__ATTEND(8, Da);
-    } else {
-        if (Da == 64)
-            MF__ATTEND(MF_PANEL_ROWS, 64);
-        else if (Da == 128)
-            MF__ATTEND(MF_PANEL_ROWS, 128);
-        else
-            MF__ATTEND(MF_PANEL_ROWS, Da);
-    }
-#undef MF__ATTEND
+    MF__ATTEND_BY_SHAPE(MF__ATTEND32);
 }
 
 /*
@@ -418,26 +426,11 @@ static void mf_attend_range_f16(const float *q, ptrdiff_t ldq, const uint16_t *k
     MF_ALIGNED(64) float vt[MF_ATT_F16_TILE_FLOATS];     /* [tile keys][Da]: its V */
     if (kv_tile > MF_ATT_F16_TILE_FLOATS / Da)
         kv_tile = MF_ATT_F16_TILE_FLOATS / Da;
-#define MF__ATTEND16(W, DA)                                                                      \
-    mf__attend_range(W, q, ldq, NULL, NULL, DA, first_pos, pos_step, nq, D, scale, kv_tile,    \
-                     key_begin, key_end, out, ldo, m_out, l_out, k, v, kt, vt)
-    if (nq <= 8) {
-        if (Da == 64)
-            MF__ATTEND16(8, 64);
-        else if (Da == 128)
-            MF__ATTEND16(8, 128);
-        else
-            MF__ATTEND16(8, Da);
-    } else {
-        if (Da == 64)
-            MF__ATTEND16(MF_PANEL_ROWS, 64);
-        else if (Da == 128)
-            MF__ATTEND16(MF_PANEL_ROWS, 128);
-        else
-            MF__ATTEND16(MF_PANEL_ROWS, Da);
-    }
-#undef MF__ATTEND16
+    MF__ATTEND_BY_SHAPE(MF__ATTEND16);
 }
+#undef MF__ATTEND_BY_SHAPE
+#undef MF__ATTEND32
+#undef MF__ATTEND16
 
 /* The whole attention of the block's rows: keys 0 .. the last row's position (see above). */
 static inline void mf_attend_block_f32(const float *q, ptrdiff_t ldq, const float *k,
