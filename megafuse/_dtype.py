@@ -6,6 +6,7 @@ include/megafuse/ckernel_dtype.h (megafuse/_ckernel_dtype.pxd), and importing me
 checks that the two agree value for value.
 """
 from enum import IntEnum
+from typing import Any
 
 
 class CKDataType(IntEnum):
@@ -47,3 +48,15 @@ CK_DT_Q5_0 = CKDataType.Q5_0
 CK_DT_Q5_1 = CKDataType.Q5_1
 CK_DT_Q5_K = CKDataType.Q5_K
 CK_DT_COUNT = CKDataType.COUNT
+
+
+# What a KV cache may hold (the kv_dtype= of megafuse.Model, DecoderLayer and
+# megafuse.reference.model_forward), by the NumPy dtype name of the cache.
+KV_DTYPES = ("float32", "float16")
+
+
+def kv_cache_dtype(kv_dtype: Any) -> str:
+    """kv_dtype checked: "float32" or "float16" (the cache's NumPy dtype name); ValueError else."""
+    if not isinstance(kv_dtype, str) or kv_dtype not in KV_DTYPES:
+        raise ValueError(f"kv_dtype: expected 'float32' or 'float16', got {kv_dtype!r}")
+    return kv_dtype

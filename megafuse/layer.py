@@ -27,7 +27,7 @@ import numpy.typing as npt
 
 import megafuse as _mf   # the kernels, looked up at call time (this module is imported by
                          # megafuse/__init__.py once they are bound)
-from megafuse._dtype import CKDataType
+from megafuse._dtype import CKDataType, kv_cache_dtype
 from megafuse.memory import zeros as _huge_page_zeros
 
 F32Array = npt.NDArray[np.float32]
@@ -153,8 +153,7 @@ class DecoderLayer:
                  rope_freq_factors: Optional[npt.ArrayLike] = None,
                  rope_position_scale: float = 1.0, activations: str = "int8",
                  kv_dtype: str = "float32") -> None:
-        from megafuse.model import _kv_cache_dtype
-        cache_dtype = _kv_cache_dtype(kv_dtype)
+        cache_dtype = kv_cache_dtype(kv_dtype)
         gamma1 = self._vector(ln1_gamma, "ln1_gamma")
         E = _positive_int(embed_dim if embed_dim is not None else gamma1.size, "embed_dim")
         H = _positive_int(num_heads, "num_heads")

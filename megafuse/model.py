@@ -32,20 +32,12 @@ from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Set,
 import numpy as np
 import numpy.typing as npt
 
-from megafuse._dtype import CKDataType
+from megafuse._dtype import CKDataType, kv_cache_dtype
 
 F32Array = npt.NDArray[np.float32]
 TokenIds = Union[Sequence[int], npt.NDArray[np.integer]]
 
 _ACTIVATIONS = ("int8", "float")
-_KV_DTYPES = {"float32": np.float32, "float16": np.float16}   # kv_dtype -> what the cache holds
-
-
-def _kv_cache_dtype(kv_dtype: Any) -> Any:
-    """The NumPy dtype of a KV cache of kv_dtype ("float32" or "float16")."""
-    if not isinstance(kv_dtype, str) or kv_dtype not in _KV_DTYPES:
-        raise ValueError(f"kv_dtype: expected 'float32' or 'float16', got {kv_dtype!r}")
-    return _KV_DTYPES[kv_dtype]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -141,7 +133,7 @@ class Model:
         kernels: Any = importlib.import_module("megafuse._kernels")  # (private: not in the stubs)
         if activations not in _ACTIVATIONS:
             raise ValueError(f"activations: expected 'int8' or 'float', got {activations!r}")
-        cache_dtype = _kv_cache_dtype(kv_dtype)
+        cache_dtype = kv_cache_dtype(kv_dtype)
         cfg = config
         G, C, D = cfg.num_kv_heads, int(cache_capacity), cfg.head_dim
         if C < 1:
@@ -189,7 +181,7 @@ class Model:
         from megafuse.layer import rope_tables
         if activations not in _ACTIVATIONS:
             raise ValueError(f"activations: expected 'int8' or 'float', got {activations!r}")
-        _kv_cache_dtype(kv_dtype)
+        kv_cache_dtype(kv_dtype)
         reader = _gguf.open_reader(path)
         hp = _gguf.hparams(reader)                 # NotImplementedError for other architectures
         L = hp["block_count"]

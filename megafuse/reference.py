@@ -38,7 +38,7 @@ import sys
 
 import numpy as np
 
-from megafuse._dtype import CKDataType
+from megafuse._dtype import CKDataType, kv_cache_dtype
 
 DT = CKDataType
 
@@ -1318,7 +1318,7 @@ def model_forward(layers, embedding, embedding_dt, out_norm, head, head_dt, toke
                        else mega_fused_attention_prefill)
     hidden = np.zeros((len(layers), T, E), np.float32)
     for n, ly in enumerate(layers):
-        cache_k = np.zeros((G, T, D), {"float32": np.float32, "float16": np.float16}[kv_dtype])
+        cache_k = np.zeros((G, T, D), kv_cache_dtype(kv_dtype))
         cache_v = np.zeros((G, T, D), cache_k.dtype)
         h = np.zeros((T, E), np.float32)
         attention_layer(h, x, x, ly["ln1_gamma"], ly["wq"], ly.get("bq"), ly["wq_dt"],
