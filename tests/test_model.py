@@ -355,7 +355,15 @@ def test_kv_dtype_is_checked(tmp_path):
         _kernels.ModelRunner(layers=layers, embed_dim=c.embed_dim, num_heads=c.num_heads,
                              num_kv_heads=c.num_kv_heads, head_dim=c.head_dim,
                              intermediate_dim=c.intermediate_dim, cache_capacity=16, eps=c.eps)
-    # head dims past 256 take float32 caches only (the float16 tile is converted on the stack)
+    # head dims past 256 take float32 caches only (the float16 tile is converted on the stack):
+    # the boundary's bound is the attention kernel's
+    import os
+    import re
+    header = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                          "include", "megafuse", "mf_attention.h")
+    with open(header) as f:
+        kernel_max = int(re.search(r"#define MF_ATT_MAX_HEAD_DIM (\d+)", f.read()).group(1))
+    assert _kernels._KV_F16_MAX_HEAD_DIM == kernel_max == 256
     wide = write_model(tmp_path / "w.gguf", "llama", "Q8_0", shape=(576, 2, 1, 288, 256))
     with pytest.raises(ValueError, match="head_dim <= 256"):
         Model.from_gguf(wide, cache_capacity=8, kv_dtype="float16")
