@@ -18,7 +18,17 @@ median round / CALLS_PER_ROUND.  (One call a round would also time pytest-benchm
 bookkeeping between calls, during which the team's threads stop spinning and go to sleep.)
 The weights are a few KiB: this is call, scheduling and synchronisation overhead, not memory
 traffic.
+
+The host's speed: on the shared development machine these microseconds are bimodal, per process
+and sometimes within one (the tiny layer took 10 or 17 us), and a fixed pure-Python loop timed in
+the same process moves with them (90 or 170 us): the virtual CPU's speed, not megafuse's code.
+So each row also times that loop (``host_probe``) before each of its rounds (untimed, in the
+rounds' setup), and the summary gives the row in units of the loop's median as well as in
+microseconds.
 """
+import time
+
+
 import numpy as np
 import pytest
 
@@ -33,7 +43,24 @@ E, H, G, D, I, V, C = 64, 2, 1, 32, 128, 256, 64
 FORMATS = ("FP32", "Q8_0")
 LAYER_COUNTS = (1, 32)
 CALLS_PER_ROUND = 16
+PROBE_ITERATIONS = 2000
 RESULTS = {}          # (kind, format, layers) -> median seconds a call
+PROBES = {}           # (kind, format, layers) -> median host_probe() seconds over the row's rounds
+
+
+def _probe_loop():
+    s = 0
+    for i in range(PROBE_ITERATIONS):
+        s += i * i
+    return s
+
+
+def host_probe():
+    """Seconds of a fixed pure-Python loop (PROBE_ITERATIONS multiply-adds): how fast the host
+    runs this process now, whatever megafuse does."""
+    t = time.perf_counter()
+    _probe_loop()
+    return time.perf_counter() - t
 
 
 def _matrix(rng, rows, cols, fmt):
@@ -87,10 +114,14 @@ def _threads():
     mf.set_num_threads(before)
 
 
-def per_call(benchmark, runner, step):
+def per_call(benchmark, runner, step, key):
     """Median seconds of one step(): CALLS_PER_ROUND back-to-back steps a round, the runner
-    (a DecoderLayer or a Model) reset before a round its cache could not hold."""
+    (a DecoderLayer or a Model) reset before a round its cache could not hold.  The host probe
+    runs before every round; its median goes to PROBES[key]."""
+    probes = []
+
     def setup():
+        probes.append(host_probe())
         if runner.position + CALLS_PER_ROUND > C:
             runner.reset()
 
@@ -99,6 +130,7 @@ def per_call(benchmark, runner, step):
             step()
 
     median, _ = measure(benchmark, calls, setup=setup)
+    PROBES[key] = float(np.median(probes))
     return median / CALLS_PER_ROUND
 
 
@@ -107,7 +139,8 @@ def test_tiny_layer_decode(benchmark, fmt):
     benchmark.name = f"tiny-layer-decode-{fmt}"
     layer = tiny_layer(fmt)
     x = np.random.default_rng(1).standard_normal(E, dtype=np.float32)            # [E]
-    RESULTS[("layer", fmt, 1)] = per_call(benchmark, layer, lambda: layer.decode(x))
+    key = ("layer", fmt, 1)
+    RESULTS[key] = per_call(benchmark, layer, lambda: layer.decode(x), key)
 
 
 @pytest.mark.parametrize("n_layers", LAYER_COUNTS)
@@ -116,7 +149,8 @@ def test_tiny_model_step(benchmark, fmt, n_layers):
     benchmark.name = f"tiny-model-step-L{n_layers}-{fmt}"
     model = tiny_model(fmt, n_layers)
     token = np.array([3], np.int32)                                               # [1]
-    RESULTS[("model", fmt, n_layers)] = per_call(benchmark, model, lambda: model.forward(token))
+    key = ("model", fmt, n_layers)
+    RESULTS[key] = per_call(benchmark, model, lambda: model.forward(token), key)
 
 
 def summary_lines():
@@ -125,10 +159,14 @@ def summary_lines():
         layer = RESULTS.get(("layer", fmt, 1))
         one, many = RESULTS.get(("model", fmt, 1)), RESULTS.get(("model", fmt, 32))
         if layer is not None:
-            lines.append(f"tiny layer decode {fmt}: {layer * 1e6:.1f} us a call")
+            probe = PROBES[("layer", fmt, 1)]
+            lines.append(f"tiny layer decode {fmt}: {layer * 1e6:.1f} us a call "
+                         f"({layer / probe:.3f} host probes; host probe {probe * 1e6:.0f} us)")
         if one is not None and many is not None:
             lines.append(f"model step {fmt}: L1 {one * 1e6:.1f} us, L32 {many * 1e6:.1f} us, "
-                         f"{(many - one) / 31 * 1e6:.2f} us a layer")
+                         f"{(many - one) / 31 * 1e6:.2f} us a layer (host probe "
+                         f"{PROBES[('model', fmt, 1)] * 1e6:.0f} / "
+                         f"{PROBES[('model', fmt, 32)] * 1e6:.0f} us)")
     return lines
 
 
