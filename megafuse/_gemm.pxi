@@ -248,6 +248,49 @@ cdef void block_dot_tokens_f32(
         r0 += DOT_ROWS
 
 
+cdef inline void store_tile(const RowBlock *b,
+                            const float *res,   # [b.n / 4 groups][MF_Q8_TILE_TOKENS][4]
+                            Py_ssize_t t0, Py_ssize_t nt, Py_ssize_t ld) noexcept nogil:
+    """b.out[r][(t0 + j) * ld] = res(r, j) + b.bias[r] (+ b.add[r][(t0 + j) * ld]) for every row
+    of the block: store_results' values, written token by token (a token's results are
+    contiguous in out; column by column, each store would touch a line of its own, ld apart).
+    Rows whose results (and added columns) are side by side -- every block but the K/V cache
+    rows of padded heads -- take the loop without per-row pointers."""
+    cdef Py_ssize_t j, r, n = b.n
+    cdef float value
+    cdef float *dst
+    cdef const float *add
+    cdef const float *src
+    cdef bint side_by_side = True
+    for r in range(1, n):
+        if b.out[r] != b.out[0] + r or (b.add[r] != NULL) != (b.add[0] != NULL) or (
+                b.add[0] != NULL and b.add[r] != b.add[0] + r):
+            side_by_side = False
+            break
+    if side_by_side:
+        for j in range(nt):
+            dst = b.out[0] + (t0 + j) * ld
+            src = res + j * DOT_ROWS
+            if b.add[0] == NULL:
+                for r in range(n):
+                    dst[r] = src[(r // DOT_ROWS) * (MF_Q8_TILE_TOKENS * DOT_ROWS)
+                                 + r % DOT_ROWS] + b.bias[r]
+            else:
+                add = b.add[0] + (t0 + j) * ld
+                for r in range(n):
+                    value = src[(r // DOT_ROWS) * (MF_Q8_TILE_TOKENS * DOT_ROWS)
+                                + r % DOT_ROWS] + b.bias[r]
+                    dst[r] = value + add[r]
+        return
+    for j in range(nt):
+        for r in range(n):
+            value = res[(r // DOT_ROWS) * (MF_Q8_TILE_TOKENS * DOT_ROWS) + j * DOT_ROWS
+                        + r % DOT_ROWS] + b.bias[r]
+            if b.add[r] != NULL:
+                value = value + b.add[r][(t0 + j) * ld]
+            b.out[r][(t0 + j) * ld] = value
+
+
 cdef void block_dot_tokens_q8(
         const RowBlock *b, int dt, Py_ssize_t K,
         const char *xq,        # [T, xq_row_bytes]: token rows quantized to dt's activation format
@@ -256,9 +299,10 @@ cdef void block_dot_tokens_q8(
 
     4 rows x up to MF_Q8_TILE_TOKENS tokens at a time (fewer for long rows: the tokens' rows stay
     in L2 while the block's rows go past them), the rows decoded once for all of them
-    (rows_tokens_dot_q8: the bits of one weight_row_dot_q8 per pair)."""
-    cdef float res[MF_Q8_TILE_TOKENS * DOT_ROWS]     # [tokens, 4] dot products
-    cdef Py_ssize_t r0, r, nr, t0, nt
+    (rows_tokens_dot_q8: the bits of one weight_row_dot_q8 per pair); a tile's results are
+    stored when all the block's rows have them (store_tile)."""
+    cdef float res[GEMM_ROWS * MF_Q8_TILE_TOKENS]   # [4-row group, token, 4]: a tile of the block
+    cdef Py_ssize_t r0, nr, t0, nt
     cdef Py_ssize_t tile
     cdef mf_dot4_q8_fn one_token = mf_dot4_q8_for(dt) if T == 1 else NULL
     if one_token != NULL:
@@ -272,10 +316,10 @@ cdef void block_dot_tokens_q8(
         while r0 < b.n:
             nr = min(<Py_ssize_t>DOT_ROWS, b.n - r0)
             rows_tokens_dot_q8(<const void **>(b.w + r0), <int>nr, dt,
-                               xq + t0 * xq_row_bytes, xq_row_bytes, <int>nt, K, res)
-            for r in range(nr):
-                store_results(b, r0 + r, res + r, DOT_ROWS, t0, nt, ld)
+                               xq + t0 * xq_row_bytes, xq_row_bytes, <int>nt, K,
+                               res + (r0 // DOT_ROWS) * (MF_Q8_TILE_TOKENS * DOT_ROWS))
             r0 += DOT_ROWS
+        store_tile(b, res, t0, nt, ld)
         t0 += nt
 
 
