@@ -35,13 +35,17 @@ Hyper-parameters come from the metadata: ``{arch}.embedding_length``,
 ``.feed_forward_length``, ``.attention.key_length`` (default embedding_length / head_count),
 ``.context_length``; Llama 3's ``rope_freqs.weight`` tensor and linear RoPE scaling are applied
 to the RoPE tables; other RoPE scalings (YaRN, ...) and partial rotary dimensions are
-NotImplementedError.
+NotImplementedError.  Each is checked as it is read: an integer where an integer is expected
+(a dimension >= 1; head counts and feed_forward_length may be one value per layer, as
+llama.cpp allows), a finite number > 0 for the epsilon and the RoPE base and factor; any other
+value is a ValueError naming the key.
 
     layer = megafuse.DecoderLayer.from_gguf("qwen2.5-0.5b-instruct-q8_0.gguf", layer_index=0)
 """
 from __future__ import annotations
 
 import enum
+import math
 import mmap
 import os
 import struct
@@ -228,7 +232,8 @@ class GGUFFile:
     whole file as a read-only uint8 array), ``version``, ``alignment``, ``data_offset``.
 
     A file that is not GGUF, a version other than 2 and 3, a truncated or corrupt header, a
-    tensor past the end of the file: ValueError naming the file and what is wrong.  A
+    tensor past the end of the file, an empty tensor (a dimension of 0) or one of more than
+    2**63 - 1 values: ValueError naming the file and what is wrong.  A
     big-endian file: NotImplementedError."""
 
     byte_order = "I"                    # (as gguf's reader: host order; the other is refused)
@@ -434,6 +439,12 @@ class _Parser:
             ggml_type = GGMLType(raw)
         except ValueError:
             raise self.error(f"{name}: unknown GGML type {raw}") from None
+        # An empty tensor is refused first: a 0 dim makes the element count 0 and so hides a
+        # huge other dim ([0, 2**62, 4]) from the overflow check below, which NumPy then
+        # refuses with an error naming neither the file nor the tensor (and GGML's own check
+        # of the element count divides by the dims).  No tensor megafuse reads can be empty.
+        if 0 in dims:
+            raise self.error(f"{name}: dims {list(dims)}: a dimension of 0 (an empty tensor)")
         block, block_bytes = GGML_BLOCK_SIZES[ggml_type]
         ne0 = dims[0] if dims else 1
         if ne0 % block:
@@ -488,7 +499,8 @@ def ck_dtype(ggml_type: Any, tensor_name: str = "tensor") -> CKDataType:
 
 
 def _field(reader: Any, key: str, default: Any = None, index: Optional[int] = None) -> Any:
-    """A metadata value (an array value: its element ``index``, for per-layer values)."""
+    """A metadata value, as stored (an array value: its element ``index``, for per-layer
+    values; ValueError naming the key if the array has no such element)."""
     field = reader.fields.get(key)
     if field is None:
         return default
@@ -502,20 +514,117 @@ def _field(reader: Any, key: str, default: Any = None, index: Optional[int] = No
             value = bytes(field.parts[-1]).decode()
     if isinstance(value, list) and index is not None and value and \
             not isinstance(value[0], str):
+        if not 0 <= index < len(value):
+            raise ValueError(f"GGUF metadata: {key}: an array of {len(value)} values has no "
+                             f"value for layer {index}")
         return value[index]
     return value
 
 
-def _need(reader: Any, key: str, index: Optional[int] = None) -> Any:
-    value = _field(reader, key, index=index)
+# ---- typed metadata -----------------------------------------------------------------------
+#
+# A hyper-parameter is checked where it is read, so that a hostile or broken file is a
+# ValueError naming the key and what is wrong, not an OverflowError / "invalid literal for
+# int()" / IndexError from the conversion, nor (NaN or a negative epsilon) NaN logits later.
+# llama.cpp's converter writes the integers as UINT32 and the floats as FLOAT32; any integer
+# type is taken (an INT32 or a UINT64 block_count means the same), and an integer for a float.
+
+_REQUIRED: Any = object()      # the default of a key the file must have
+_MISSING: Any = object()       # (_metadata: the key is not in the file)
+
+
+def _describe(value: Any) -> str:
+    """A value as an error message shows it."""
+    if isinstance(value, list):
+        return f"an array of {len(value)} values"
+    if isinstance(value, str):
+        return f"the string {value[:40]!r}" + ("..." if len(value) > 40 else "")
+    if isinstance(value, (bool, np.bool_)):
+        return f"the boolean {bool(value)}"
+    return f"{type(value).__name__} {value!r}"
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
+def _is_number(value: Any) -> bool:
+    return _is_int(value) or isinstance(value, (float, np.floating))
+
+
+def _metadata(reader: Any, key: str, default: Any, layer: Optional[int] = None,
+              n_layers: Optional[int] = None) -> Tuple[Any, str]:
+    """(the value of key, its name for errors: ``key`` or ``key[layer]``); the value is
+    _MISSING if the file has no such key (ValueError if default is _REQUIRED).  llama.cpp
+    allows some keys (the head counts, feed_forward_length) one value per layer: with
+    ``layer`` given, an array must have block_count (``n_layers``) values, as llama.cpp too
+    requires ("wrong array length"), and gives the layer's; without, an array where one value
+    is expected is a ValueError."""
+    value = _field(reader, key)
     if value is None:
-        raise ValueError(f"GGUF metadata: {key} is missing")
+        if default is _REQUIRED:
+            raise ValueError(f"GGUF metadata: {key} is missing")
+        return _MISSING, key
+    if not isinstance(value, list):
+        return value, key
+    if layer is None:
+        raise ValueError(f"GGUF metadata: {key}: expected one value, got {_describe(value)}")
+    if n_layers is not None and len(value) != n_layers:
+        raise ValueError(f"GGUF metadata: {key}: expected one value or one per layer "
+                         f"(block_count = {n_layers}), got {_describe(value)}")
+    if not 0 <= layer < len(value):
+        raise ValueError(f"GGUF metadata: {key}: {_describe(value)} has no value for layer "
+                         f"{layer}")
+    return value[layer], f"{key}[{layer}]"
+
+
+def _int_field(reader: Any, key: str, default: Any = _REQUIRED, *,
+               layer: Optional[int] = None, n_layers: Optional[int] = None,
+               minimum: int = 1) -> Any:
+    """An integer hyper-parameter >= minimum (default 1: a dimension); default when the key is
+    missing (missing and no default: ValueError).  A float, a string, a boolean, an array
+    (unless per-layer: see _metadata) or a value < minimum: ValueError naming the key."""
+    value, name = _metadata(reader, key, default, layer, n_layers)
+    if value is _MISSING:
+        return default
+    if not _is_int(value):
+        raise ValueError(f"GGUF metadata: {name}: expected an integer, got {_describe(value)}")
+    if value < minimum:
+        raise ValueError(f"GGUF metadata: {name}: expected an integer >= {minimum}, got "
+                         f"{int(value)}")
+    return int(value)
+
+
+def _float_field(reader: Any, key: str, default: Any = _REQUIRED) -> Any:
+    """A float hyper-parameter, finite and > 0 (an epsilon, a RoPE base or factor: NaN, inf,
+    0 or a negative value would give NaN / inf logits, not an error); default when the key is
+    missing.  An integer is taken; a string, a boolean, an array: ValueError naming the key."""
+    value, _ = _metadata(reader, key, default)
+    if value is _MISSING:
+        return default
+    if not _is_number(value):
+        raise ValueError(f"GGUF metadata: {key}: expected a number, got {_describe(value)}")
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"GGUF metadata: {key}: expected a finite value > 0, got "
+                         f"{float(value)!r}")
+    return float(value)
+
+
+def _str_field(reader: Any, key: str, default: Any = _REQUIRED) -> Any:
+    """A string value; default when the key is missing.  Not a string: ValueError naming
+    the key."""
+    value, _ = _metadata(reader, key, default)
+    if value is _MISSING:
+        return default
+    if not isinstance(value, str):
+        raise ValueError(f"GGUF metadata: {key}: expected a string, got {_describe(value)}")
     return value
 
 
 def architecture(reader: Any) -> str:
-    """``general.architecture``; NotImplementedError unless it is llama or qwen2."""
-    arch = _field(reader, "general.architecture")
+    """``general.architecture``; NotImplementedError unless it is llama or qwen2 (missing or
+    not a string: ValueError)."""
+    arch = _str_field(reader, "general.architecture")
     if arch not in ARCHITECTURES:
         raise NotImplementedError(f"general.architecture: megafuse reads "
                                   f"{' and '.join(ARCHITECTURES)} GGUF files, got {arch!r}")
@@ -526,44 +635,57 @@ def hparams(source: PathOrReader, layer_index: int = 0) -> Dict[str, Any]:
     """The hyper-parameters of a llama / qwen2 file, named as DecoderLayer's keywords:
     architecture, block_count, context_length, embed_dim, num_heads, num_kv_heads, head_dim,
     intermediate_dim, eps, rope_theta, rope_position_scale (per-layer arrays: the value of
-    ``layer_index``)."""
+    ``layer_index``).  A missing key, a value of the wrong type, a dimension < 1, a per-layer
+    array without one value per layer, an epsilon or RoPE base that is not finite and > 0:
+    ValueError naming the key."""
     reader = open_reader(source)
     arch = architecture(reader)
-    E = int(_need(reader, f"{arch}.embedding_length"))
-    H = int(_need(reader, f"{arch}.attention.head_count", layer_index))
-    G = int(_field(reader, f"{arch}.attention.head_count_kv", H, layer_index))
-    D = int(_field(reader, f"{arch}.attention.key_length", E // H if H else 0))
-    Dv = _field(reader, f"{arch}.attention.value_length")
-    if Dv is not None and int(Dv) != D:
+    L = _int_field(reader, f"{arch}.block_count")
+    per_layer = {"layer": layer_index, "n_layers": L}
+    E = _int_field(reader, f"{arch}.embedding_length")
+    H = _int_field(reader, f"{arch}.attention.head_count", **per_layer)
+    G = _int_field(reader, f"{arch}.attention.head_count_kv", H, **per_layer)
+    D = _int_field(reader, f"{arch}.attention.key_length", None)
+    if D is None:
+        if E < H:
+            raise ValueError(f"GGUF metadata: {arch}.attention.head_count: {H} heads of "
+                             f"embedding_length = {E} leave no head_dim (and "
+                             f"{arch}.attention.key_length is missing)")
+        D = E // H
+    Dv = _int_field(reader, f"{arch}.attention.value_length", None)
+    if Dv is not None and Dv != D:
         raise NotImplementedError(f"{arch}.attention.value_length = {Dv} differs from "
                                   f"key_length = {D}: not supported")
-    experts = _field(reader, f"{arch}.expert_count")
+    experts = _int_field(reader, f"{arch}.expert_count", None, minimum=0)
     if experts:
         raise NotImplementedError(f"{arch}.expert_count = {experts}: mixture-of-experts layers "
                                   f"are not supported")
-    rope_dims = _field(reader, f"{arch}.rope.dimension_count")
-    if rope_dims is not None and int(rope_dims) != D:
+    rope_dims = _int_field(reader, f"{arch}.rope.dimension_count", None, minimum=0)
+    if rope_dims is not None and rope_dims != D:
         raise NotImplementedError(f"{arch}.rope.dimension_count = {rope_dims}: partial rotary "
                                   f"embeddings (head_dim = {D}) are not supported")
-    scaling = _field(reader, f"{arch}.rope.scaling.type", "none")
+    scaling = _str_field(reader, f"{arch}.rope.scaling.type", "none")
     position_scale = 1.0
     if scaling == "linear":
-        factor = float(_field(reader, f"{arch}.rope.scaling.factor", 1.0) or 1.0)
+        # llama.cpp reads a factor of 0 as no scaling (rope_freq_scale_train = 1), as we do
+        key = f"{arch}.rope.scaling.factor"
+        raw = _field(reader, key)
+        factor = 1.0 if _is_number(raw) and raw == 0 else _float_field(reader, key, 1.0)
         position_scale = 1.0 / factor
-    elif scaling not in ("none", None):
+    elif scaling != "none":
         raise NotImplementedError(f"{arch}.rope.scaling.type = {scaling!r}: only linear RoPE "
                                   f"scaling is supported")
     return {
         "architecture": arch,
-        "block_count": int(_need(reader, f"{arch}.block_count")),
-        "context_length": int(_field(reader, f"{arch}.context_length", 0) or 0),
+        "block_count": L,
+        "context_length": _int_field(reader, f"{arch}.context_length", 0, minimum=0),
         "embed_dim": E,
         "num_heads": H,
         "num_kv_heads": G,
         "head_dim": D,
-        "intermediate_dim": int(_need(reader, f"{arch}.feed_forward_length", layer_index)),
-        "eps": float(_field(reader, f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)),
-        "rope_theta": float(_field(reader, f"{arch}.rope.freq_base", 10000.0)),
+        "intermediate_dim": _int_field(reader, f"{arch}.feed_forward_length", **per_layer),
+        "eps": _float_field(reader, f"{arch}.attention.layer_norm_rms_epsilon", 1e-6),
+        "rope_theta": _float_field(reader, f"{arch}.rope.freq_base", 10000.0),
         "rope_position_scale": position_scale,
     }
 
@@ -584,16 +706,19 @@ def _tensor_map(reader: Any) -> Dict[str, Any]:
 def tensor(source: PathOrReader, name: str) -> Tuple[npt.NDArray[Any], CKDataType]:
     """(array, format) of the tensor ``name``, zero-copy: a read-only view of the file of
     shape (rows, cols) -- (rows, bytes per row) for block formats, uint16 bits for BF16 -- or
-    (n,) for a vector.  KeyError if the file has no such tensor."""
+    (n,) for a vector.  KeyError if the file has no such tensor; ValueError if it is empty (a
+    dimension of 0: GGUFFile refuses those already, gguf.GGUFReader reads them)."""
     reader = open_reader(source)
     t = _tensor_map(reader).get(name)
     if t is None:
         raise KeyError(f"{name}: no such tensor in the GGUF file")
+    ne = [int(n) for n in t.shape]                       # GGML order: columns first
+    if 0 in ne:
+        raise ValueError(f"{name}: GGML shape {ne}: a dimension of 0 (an empty tensor)")
     dt = ck_dtype(t.tensor_type, name)
     data = t.data
     if dt == CKDataType.BF16:
         data = data.view(np.uint16)                      # (rows, 2*cols) uint8 -> bfloat16 bits
-    ne = [int(n) for n in t.shape]                       # GGML order: columns first
     rows = int(np.prod(ne[1:])) if len(ne) > 1 else 1
     data = data.reshape(-1) if len(ne) == 1 else data.reshape(rows, -1)
     return data, dt
@@ -675,7 +800,7 @@ def layer_arrays(source: PathOrReader, layer_index: int) -> Dict[str, Any]:
         raise TypeError(f"layer_index: expected an int, got {type(layer_index).__name__}")
     layer_index = int(layer_index.__index__())
     reader = open_reader(source)
-    n_layers = int(_need(reader, f"{architecture(reader)}.block_count"))
+    n_layers = _int_field(reader, f"{architecture(reader)}.block_count")
     if not 0 <= layer_index < n_layers:
         raise ValueError(f"layer_index: expected a layer in 0..{n_layers - 1}, got "
                          f"{layer_index}")

@@ -377,10 +377,11 @@ class Model:
             pass
         from megafuse import gguf as _gguf
         ids: Set[int] = set()
-        for key in ("eos", "eot", "eom"):
-            value = _gguf._field(self._source, f"tokenizer.ggml.{key}_token_id")
+        for key in ("eos", "eot", "eom"):       # (not an integer >= 0: ValueError naming it)
+            value = _gguf._int_field(self._source, f"tokenizer.ggml.{key}_token_id", None,
+                                     minimum=0)
             if value is not None:
-                ids.add(int(value))
+                ids.add(value)
         return tuple(sorted(ids))
 
     def generate(self, prompt_ids: TokenIds, max_new_tokens: int, *, temperature: float = 0.0,

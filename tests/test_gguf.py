@@ -332,3 +332,252 @@ def test_reading_needs_no_gguf_package(tmp_path, monkeypatch):
     layer = DecoderLayer.from_gguf(str(path), 0, cache_capacity=8)
     assert layer.dtypes["wq"] == CKDataType.Q8_0
     assert isinstance(megafuse.gguf.open_reader(path), megafuse.gguf.GGUFFile)
+
+
+# ---- hostile metadata: a ValueError naming the key ------------------------------------------
+
+VT = gguf.GGUFValueType
+#: The hyper-parameters of a 2-layer llama file: key -> (value, type)
+HPARAMS = {
+    "general.architecture": ("llama", VT.STRING),
+    "llama.block_count": (2, VT.UINT32),
+    "llama.context_length": (8192, VT.UINT32),
+    "llama.embedding_length": (256, VT.UINT32),
+    "llama.feed_forward_length": (512, VT.UINT32),
+    "llama.attention.head_count": (4, VT.UINT32),
+    "llama.attention.head_count_kv": (2, VT.UINT32),
+    "llama.attention.layer_norm_rms_epsilon": (1e-5, VT.FLOAT32),
+    "llama.rope.freq_base": (10000.0, VT.FLOAT32),
+}
+NAN, INF = float("nan"), float("inf")
+
+
+def write_metadata(path, **changes):
+    """A file of HPARAMS (no tensors: hparams() reads only the metadata), with changes: a key
+    (dots as "__") -> (value, type) or (items, ARRAY, item type); None drops the key.  The
+    writer is made with no architecture so that general.architecture, too, can be anything."""
+    kv = dict(HPARAMS)
+    for name, spec in changes.items():
+        key = name.replace("__", ".")
+        if spec is None:
+            kv.pop(key)
+        else:
+            kv[key] = spec
+    writer = gguf.GGUFWriter(str(path), "")
+    for key, spec in kv.items():
+        writer.add_key_value(key, *spec)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.close()
+    return str(path)
+
+
+def readers(path):
+    """The file through megafuse's reader and through gguf's."""
+    return [megafuse.gguf.GGUFFile(path), gguf.GGUFReader(path)]
+
+
+def array(items, item_type=VT.UINT32):
+    return (list(items), VT.ARRAY, item_type)
+
+
+def assert_refused(path, match, layer_index=0):
+    for reader in readers(path):
+        with pytest.raises(ValueError, match=match):
+            megafuse.gguf.hparams(reader, layer_index)
+
+
+def test_metadata_helper_writes_a_valid_file(tmp_path):
+    path = write_metadata(tmp_path / "ok.gguf")
+    for reader in readers(path):
+        hp = megafuse.gguf.hparams(reader)
+        assert (hp["block_count"], hp["embed_dim"], hp["num_heads"], hp["num_kv_heads"],
+                hp["head_dim"], hp["intermediate_dim"], hp["context_length"]) == \
+            (2, 256, 4, 2, 64, 512, 8192)
+        assert hp["eps"] == pytest.approx(1e-5) and hp["rope_theta"] == 10000.0
+
+
+INT_KEYS = ["llama.block_count", "llama.embedding_length", "llama.feed_forward_length",
+            "llama.context_length", "llama.attention.head_count",
+            "llama.attention.head_count_kv", "llama.attention.key_length",
+            "llama.attention.value_length", "llama.rope.dimension_count", "llama.expert_count"]
+
+
+@pytest.mark.parametrize("key", INT_KEYS)
+@pytest.mark.parametrize("value,vtype,said", [
+    (INF, VT.FLOAT32, "float inf"), (NAN, VT.FLOAT32, "float nan"),
+    (64.0, VT.FLOAT64, "float 64.0"), ("64", VT.STRING, "the string '64'"),
+    (True, VT.BOOL, "the boolean True"),
+])
+def test_integer_hparam_of_another_type(tmp_path, key, value, vtype, said):
+    path = write_metadata(tmp_path / "m.gguf", **{key.replace(".", "__"): (value, vtype)})
+    assert_refused(path, rf"^GGUF metadata: {key}: expected an integer, got {said}$")
+
+
+@pytest.mark.parametrize("key", INT_KEYS)
+def test_integer_hparam_as_an_array(tmp_path, key):
+    """An array where one value is expected (the per-layer keys: an array of another length
+    than block_count)."""
+    path = write_metadata(tmp_path / "m.gguf", **{key.replace(".", "__"): array([64, 64, 64])})
+    assert_refused(path, rf"^GGUF metadata: {key}: expected one value(, got| or one per layer "
+                         rf"\(block_count = 2\), got) an array of 3 values$")
+    path = write_metadata(tmp_path / "s.gguf",
+                          **{key.replace(".", "__"): array(["a", "b"], VT.STRING)})
+    assert_refused(path, rf"^GGUF metadata: {key}(\[0\])?: expected (one value|an integer), got")
+
+
+@pytest.mark.parametrize("key,value,vtype,minimum", [
+    ("llama.block_count", 0, VT.UINT32, 1), ("llama.block_count", -1, VT.INT32, 1),
+    ("llama.embedding_length", 0, VT.UINT32, 1), ("llama.feed_forward_length", 0, VT.UINT32, 1),
+    ("llama.attention.head_count", 0, VT.UINT32, 1),
+    ("llama.attention.head_count_kv", -2, VT.INT64, 1),
+    ("llama.attention.key_length", 0, VT.UINT32, 1),
+    ("llama.context_length", -1, VT.INT32, 0), ("llama.expert_count", -1, VT.INT32, 0),
+])
+def test_integer_hparam_out_of_range(tmp_path, key, value, vtype, minimum):
+    path = write_metadata(tmp_path / "m.gguf", **{key.replace(".", "__"): (value, vtype)})
+    assert_refused(path, rf"^GGUF metadata: {key}: expected an integer >= {minimum}, got "
+                         rf"{value}$")
+
+
+def test_block_count_zero_is_refused_by_the_layer_and_the_model(tmp_path):
+    """Not model.py's "feed_forward_length differs between layers ([])"."""
+    path = write_metadata(tmp_path / "m.gguf", llama__block_count=(0, VT.UINT32))
+    match = r"^GGUF metadata: llama\.block_count: expected an integer >= 1, got 0$"
+    with pytest.raises(ValueError, match=match):
+        DecoderLayer.from_gguf(path, 0)
+    with pytest.raises(ValueError, match=match):
+        megafuse.Model.from_gguf(path)
+
+
+def test_missing_and_derived_hparams(tmp_path):
+    path = write_metadata(tmp_path / "m.gguf", llama__embedding_length=None)
+    assert_refused(path, r"^GGUF metadata: llama\.embedding_length is missing$")
+    path = write_metadata(tmp_path / "m.gguf", llama__block_count=None)
+    with pytest.raises(ValueError, match=r"^GGUF metadata: llama\.block_count is missing$"):
+        DecoderLayer.from_gguf(path, 0)
+    # no key_length and more heads than embedding dims: head_dim would be 0
+    path = write_metadata(tmp_path / "m.gguf", llama__attention__head_count=(512, VT.UINT32),
+                          llama__attention__head_count_kv=None)
+    assert_refused(path, r"^GGUF metadata: llama\.attention\.head_count: 512 heads of "
+                         r"embedding_length = 256 leave no head_dim")
+    # optional keys missing: their defaults
+    path = write_metadata(tmp_path / "m.gguf", llama__context_length=None,
+                          llama__attention__layer_norm_rms_epsilon=None,
+                          llama__rope__freq_base=None, llama__attention__head_count_kv=None)
+    for reader in readers(path):
+        hp = megafuse.gguf.hparams(reader)
+        assert (hp["context_length"], hp["eps"], hp["rope_theta"], hp["num_kv_heads"]) == \
+            (0, 1e-6, 10000.0, 4)
+
+
+def test_per_layer_arrays(tmp_path):
+    """llama.cpp allows the head counts and feed_forward_length one value per layer."""
+    path = write_metadata(tmp_path / "m.gguf", llama__feed_forward_length=array([512, 768]),
+                          llama__attention__head_count_kv=array([2, 4]))
+    for reader in readers(path):
+        assert megafuse.gguf.hparams(reader, 0)["intermediate_dim"] == 512
+        hp = megafuse.gguf.hparams(reader, 1)
+        assert (hp["intermediate_dim"], hp["num_kv_heads"]) == (768, 4)
+        with pytest.raises(ValueError, match=r"^GGUF metadata: llama\.attention\."
+                                             r"head_count_kv: an array of 2 values has no value "
+                                             r"for layer 2$"):
+            megafuse.gguf.hparams(reader, 2)
+        with pytest.raises(ValueError, match=r"llama\.feed_forward_length: an array of 2 "
+                                             r"values has no value for layer 5"):
+            megafuse.gguf._field(reader, "llama.feed_forward_length", index=5)
+    # shorter than block_count: refused for every layer, not an IndexError for the last ones
+    for key in ("llama.feed_forward_length", "llama.attention.head_count",
+                "llama.attention.head_count_kv"):
+        path = write_metadata(tmp_path / "m.gguf", **{key.replace(".", "__"): array([4])})
+        for layer_index in (0, 1):
+            assert_refused(path, rf"^GGUF metadata: {key}: expected one value or one per layer "
+                                 rf"\(block_count = 2\), got an array of 1 values$", layer_index)
+        with pytest.raises(ValueError, match=rf"^GGUF metadata: {key}: expected one value or"):
+            DecoderLayer.from_gguf(path, 1)
+    # a bad entry: named with its layer
+    path = write_metadata(tmp_path / "m.gguf", llama__attention__head_count_kv=array([2, 0]))
+    assert megafuse.gguf.hparams(path, 0)["num_kv_heads"] == 2
+    assert_refused(path, r"^GGUF metadata: llama\.attention\.head_count_kv\[1\]: expected an "
+                         r"integer >= 1, got 0$", 1)
+    path = write_metadata(tmp_path / "m.gguf",
+                          llama__feed_forward_length=array([512.0, 512.0], VT.FLOAT32))
+    assert_refused(path, r"^GGUF metadata: llama\.feed_forward_length\[0\]: expected an "
+                         r"integer, got float 512\.0$")
+
+
+FLOAT_KEYS = ["llama.attention.layer_norm_rms_epsilon", "llama.rope.freq_base"]
+
+
+@pytest.mark.parametrize("key", FLOAT_KEYS)
+@pytest.mark.parametrize("spec,message", [
+    (("abc", VT.STRING), r"expected a number, got the string 'abc'"),
+    ((True, VT.BOOL), r"expected a number, got the boolean True"),
+    (array([1e-5], VT.FLOAT32), r"expected one value, got an array of 1 values"),
+    ((NAN, VT.FLOAT32), r"expected a finite value > 0, got nan"),
+    ((INF, VT.FLOAT64), r"expected a finite value > 0, got inf"),
+    ((-INF, VT.FLOAT32), r"expected a finite value > 0, got -inf"),
+    ((0.0, VT.FLOAT32), r"expected a finite value > 0, got 0\.0"),
+    ((-1e-5, VT.FLOAT64), r"expected a finite value > 0, got -1e-05"),
+    ((0, VT.UINT32), r"expected a finite value > 0, got 0\.0"),
+])
+def test_float_hparam_refused(tmp_path, key, spec, message):
+    path = write_metadata(tmp_path / "m.gguf", **{key.replace(".", "__"): spec})
+    assert_refused(path, rf"^GGUF metadata: {key}: {message}$")
+
+
+def test_float_hparams_taken_as_integers(tmp_path):
+    path = write_metadata(tmp_path / "m.gguf", llama__rope__freq_base=(500000, VT.UINT32),
+                          llama__attention__layer_norm_rms_epsilon=(1e-6, VT.FLOAT64))
+    for reader in readers(path):
+        hp = megafuse.gguf.hparams(reader)
+        assert hp["rope_theta"] == 500000.0 and type(hp["rope_theta"]) is float
+        assert hp["eps"] == 1e-6
+
+
+@pytest.mark.parametrize("spec,scale", [
+    ((4.0, VT.FLOAT32), 0.25), ((2, VT.UINT32), 0.5), (None, 1.0),
+    ((0.0, VT.FLOAT32), 1.0),     # llama.cpp: a factor of 0 is no scaling
+])
+def test_linear_rope_scaling_factor(tmp_path, spec, scale):
+    changes = {"llama__rope__scaling__type": ("linear", VT.STRING)}
+    if spec is not None:
+        changes["llama__rope__scaling__factor"] = spec
+    path = write_metadata(tmp_path / "m.gguf", **changes)
+    for reader in readers(path):
+        assert megafuse.gguf.hparams(reader)["rope_position_scale"] == scale
+
+
+@pytest.mark.parametrize("spec,message", [
+    (("abc", VT.STRING), r"expected a number, got the string 'abc'"),
+    (array([2.0], VT.FLOAT32), r"expected one value, got an array of 1 values"),
+    ((NAN, VT.FLOAT32), r"expected a finite value > 0, got nan"),
+    ((INF, VT.FLOAT32), r"expected a finite value > 0, got inf"),
+    ((-2.0, VT.FLOAT32), r"expected a finite value > 0, got -2\.0"),
+])
+def test_linear_rope_scaling_factor_refused(tmp_path, spec, message):
+    path = write_metadata(tmp_path / "m.gguf", llama__rope__scaling__type=("linear", VT.STRING),
+                          llama__rope__scaling__factor=spec)
+    assert_refused(path, rf"^GGUF metadata: llama\.rope\.scaling\.factor: {message}$")
+
+
+def test_string_metadata_of_another_type(tmp_path):
+    path = write_metadata(tmp_path / "m.gguf",
+                          general__architecture=array(["llama"], VT.STRING))
+    assert_refused(path, r"^GGUF metadata: general\.architecture: expected one value, got an "
+                         r"array of 1 values$")
+    path = write_metadata(tmp_path / "m.gguf", general__architecture=(7, VT.UINT32))
+    assert_refused(path, r"^GGUF metadata: general\.architecture: expected a string, got "
+                         r"int 7$")
+    path = write_metadata(tmp_path / "m.gguf", general__architecture=None)
+    assert_refused(path, r"^GGUF metadata: general\.architecture is missing$")
+    path = write_metadata(tmp_path / "m.gguf", llama__rope__scaling__type=(1, VT.UINT8))
+    assert_refused(path, r"^GGUF metadata: llama\.rope\.scaling\.type: expected a string, got "
+                         r"int 1$")
+    # valid but unsupported values keep their NotImplementedError
+    path = write_metadata(tmp_path / "m.gguf", llama__rope__scaling__type=("yarn", VT.STRING))
+    with pytest.raises(NotImplementedError, match=r"rope\.scaling\.type = 'yarn'"):
+        megafuse.gguf.hparams(path)
+    path = write_metadata(tmp_path / "m.gguf", llama__rope__dimension_count=(32, VT.UINT32))
+    with pytest.raises(NotImplementedError, match=r"rope\.dimension_count = 32: partial"):
+        megafuse.gguf.hparams(path)

@@ -402,9 +402,42 @@ def test_corrupt_tensor_infos(small_file, tmp_path):
             r"a: duplicate tensor name")
     refused(corrupt_copy(small_file, c, b + 4 + 8, struct.pack("<Q", 2**63)),
             r"b: dims \[64, 9223372036854775808\]: more than 2\*\*63 - 1 values")
-    corrupt_copy(small_file, c, b + 4 + 8, struct.pack("<Q", 0))                  # no rows
-    ours, _ = assert_same_as_gguf(c)
-    assert ours.tensor_map["b"].data.shape == (0, 36)
+
+
+def test_empty_tensors_are_refused(small_file, tmp_path):
+    """A dimension of 0 is a ValueError naming the file and the tensor, whatever the other
+    dims (a 0 makes the element count 0 and would hide a huge one from the size checks).
+    gguf.GGUFReader reads an empty tensor: megafuse.gguf.tensor() refuses it too."""
+    _, infos, _, _ = layout(small_file)
+    c = tmp_path / "c.gguf"
+    b = infos["b"] + 8 + 1                         # n_dims of tensor "b" (Q4_0, dims [64, 2])
+    a = infos["a"] + 8 + 1                         # n_dims of tensor "a" (F32, dims [32, 3])
+    refused(corrupt_copy(small_file, c, b + 4 + 8, struct.pack("<Q", 0)),        # no rows
+            r"b: dims \[64, 0\]: a dimension of 0 \(an empty tensor\)")
+    with pytest.raises(ValueError, match=r"^b: GGML shape \[64, 0\]: a dimension of 0"):
+        megafuse.gguf.tensor(gguf.GGUFReader(str(c)), "b")
+    refused(corrupt_copy(small_file, c, b + 4, struct.pack("<QQ", 0, 2)),         # no columns
+            r"b: dims \[0, 2\]: a dimension of 0")
+    refused(corrupt_copy(small_file, c, a + 4, struct.pack("<QQ", 0, 2**63 - 1)),
+            r"a: dims \[0, 9223372036854775807\]: a dimension of 0")
+    refused(corrupt_copy(small_file, c, a + 4, struct.pack("<QQ", 2**63 - 1, 0)),
+            r"a: dims \[9223372036854775807, 0\]: a dimension of 0")
+
+
+@pytest.mark.parametrize("dims,match", [
+    ((0, 2**62, 4), r"t\.f64\.3d: dims \[0, 4611686018427387904, 4\]: a dimension of 0"),
+    ((0, 2**40, 2**40), r"t\.f64\.3d: dims \[0, 1099511627776, 1099511627776\]: a dimension"),
+    ((2**21, 2**21, 2**21), (r"t\.f64\.3d: dims \[2097152, 2097152, 2097152\]: more than "
+                             r"2\*\*63 - 1 values")),
+    ((2**20, 2**20, 2**20), r"t\.f64\.3d: data at bytes \d+\.\.\d+ is past the end"),
+])
+def test_huge_dims_are_refused(tmp_path, dims, match):
+    """A 3-d tensor's dims: a 0 beside huge dims, an element count past 2**63 - 1, a byte count
+    past the end of the file: ValueErrors naming the file and the tensor, not NumPy's."""
+    path = write_every_type(tmp_path / "types.gguf")
+    _, infos, _, _ = layout(path)
+    at = infos["t.f64.3d"] + 8 + len("t.f64.3d") + 4             # its dims, past n_dims
+    refused(corrupt_copy(path, tmp_path / "c.gguf", at, struct.pack("<3Q", *dims)), match)
 
 
 def test_random_corruption_is_a_value_error_or_reads(small_file, tmp_path):

@@ -27,9 +27,10 @@ BLOCK_FORMATS = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")
 
 def write_model(path, arch, fmt, *, shape=SHAPE, n_layers=2, vocab=VOCAB, tied=True,
                 embed_format="Q8_0", head_format="Q6_K", bias=True, freq_factors=None,
-                seed=0):
+                seed=0, eos_token_id=None):
     """A whole model in one GGUF file: token_embd, n_layers layers (every matrix in `fmt`, or
-    fmt[key] per matrix), output_norm, and output.weight unless tied."""
+    fmt[key] per matrix), output_norm, and output.weight unless tied; no vocabulary (an
+    eos_token_id if given: an int as UINT32, anything else as a string)."""
     E, H, G, D, I = shape
     rng = np.random.default_rng(seed)
     writer = gguf.GGUFWriter(str(path), arch)
@@ -42,6 +43,10 @@ def write_model(path, arch, fmt, *, shape=SHAPE, n_layers=2, vocab=VOCAB, tied=T
     writer.add_layer_norm_rms_eps(1e-5)
     writer.add_rope_freq_base(10000.0)
     writer.add_vocab_size(vocab)
+    if isinstance(eos_token_id, int):
+        writer.add_eos_token_id(eos_token_id)
+    elif eos_token_id is not None:
+        writer.add_string("tokenizer.ggml.eos_token_id", str(eos_token_id))
     if freq_factors is not None:
         writer.add_tensor("rope_freqs.weight", np.asarray(freq_factors, np.float32))
     emb = (rng.standard_normal((vocab, E)) * 0.5).astype(np.float32)
@@ -223,6 +228,19 @@ def test_errors_leave_the_model_usable(tmp_path):
     model.reset()
     np.testing.assert_array_equal(model.forward([1, 2, 3], logits="all"), first)
     np.testing.assert_array_equal(model.forward(list(range(4, 17)), logits="all"), rest)
+
+
+@pytest.mark.parametrize("eos, expected", [(None, ()), (7, (7,)), ("seven", None)])
+def test_end_of_generation_ids_of_a_file_without_a_vocabulary(tmp_path, eos, expected):
+    """No vocabulary (so no tokenizer): generation ends at the file's eos id, or at none; an id
+    stored as something other than an integer is a ValueError naming the key."""
+    path = write_model(tmp_path / "m.gguf", "llama", "Q8_0", eos_token_id=eos)
+    model = Model.from_gguf(path)
+    if expected is None:
+        with pytest.raises(ValueError, match="tokenizer.ggml.eos_token_id: expected an integer"):
+            model.end_of_generation_ids()
+    else:
+        assert model.end_of_generation_ids() == expected
 
 
 def test_generate_greedy_equals_argmax_and_sampling_is_seeded(tmp_path):
