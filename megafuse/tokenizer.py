@@ -47,16 +47,26 @@ Decoding is the exact inverse of encoding (no clean-up of spaces before punctuat
 from __future__ import annotations
 
 import codecs
+import contextvars
 import functools
 import importlib
 import json
+import math
+import numbers
 import operator
-from typing import Any, Dict, FrozenSet, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
+import re
+import time
+from typing import (Any, Callable, Dict, FrozenSet, Iterable, Iterator, List, Mapping, Optional,
+                    Sequence, Tuple, Union)
 
 # ---- constants -------------------------------------------------------------------------------
 
 #: tokenizer.ggml.token_type values (llama.cpp's llama_token_type; gguf.TokenType)
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
+UNDEFINED = 0   # llama.cpp's LLAMA_TOKEN_TYPE_UNDEFINED: read as NORMAL
+
+# a SentencePiece byte token's spelling (llama.cpp reads the byte from it)
+_BYTE_TOKEN = re.compile(r"<0x[0-9A-Fa-f]{2}>\Z")
 
 #: The vocabulary types this module builds (tokenizer.ggml.model).
 MODELS = ("gpt2", "llama")
@@ -124,6 +134,40 @@ _EOG_TEXTS = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "
               "<turn|>", "<|tool_response>")
 
 
+# Bounds on the work of one rendering of a chat template (apply_chat_template).  The template
+# comes from the model file, which may be hostile; jinja2's sandbox keeps it away from Python's
+# internals but not from running for hours or filling the memory.  Each bound is far above what a
+# real template needs: a few loop iterations per message, values the size of the conversation.
+
+#: The loop iterations one rendering may run: every iteration of every ``{% for %}`` and every
+#: number ``range()`` yields count (a loop over ``range(n)`` counts n, once).  A real template
+#: runs a few per message (a 10 000-message chat: some 10**5); two nested ``range(100000)``, each
+#: within jinja2's MAX_RANGE, would run 10**10 (hours).  Past it: a ValueError.
+MAX_TEMPLATE_LOOP_ITERATIONS = 1_000_000
+
+#: The most items (characters, list elements) of a value the template makes with ``*`` or ``+``,
+#: passes to or gets back from a call (a macro, a method), keeps in a ``namespace()``, and of its
+#: whole output: ten million characters is a prompt of millions of tokens, far beyond any
+#: context window, and ``'a' * 10**12`` would otherwise be a MemoryError (or the machine
+#: swapping).
+MAX_TEMPLATE_VALUE_SIZE = 10_000_000
+
+#: The largest integer, in bits, ``*`` and ``**`` may make (``10 ** 10 ** 10`` would take hours
+#: and gigabytes; chat templates count messages).
+MAX_TEMPLATE_INT_BITS = 1 << 16
+
+#: A backstop in wall-clock seconds, checked at every call, operator ``*`` / ``**`` / ``+`` and
+#: every 64 loop iterations: the bounds above limit how often the template loops, not what one
+#: iteration does with values of up to MAX_TEMPLATE_VALUE_SIZE items (or a recursion's fan-out).
+#: Real templates render in milliseconds.
+MAX_TEMPLATE_SECONDS = 10.0
+
+#: The most characters given to the ``wordwrap`` and ``urlize`` filters, which run for long in
+#: one call, out of reach of the checks above: wordwrap's time grows with the square of a word's
+#: length (20 s for a 10**6-character word), urlize takes some microseconds a word.
+MAX_TEMPLATE_SLOW_FILTER_INPUT = 100_000
+
+
 def _require(module: str) -> Any:
     """An optional dependency, or an ImportError that says how to get it."""
     try:
@@ -160,6 +204,39 @@ def _byte_spelling_as_latin1() -> Dict[int, str]:
     return table
 
 
+def _describe(value: Any) -> str:
+    """A value's type and (shortened) repr, for an error message."""
+    text = repr(value)
+    return f"{type(value).__name__} {text if len(text) <= 40 else text[:37] + '...'}"
+
+
+def _metadata_array(value: Any, key: str, expected: str, ok: Callable[[Any], bool]) -> List[Any]:
+    """A metadata array as a list whose every element passes ``ok``; else a ValueError naming
+    the key (and the index of the first bad element)."""
+    if hasattr(value, "tolist") and getattr(value, "ndim", None) == 1:   # a NumPy array
+        value = value.tolist()
+    if not isinstance(value, (list, tuple)):
+        raise ValueError(f"{key}: expected an array, got {_describe(value)}")
+    for i, item in enumerate(value):
+        if not ok(item):
+            raise ValueError(f"{key}[{i}]: expected {expected}, got {_describe(item)}")
+    return list(value)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _flag(value: Any, key: str) -> Optional[bool]:
+    """A boolean metadata value (None: not given)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or type(value).__name__ == "bool_" or \
+            (_is_int(value) and value in (0, 1)):
+        return bool(value)
+    raise ValueError(f"{key}: expected a boolean, got {_describe(value)}")
+
+
 def _as_id(value: Any, vocab_size: int, what: str = "token id") -> int:
     try:
         i = operator.index(value)
@@ -176,7 +253,10 @@ class Tokenizer:
     """A GGUF vocabulary: ``encode`` / ``decode`` / ``stream_decoder`` / ``apply_chat_template``.
 
     Usually made by ``Tokenizer.from_gguf``; the constructor takes the metadata's values
-    (``tokens``, ``token_types``, ``scores``, ``merges`` as lists; ids as ints or None).
+    (``tokens``, ``token_types``, ``scores``, ``merges`` as lists; ids as ints or None).  Each
+    is checked: tokens are strings, token types integers 0..6 (a BYTE token of the ``llama``
+    type spelled ``<0xNN>``), scores finite numbers, merges "left right" pairs of tokens that
+    make a token; a ValueError names the field and the index of the first bad element.
     ``add_bos`` / ``add_eos`` / ``add_space_prefix`` default to llama.cpp's choice for the
     vocabulary type and ``pre`` when None.
     """
@@ -195,18 +275,34 @@ class Tokenizer:
             raise NotImplementedError(
                 f"tokenizer.ggml.model: megafuse builds {' and '.join(MODELS)} vocabularies, "
                 f"got {model!r}")
+        tokens = _metadata_array(tokens, "tokenizer.ggml.tokens", "a string",
+                                 lambda t: isinstance(t, str))
         n = len(tokens)
         if n == 0:
             raise ValueError("tokenizer.ggml.tokens: the vocabulary is empty")
         # llama.cpp renames an empty token so that every text is distinct
         self._tokens: List[str] = [t if t else f"[EMPTY_{i}]" for i, t in enumerate(tokens)]
-        self._types: List[int] = [NORMAL] * n if token_types is None else [int(t) for t in
-                                                                           token_types]
+        self._types: List[int] = [NORMAL] * n if token_types is None else [
+            int(t) for t in _metadata_array(
+                token_types, "tokenizer.ggml.token_type",
+                f"a token type (an integer {UNDEFINED}..{BYTE})",
+                lambda t: _is_int(t) and UNDEFINED <= t <= BYTE)]
         if len(self._types) != n:
             raise ValueError(f"tokenizer.ggml.token_type: {len(self._types)} types for {n} "
                              f"tokens")
-        self._scores: Optional[List[float]] = None if scores is None else [float(s) for s in
-                                                                           scores]
+        self._scores: Optional[List[float]] = None if scores is None else [
+            float(s) for s in _metadata_array(
+                scores, "tokenizer.ggml.scores", "a finite number",
+                lambda s: isinstance(s, numbers.Real) and not isinstance(s, bool)
+                and math.isfinite(s))]
+        if merges is not None:
+            merges = _metadata_array(merges, "tokenizer.ggml.merges",
+                                     "a string 'left right'", lambda m: isinstance(m, str))
+        if pre is not None and not isinstance(pre, str):
+            raise ValueError(f"tokenizer.ggml.pre: expected a string, got {_describe(pre)}")
+        add_bos = _flag(add_bos, "tokenizer.ggml.add_bos_token")
+        add_eos = _flag(add_eos, "tokenizer.ggml.add_eos_token")
+        add_space_prefix = _flag(add_space_prefix, "tokenizer.ggml.add_space_prefix")
         if self._scores is not None and len(self._scores) != n:
             raise ValueError(f"tokenizer.ggml.scores: {len(self._scores)} scores for {n} tokens")
         self._ids: Dict[str, int] = {}
@@ -234,10 +330,10 @@ class Tokenizer:
             self._regexes = ()
             self._ignore_merges = False
             default_bos = True
-            self.add_space_prefix = True if add_space_prefix is None else bool(add_space_prefix)
+            self.add_space_prefix = True if add_space_prefix is None else add_space_prefix
         self._merges = merges
-        self.add_bos = default_bos if add_bos is None else bool(add_bos)
-        self.add_eos = False if add_eos is None else bool(add_eos)
+        self.add_bos = default_bos if add_bos is None else add_bos
+        self.add_eos = False if add_eos is None else add_eos
 
         def check(name: str, value: Optional[int]) -> Optional[int]:
             return None if value is None else _as_id(value, n, f"tokenizer.ggml.{name}")
@@ -316,11 +412,21 @@ class Tokenizer:
     def _merge_pairs(self) -> List[Tuple[str, str]]:
         if self.model == "gpt2":
             pairs = []
+            ids = self._ids
             for i, merge in enumerate(self._merges or ()):
                 cut = merge.find(" ", 1)   # a merge may start with a space token (llama.cpp)
-                if cut < 0:
-                    raise ValueError(f"tokenizer.ggml.merges[{i}]: {merge!r} is not 'left right'")
-                pairs.append((merge[:cut], merge[cut + 1:]))
+                left, right = merge[:cut], merge[cut + 1:]
+                if cut < 0 or not right:
+                    raise ValueError(f"tokenizer.ggml.merges[{i}]: {merge!r} is not a pair of "
+                                     f"tokens 'left right'")
+                # the two tokens and the one they make must be in the vocabulary (the
+                # tokenizers package refuses the merges otherwise)
+                if left not in ids or right not in ids or left + right not in ids:
+                    missing = next(p for p in (left, right, left + right) if p not in ids)
+                    raise ValueError(f"tokenizer.ggml.merges[{i}]: {merge!r} is not a pair of "
+                                     f"tokens 'left right': {missing!r} is not in the "
+                                     f"vocabulary (tokenizer.ggml.tokens)")
+                pairs.append((left, right))
             return pairs
         # SentencePiece: a pair may merge when the two make a token; the better that token's
         # score, the earlier the merge (llama.cpp's llm_tokenizer_spm).  Ties (equal scores):
@@ -341,17 +447,24 @@ class Tokenizer:
     def _build_backend(self) -> Any:
         tk = _require("tokenizers")
         models, pre_tokenizers = tk.models, tk.pre_tokenizers
+        merges = self._merge_pairs()
+        try:
+            if self.model == "gpt2":
+                bpe = models.BPE(vocab=dict(self._ids), merges=merges,
+                                 ignore_merges=self._ignore_merges, fuse_unk=False,
+                                 byte_fallback=False)
+            else:
+                bpe = models.BPE(vocab=dict(self._ids), merges=merges, fuse_unk=True,
+                                 byte_fallback=True)
+        except Exception as exc:   # tokenizers raises a bare Exception
+            raise ValueError(f"tokenizer.ggml.tokens / tokenizer.ggml.merges: the tokenizers "
+                             f"package refused the vocabulary: {exc}") from exc
         if self.model == "gpt2":
-            bpe = models.BPE(vocab=dict(self._ids), merges=self._merge_pairs(),
-                             ignore_merges=self._ignore_merges, fuse_unk=False,
-                             byte_fallback=False)
             backend = tk.Tokenizer(bpe)
             backend.pre_tokenizer = pre_tokenizers.Sequence(
                 [pre_tokenizers.Split(tk.Regex(r), behavior="isolated") for r in self._regexes]
                 + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
         else:
-            bpe = models.BPE(vocab=dict(self._ids), merges=self._merge_pairs(), fuse_unk=True,
-                             byte_fallback=True)
             backend = tk.Tokenizer(bpe)
             backend.pre_tokenizer = pre_tokenizers.Metaspace(
                 replacement=SPM_SPACE, prepend_scheme="first" if self.add_space_prefix else
@@ -371,7 +484,7 @@ class Tokenizer:
         out: List[bytes] = []
         _, to_byte = _byte_spelling()
         as_latin1 = _byte_spelling_as_latin1()
-        for token, typ in zip(self._tokens, self._types):
+        for i, (token, typ) in enumerate(zip(self._tokens, self._types)):
             if typ in (CONTROL, UNKNOWN, USER_DEFINED):
                 out.append(token.encode("utf-8"))
             elif self.model == "gpt2":
@@ -384,6 +497,10 @@ class Tokenizer:
                     out.append(b"".join(bytes((to_byte[c],)) if c in to_byte
                                         else c.encode("utf-8") for c in token))
             elif typ == BYTE:
+                if not _BYTE_TOKEN.match(token):
+                    raise ValueError(f"tokenizer.ggml.tokens[{i}]: {token!r} has the token type "
+                                     f"BYTE (tokenizer.ggml.token_type[{i}] = {BYTE}) but is not "
+                                     f"spelled <0xNN>")
                 out.append(bytes((int(token[3:5], 16),)))
             else:
                 out.append(token.replace(SPM_SPACE, " ").encode("utf-8"))
@@ -482,28 +599,54 @@ class Tokenizer:
         """Render the chat template (the file's ``tokenizer.chat_template``, or
         ``chat_template``) over ``messages`` ([{"role": ..., "content": ...}, ...]) as
         transformers does: a sandboxed jinja2 environment with trim_blocks and lstrip_blocks,
-        loop controls, ``raise_exception(msg)`` (a jinja2 TemplateError), ``strftime_now(fmt)``,
-        a ``tojson`` filter that keeps non-ASCII characters, and the variables ``messages``,
+        loop controls, ``raise_exception(msg)``, ``strftime_now(fmt)``, a ``tojson`` filter
+        that keeps non-ASCII characters, and the variables ``messages``,
         ``add_generation_prompt``, ``bos_token``, ``eos_token``, ``unk_token``, ``pad_token``,
         ``tools`` and ``documents`` (None), then ``kwargs``.
 
         ``tokenize=True`` returns the ids instead: special tokens parsed, and BOS put first
         where the metadata asks for it, unless the template already wrote it.
+
+        Errors:
+
+        * ``raise_exception(msg)``, the template refusing the messages (e.g. "roles must
+          alternate"), raises a jinja2 ``TemplateError`` with ``msg`` as transformers does; its
+          class is also a ValueError (``except ValueError`` catches it too).
+        * Any other failure of the template, while compiling or rendering (a syntax error, an
+          undefined variable, something the sandbox forbids, a division by zero, a recursive
+          macro, ...) is a ValueError "tokenizer.chat_template: the model file's chat template
+          failed: <Type>: <message>" (for ``chat_template=``: "chat_template: the chat template
+          passed to apply_chat_template failed: ..."), chained from the original exception.
+        * So is a template that exceeds the work bounds (MAX_TEMPLATE_LOOP_ITERATIONS loop
+          iterations, values or an output of more than MAX_TEMPLATE_VALUE_SIZE items, integers
+          of more than MAX_TEMPLATE_INT_BITS bits, MAX_TEMPLATE_SECONDS seconds).
+        * A stored template that is not a string is a ValueError naming
+          ``tokenizer.chat_template``; a ``chat_template=`` that is not one, a TypeError.
         """
-        template = chat_template if chat_template is not None else self.chat_template
-        if template is None:
-            raise ValueError("apply_chat_template: this GGUF file has no "
-                             "tokenizer.chat_template; pass chat_template=")
+        if chat_template is not None:
+            template: Any = chat_template
+            origin = "chat_template: the chat template passed to apply_chat_template"
+            if not isinstance(template, str):
+                raise TypeError(f"chat_template: expected a str, got {type(template).__name__}")
+        else:
+            template = self.chat_template
+            origin = "tokenizer.chat_template: the model file's chat template"
+            if template is None:
+                raise ValueError("apply_chat_template: this GGUF file has no "
+                                 "tokenizer.chat_template; pass chat_template=")
+            if not isinstance(template, str):
+                raise ValueError(f"tokenizer.chat_template: expected a string, got "
+                                 f"{_describe(template)}")
         context: Dict[str, Any] = {"tools": None, "documents": None}
         for name, token_id in (("bos_token", self.bos_id), ("eos_token", self.eos_id),
                                ("unk_token", self.unk_id), ("pad_token", self.pad_id)):
             if token_id is not None:
                 context[name] = self._tokens[token_id]
         context.update(kwargs)
-        text = _compile_template(template).render(
-            messages=list(messages), add_generation_prompt=add_generation_prompt, **context)
+        context.update(messages=list(messages), add_generation_prompt=add_generation_prompt)
+        text = _render_template(template, origin, context)
         if not tokenize:
-            return str(text)
+            return text
         ids = self.encode(text, add_special=False)
         if self.add_bos and self.bos_id is not None and ids[:1] != [self.bos_id]:
             ids.insert(0, self.bos_id)
@@ -543,14 +686,209 @@ class StreamDecoder:
         return text
 
 
-@functools.lru_cache(maxsize=16)
-def _compile_template(template: str) -> Any:
-    """A chat template compiled in an environment like transformers' (cached)."""
+# ---- chat templates --------------------------------------------------------------------------
+
+class _LimitExceeded(Exception):
+    """A chat template went past one of the MAX_TEMPLATE_* bounds."""
+
+
+class _RenderBudget:
+    """What one rendering of a chat template may still do (the MAX_TEMPLATE_* bounds, read when
+    the rendering starts)."""
+
+    _SIZED = (str, bytes, bytearray, list, tuple, dict, set, frozenset)
+
+    def __init__(self) -> None:
+        self.iterations = 0
+        self.max_iterations = MAX_TEMPLATE_LOOP_ITERATIONS
+        self.max_size = MAX_TEMPLATE_VALUE_SIZE
+        self.max_bits = MAX_TEMPLATE_INT_BITS
+        self.seconds = MAX_TEMPLATE_SECONDS
+        self.deadline = time.monotonic() + self.seconds
+
+    def tick(self) -> None:
+        """One loop iteration."""
+        self.iterations = n = self.iterations + 1
+        if n > self.max_iterations:
+            raise _LimitExceeded(f"the template exceeded {self.max_iterations} loop iterations "
+                                 f"(megafuse.tokenizer.MAX_TEMPLATE_LOOP_ITERATIONS)")
+        # the clock every 64 iterations: reading it takes as long as an empty iteration
+        if not n & 63 and time.monotonic() > self.deadline:
+            self._late()
+
+    def check_time(self) -> None:
+        if time.monotonic() > self.deadline:
+            self._late()
+
+    def _late(self) -> None:
+        raise _LimitExceeded(f"the template ran for more than {self.seconds:g} s "
+                             f"(megafuse.tokenizer.MAX_TEMPLATE_SECONDS)")
+
+    @staticmethod
+    def _amount(n: int) -> str:   # (an int of over 4300 digits cannot be printed)
+        return str(n) if n < 10**15 else f"about 2**{n.bit_length() - 1}"
+
+    def too_big(self, size: int, what: str) -> _LimitExceeded:
+        return _LimitExceeded(f"{what} would have {self._amount(size)} items (the limit is "
+                              f"{self.max_size}: megafuse.tokenizer.MAX_TEMPLATE_VALUE_SIZE)")
+
+    def too_many_bits(self, bits: int, what: str) -> _LimitExceeded:
+        return _LimitExceeded(f"{what} would be an integer of {self._amount(bits)} bits or "
+                              f"more (the limit is {self.max_bits}: "
+                              f"megafuse.tokenizer.MAX_TEMPLATE_INT_BITS)")
+
+    def check_value(self, value: Any, what: str) -> Any:
+        """``value`` if its size is within the bounds."""
+        if isinstance(value, int):
+            if value.bit_length() > self.max_bits:
+                raise self.too_many_bits(value.bit_length(), what)
+        elif isinstance(value, self._SIZED) and len(value) > self.max_size:
+            raise self.too_big(len(value), what)
+        return value
+
+    def check_binop(self, operator: str, left: Any, right: Any) -> None:
+        """Refuse ``left <operator> right`` before computing it if its result is too big."""
+        self.check_time()
+        sized = (str, bytes, bytearray, list, tuple)
+        what = f"{type(left).__name__} {operator} {type(right).__name__}"
+        if operator == "*":
+            for seq, times in ((left, right), (right, left)):
+                if isinstance(seq, sized) and isinstance(times, int) and \
+                        len(seq) * max(times, 0) > self.max_size:
+                    raise self.too_big(len(seq) * times, what)
+            if isinstance(left, int) and isinstance(right, int) and \
+                    left.bit_length() + right.bit_length() > self.max_bits:
+                raise self.too_many_bits(left.bit_length() + right.bit_length(), what)
+        elif operator == "**" and isinstance(left, int) and isinstance(right, int) and \
+                right > 0 and abs(left) > 1:
+            bits = right if right > self.max_bits else int(right * math.log2(abs(left))) + 1
+            if bits > self.max_bits:
+                raise self.too_many_bits(bits, what)
+        elif operator == "+" and isinstance(left, sized) and isinstance(right, sized) and \
+                len(left) + len(right) > self.max_size:
+            raise self.too_big(len(left) + len(right), what)
+
+
+_BUDGET: contextvars.ContextVar[Optional[_RenderBudget]] = contextvars.ContextVar(
+    "megafuse_chat_template_budget", default=None)
+
+
+def _budget() -> _RenderBudget:
+    budget = _BUDGET.get()
+    if budget is None:
+        raise RuntimeError("megafuse.tokenizer: chat templates are rendered by "
+                           "Tokenizer.apply_chat_template")
+    return budget
+
+
+class _CountedIterable:
+    """An iterable whose items count as loop iterations (the iterable of each ``{% for %}``)."""
+
+    __slots__ = ("_iterable", "_budget")
+
+    def __init__(self, iterable: Any, budget: _RenderBudget) -> None:
+        self._iterable = iterable
+        self._budget = budget
+
+    def __len__(self) -> int:   # a TypeError for a generator: jinja2's loop.length copes
+        return len(self._iterable)
+
+    def __iter__(self) -> Iterator[Any]:
+        tick = self._budget.tick
+        for item in self._iterable:
+            tick()
+            yield item
+
+
+class _CountedRange(_CountedIterable):
+    """The templates' ``range()``: jinja2's sandboxed range (at most MAX_RANGE numbers) whose
+    numbers count as loop iterations wherever they are used (a loop, ``|list``, ``|sum``)."""
+
+    __slots__ = ()
+
+    def __getitem__(self, key: Any) -> Any:
+        item = self._iterable[key]
+        return _CountedRange(item, self._budget) if isinstance(item, range) else item
+
+    def __contains__(self, value: Any) -> bool:
+        return value in self._iterable
+
+    def __reversed__(self) -> Iterator[Any]:
+        return iter(_CountedIterable(reversed(self._iterable), self._budget))
+
+    def __getattr__(self, name: str) -> Any:
+        if name in ("start", "stop", "step", "count", "index"):
+            return getattr(self._iterable, name)
+        raise AttributeError(name)
+
+    def __repr__(self) -> str:
+        return repr(self._iterable)
+
+
+@functools.lru_cache(maxsize=1)
+def _environment() -> Any:
+    """The jinja2 environment chat templates are compiled in: transformers' (a sandboxed
+    environment with trim_blocks, lstrip_blocks, loop controls, ``raise_exception``,
+    ``strftime_now`` and a ``tojson`` that keeps non-ASCII characters), with the work of a
+    rendering bounded (the MAX_TEMPLATE_* constants)."""
     jinja2 = _require("jinja2")
     sandbox = _require("jinja2.sandbox")
+    utils = jinja2.utils
+    # (the optional jinja2 is imported at run time: to mypy its classes are Any)
+    template_error: Any = jinja2.exceptions.TemplateError
+    sandboxed: Any = sandbox.ImmutableSandboxedEnvironment
+    namespace: Any = utils.Namespace
+
+    class ChatTemplateRaised(template_error, ValueError):  # type: ignore[misc]
+        """``raise_exception(msg)`` in a chat template: a jinja2 TemplateError as in
+        transformers, and a ValueError."""
+
+    ChatTemplateRaised.__module__ = __name__
+    ChatTemplateRaised.__qualname__ = "ChatTemplateRaised"
+
+    class Environment(sandboxed):  # type: ignore[misc]
+        # repetition, powers and concatenation go through call_binop (and are not folded at
+        # compile time)
+        intercepted_binops = frozenset({"*", "**", "+"})
+        raised_error = ChatTemplateRaised
+
+        def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
+            _budget().check_binop(operator, left, right)
+            return self.binop_table[operator](left, right)
+
+        def call(self, context: Any, obj: Any, /, *args: Any, **kwargs: Any) -> Any:
+            budget = _budget()
+            budget.check_time()
+            for value in (*args, *kwargs.values()):
+                budget.check_value(value, "an argument of a call")
+            return budget.check_value(super().call(context, obj, *args, **kwargs),
+                                      "the result of a call")
+
+        def megafuse_count_loop(self, iterable: Any) -> Any:
+            """The iterable of a ``{% for %}`` (the compiled templates call it)."""
+            if isinstance(iterable, _CountedRange):   # its numbers count already
+                return iterable
+            return _CountedIterable(iterable, _budget())
+
+    class BoundedNamespace(namespace):  # type: ignore[misc]
+        """``namespace()``, whose attributes are values within MAX_TEMPLATE_VALUE_SIZE (a value
+        doubled at each iteration of a loop is refused before it fills the memory)."""
+
+        def __setitem__(self, name: str, value: Any) -> None:
+            _budget().check_value(value, f"namespace attribute {name!r}")
+            super().__setitem__(name, value)
+
+    def counted_range(*args: Any) -> _CountedRange:
+        return _CountedRange(sandbox.safe_range(*args), _budget())
+
+    def lipsum(n: int = 5, html: bool = True, min: int = 20, max: int = 100) -> Any:
+        if n > 100 or max > 1000:
+            raise _LimitExceeded(f"lipsum(n={n}, max={max}): megafuse allows at most 100 "
+                                 f"paragraphs of at most 1000 words")
+        return utils.generate_lorem_ipsum(n, html, min, max)
 
     def raise_exception(message: str) -> None:
-        raise jinja2.exceptions.TemplateError(message)
+        raise ChatTemplateRaised(message)
 
     def tojson(value: Any, ensure_ascii: bool = False, indent: Optional[int] = None,
                separators: Any = None, sort_keys: bool = False) -> str:
@@ -561,9 +899,64 @@ def _compile_template(template: str) -> Any:
         import datetime
         return datetime.datetime.now().strftime(fmt)
 
-    env = sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=["jinja2.ext.loopcontrols"])
+    env = Environment(trim_blocks=True, lstrip_blocks=True,
+                      extensions=["jinja2.ext.loopcontrols"])
     env.filters["tojson"] = tojson
-    env.globals["raise_exception"] = raise_exception
-    env.globals["strftime_now"] = strftime_now
-    return env.from_string(template)
+    for name in ("wordwrap", "urlize"):
+        env.filters[name] = _bounded_filter(env.filters[name], name)
+    env.globals.update(range=counted_range, namespace=BoundedNamespace, lipsum=lipsum,
+                       raise_exception=raise_exception, strftime_now=strftime_now)
+    return env
+
+
+def _bounded_filter(function: Any, name: str) -> Any:
+    """A filter (whose first argument is jinja2's environment or eval context, as for wordwrap
+    and urlize) that refuses a text longer than MAX_TEMPLATE_SLOW_FILTER_INPUT."""
+    @functools.wraps(function)   # keeps jinja2's pass_environment / pass_eval_context mark
+    def bounded(first: Any, value: Any, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(value, str) and len(value) > MAX_TEMPLATE_SLOW_FILTER_INPUT:
+            raise _LimitExceeded(f"the {name} filter was given {len(value)} characters, more "
+                                 f"than {MAX_TEMPLATE_SLOW_FILTER_INPUT} (megafuse.tokenizer."
+                                 f"MAX_TEMPLATE_SLOW_FILTER_INPUT)")
+        return function(first, value, *args, **kwargs)
+    return bounded
+
+
+@functools.lru_cache(maxsize=16)
+def _compile_template(template: str) -> Any:
+    """A chat template compiled in _environment() (cached), each ``{% for %}``'s iterable
+    counted by the environment's megafuse_count_loop."""
+    env = _environment()
+    nodes = _require("jinja2").nodes
+    tree = env.parse(template)
+    for loop in list(tree.find_all(nodes.For)):
+        loop.iter = nodes.Call(nodes.EnvironmentAttribute("megafuse_count_loop"), [loop.iter],
+                               [], None, None).set_lineno(loop.iter.lineno, override=False)
+    tree.set_environment(env)
+    return env.from_string(tree)
+
+
+def _render_template(template: str, origin: str, context: Dict[str, Any]) -> str:
+    """``template`` rendered over ``context``; its failures and its going past the bounds are
+    ValueErrors that begin with ``origin`` (apply_chat_template's docstring)."""
+    env = _environment()
+    budget = _RenderBudget()
+    token = _BUDGET.set(budget)
+    try:
+        compiled = _compile_template(template)
+        pieces: List[str] = []
+        size = 0
+        for piece in compiled.generate(**context):
+            size += len(piece)
+            if size > budget.max_size:
+                raise budget.too_big(size, "the output")
+            pieces.append(piece)
+        return "".join(pieces)
+    except env.raised_error:
+        raise
+    except _LimitExceeded as exc:
+        raise ValueError(f"{origin} failed: {exc}") from exc
+    except Exception as exc:   # any other failure of the template
+        raise ValueError(f"{origin} failed: {type(exc).__name__}: {exc}") from exc
+    finally:
+        _BUDGET.reset(token)

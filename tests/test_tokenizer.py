@@ -312,9 +312,10 @@ def test_chat_template_no_second_bos(synthetic):
 
 
 def test_chat_template_is_sandboxed(smollm2):
-    with pytest.raises(jinja2.exceptions.SecurityError):
+    with pytest.raises(ValueError, match="^chat_template: .* failed: SecurityError: ") as exc:
         smollm2.apply_chat_template([{"role": "user", "content": "x"}],
                                     chat_template="{{ messages.append(1) }}")
+    assert isinstance(exc.value.__cause__, jinja2.exceptions.SecurityError)
     with pytest.raises(jinja2.exceptions.TemplateError, match="boom"):
         smollm2.apply_chat_template([], chat_template="{{ raise_exception('boom') }}")
     out = smollm2.apply_chat_template([], chat_template="{{ {'a': 'é'} | tojson }}")
@@ -409,3 +410,250 @@ def test_import_is_lazy():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           env=env, cwd=HERE, timeout=120)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
+
+
+# ---- hostile metadata ------------------------------------------------------------------------
+
+def _byte_tokens(*extra):
+    """A byte-level (gpt2) vocabulary: the 256 byte characters, then ``extra``."""
+    spell, _ = megafuse.tokenizer._byte_spelling()
+    return [spell[b] for b in range(256)] + list(extra)
+
+
+# a small SentencePiece (llama) vocabulary: <unk>, <s>, </s>, one byte token, "▁", "a", "▁a"
+SPM_TOKENS = ["<unk>", "<s>", "</s>", "<0x0A>", "\u2581", "a", "\u2581a"]
+SPM_TYPES = [2, 3, 3, 6, 1, 1, 1]
+SPM_SCORES = [0.0, 0.0, 0.0, 0.0, -1.0, -2.0, -3.0]
+
+
+def _write_vocab(path, model, tokens, **fields):
+    """A GGUF file holding only a vocabulary: tokenizer.ggml.model, tokenizer.ggml.tokens, then
+    ``fields`` (GGUF key -> value; gguf.GGUFWriter types a list by its first element: int
+    INT32, float FLOAT32, str STRING)."""
+    import gguf
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_tokenizer_model(model)
+    w.add_token_list(tokens)
+    for key, value in fields.items():
+        if isinstance(value, list):
+            w.add_array(key, value)
+        else:
+            w.add_string(key, value)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return str(path)
+
+
+def test_synthetic_vocabularies_load(tmp_path):
+    """The vocabularies the tests below spoil are valid as they are."""
+    tok = Tokenizer(_byte_tokens("ab", "abc"), model="gpt2", merges=["a b", "ab c"])
+    assert [tok.id_to_token(i) for i in tok.encode("abc")] == ["abc"]
+    path = _write_vocab(tmp_path / "spm.gguf", "llama", SPM_TOKENS,
+                        **{"tokenizer.ggml.token_type": SPM_TYPES,
+                           "tokenizer.ggml.scores": SPM_SCORES})
+    spm = Tokenizer.from_gguf(path)
+    assert spm.encode("a", add_special=False) == [6] and spm.token_bytes(3) == b"\n"
+
+
+@pytest.mark.parametrize("merges, index, message", [
+    (["a b", "a b c"], 1, r"'a b c' is not a pair of tokens 'left right': 'b c' is not in"),
+    (["ab"], 0, r"'ab' is not a pair of tokens 'left right'$"),
+    (["a "], 0, r"'a ' is not a pair of tokens 'left right'$"),
+    (["a b", "zzqq qqzz"], 1, r"'zzqq' is not in the vocabulary \(tokenizer\.ggml\.tokens\)"),
+    (["a c"], 0, r"'ac' is not in the vocabulary"),     # the token the merge makes
+])
+def test_merges_must_be_pairs_of_tokens(merges, index, message):
+    with pytest.raises(ValueError, match=rf"^tokenizer\.ggml\.merges\[{index}\]: .*{message}"):
+        Tokenizer(_byte_tokens("ab", "abc"), model="gpt2", merges=merges)
+
+
+def test_merges_of_the_wrong_type(tmp_path):
+    path = _write_vocab(tmp_path / "int-merges.gguf", "gpt2", _byte_tokens(),
+                        **{"tokenizer.ggml.merges": [1, 2]})
+    with pytest.raises(ValueError, match=r"^tokenizer\.ggml\.merges\[0\]: expected a string "
+                                         r"'left right', got int 1"):
+        Tokenizer.from_gguf(path)
+    with pytest.raises(ValueError, match=r"^tokenizer\.ggml\.merges: expected an array"):
+        Tokenizer(_byte_tokens(), model="gpt2", merges="a b")
+
+
+def test_token_types_must_be_known_integers(tmp_path):
+    tokens = _byte_tokens()
+    path = _write_vocab(tmp_path / "nan-types.gguf", "gpt2", tokens,
+                        **{"tokenizer.ggml.token_type": [float("nan")] * len(tokens),
+                           "tokenizer.ggml.merges": ["a b"]})
+    with pytest.raises(ValueError, match=r"^tokenizer\.ggml\.token_type\[0\]: expected a token "
+                                         r"type \(an integer 0\.\.6\), got float nan"):
+        Tokenizer.from_gguf(path)
+    with pytest.raises(ValueError, match=r"^tokenizer\.ggml\.token_type\[2\]: .* got int 7"):
+        Tokenizer(["a", "b", "c"], model="gpt2", merges=[], token_types=[1, 1, 7])
+
+
+def test_scores_must_be_finite_numbers(tmp_path):
+    path = _write_vocab(tmp_path / "str-scores.gguf", "llama", SPM_TOKENS,
+                        **{"tokenizer.ggml.token_type": SPM_TYPES,
+                           "tokenizer.ggml.scores": ["x"] * len(SPM_TOKENS)})
+    with pytest.raises(ValueError, match=r"^tokenizer\.ggml\.scores\[0\]: expected a finite "
+                                         r"number, got str 'x'"):
+        Tokenizer.from_gguf(path)
+    for bad in (float("nan"), float("-inf")):
+        scores = SPM_SCORES[:5] + [bad] + SPM_SCORES[6:]
+        with pytest.raises(ValueError, match=r"^tokenizer\.ggml\.scores\[5\]: expected a "
+                                             r"finite number"):
+            Tokenizer(SPM_TOKENS, model="llama", token_types=SPM_TYPES, scores=scores)
+
+
+def test_byte_tokens_must_be_spelled_as_bytes():
+    for spelling in ("<0x0>", "a\u2581", "<0x0AB>", "<0xZZ>"):
+        tokens = SPM_TOKENS[:3] + [spelling] + SPM_TOKENS[4:]
+        with pytest.raises(ValueError, match=r"^tokenizer\.ggml\.tokens\[3\]: .* has the token "
+                                             r"type BYTE .* not spelled <0xNN>"):
+            Tokenizer(tokens, model="llama", token_types=SPM_TYPES, scores=SPM_SCORES)
+
+
+def test_other_fields_of_the_wrong_type():
+    with pytest.raises(ValueError, match=r"^tokenizer\.ggml\.tokens\[1\]: expected a string, "
+                                         r"got int 5"):
+        Tokenizer(["a", 5], model="gpt2", merges=[])
+    with pytest.raises(ValueError, match=r"^tokenizer\.ggml\.tokens: expected an array"):
+        Tokenizer("abc", model="gpt2", merges=[])
+    with pytest.raises(ValueError, match=r"^tokenizer\.ggml\.pre: expected a string"):
+        Tokenizer(["a"], model="gpt2", merges=[], pre=["llama3"])
+    with pytest.raises(ValueError, match=r"^tokenizer\.ggml\.add_bos_token: expected a boolean"):
+        Tokenizer(["a"], model="gpt2", merges=[], add_bos="false")
+
+
+# ---- hostile chat templates ------------------------------------------------------------------
+
+def _template_tokenizer(template):
+    """A tokenizer whose stored (model file's) chat template is ``template``."""
+    return Tokenizer(_byte_tokens(), model="gpt2", merges=[], chat_template=template)
+
+
+def _template_failure(template, match, cause=None, **kwargs):
+    """The ValueError the stored ``template`` raises; it names the field and matches ``match``."""
+    with pytest.raises(ValueError, match=r"^tokenizer\.chat_template: the model file's chat "
+                                         r"template failed: " + match) as exc:
+        _template_tokenizer(template).apply_chat_template(
+            [{"role": "user", "content": "Hi"}], **kwargs)
+    if cause is not None:
+        assert isinstance(exc.value.__cause__, cause)
+    return exc.value
+
+
+def test_chat_template_must_be_a_string(tmp_path):
+    path = _write_vocab(tmp_path / "array-template.gguf", "gpt2", _byte_tokens("ab"),
+                        **{"tokenizer.ggml.merges": ["a b"], "tokenizer.chat_template": ["a", "b"]})
+    tok = Tokenizer.from_gguf(path)             # the vocabulary itself is usable
+    assert tok.encode("ab") == [256]
+    with pytest.raises(ValueError, match=r"^tokenizer\.chat_template: expected a string, got "
+                                         r"list \['a', 'b'\]"):
+        tok.apply_chat_template([{"role": "user", "content": "Hi"}])
+    with pytest.raises(TypeError, match="^chat_template: expected a str, got int"):
+        tok.apply_chat_template([], chat_template=5)
+
+
+@pytest.mark.parametrize("template, match, cause", [
+    ("{{ 1 / 0 }}", "ZeroDivisionError: division by zero", ZeroDivisionError),
+    ("{% macro f() %}{{ f() }}{% endmacro %}{{ f() }}", "RecursionError: ", RecursionError),
+    ("{% for %}", "TemplateSyntaxError: ", jinja2.exceptions.TemplateSyntaxError),
+    ("{{ ''.__class__.__mro__ }}", "SecurityError: ", jinja2.exceptions.SecurityError),
+    ("{{ messages[5]['content'] }}", "UndefinedError: ", jinja2.exceptions.UndefinedError),
+    ("{{ range(10 ** 9) }}", "OverflowError: Range too big", OverflowError),
+    ("{{ messages + 1 }}", "TypeError: ", TypeError),
+    ("{{ '%d' % 'x' }}", "TypeError: ", TypeError),
+])
+def test_chat_template_errors_are_value_errors(template, match, cause):
+    _template_failure(template, match, cause)
+
+
+def test_chat_template_passed_by_the_caller_is_named_so(smollm2):
+    with pytest.raises(ValueError, match=r"^chat_template: the chat template passed to "
+                                         r"apply_chat_template failed: ZeroDivisionError"):
+        smollm2.apply_chat_template([], chat_template="{{ 1 // 0 }}")
+
+
+def test_raise_exception_stays_a_template_error():
+    """The template's own refusal of the messages: transformers' jinja2 TemplateError (with the
+    message as it is), which is also a ValueError."""
+    template = ("{% if messages[0]['role'] != 'system' %}"
+                "{{ raise_exception('roles must alternate') }}{% endif %}")
+    with pytest.raises(jinja2.exceptions.TemplateError) as exc:
+        _template_tokenizer(template).apply_chat_template([{"role": "user", "content": "x"}])
+    assert isinstance(exc.value, ValueError) and str(exc.value) == "roles must alternate"
+    assert exc.value.__cause__ is None
+
+
+def test_chat_template_loop_budget(monkeypatch):
+    # two nested range(100000), each within jinja2's MAX_RANGE: 10**10 iterations unbounded
+    error = _template_failure(
+        "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
+        r"the template exceeded 1000000 loop iterations "
+        r"\(megafuse\.tokenizer\.MAX_TEMPLATE_LOOP_ITERATIONS\)$")
+    assert type(error.__cause__).__name__ == "_LimitExceeded"
+    # loops over anything count (a string made in the template), and numbers a range yields
+    # to a filter
+    _template_failure("{% for a in 'x' * 10**6 %}{% for b in 'y' * 10**6 %}{% endfor %}"
+                      "{% endfor %}", "the template exceeded 1000000 loop iterations")
+    monkeypatch.setattr(megafuse.tokenizer, "MAX_TEMPLATE_LOOP_ITERATIONS", 10)
+    tok = _template_tokenizer("{% for m in messages %}{{ m }}{% endfor %}")
+    assert tok.apply_chat_template(list("abcdefghij")) == "abcdefghij"
+    with pytest.raises(ValueError, match="exceeded 10 loop iterations"):
+        tok.apply_chat_template(list("abcdefghijk"))
+    assert _template_tokenizer("{{ range(10) | sum }}").apply_chat_template([]) == "45"
+    _template_failure("{{ range(11) | sum }}", "the template exceeded 10 loop iterations")
+    # each rendering has its own budget
+    assert _template_tokenizer("{{ range(10) | sum }}").apply_chat_template([]) == "45"
+
+
+def test_chat_template_value_budget():
+    for template, what in [("{{ 'a' * 10**12 }}", r"str \* int would have 1000000000000 items"),
+                           ("{{ 10**12 * 'a' }}", r"int \* str would have 1000000000000 items"),
+                           ("{{ [0] * 10**8 }}", r"list \* int would have 100000000 items")]:
+        _template_failure(template, what + r" \(the limit is 10000000: "
+                          r"megafuse\.tokenizer\.MAX_TEMPLATE_VALUE_SIZE\)$")
+    _template_failure("{{ 10 ** (10 ** 10) }}", r"int \*\* int would be an integer of "
+                      r"[0-9]+ bits or more \(the limit is 65536: ")
+    # a value doubled at each step: in a namespace, through a macro's argument, by '+'
+    _template_failure("{% set ns = namespace(s='x') %}{% for i in range(40) %}"
+                      "{% set ns.s = ns.s ~ ns.s %}{% endfor %}",
+                      "namespace attribute 's' would have 16777216 items")
+    _template_failure("{% macro d(s, n) %}{% if n %}{{ d(s ~ s, n - 1) }}{% endif %}"
+                      "{% endmacro %}{{ d('x', 40) }}", "an argument of a call would have")
+    _template_failure("{% set ns = namespace(s='x' * 9000000) %}{{ ns.s + ns.s }}",
+                      r"str \+ str would have 18000000 items")
+    _template_failure("{{ 'x'.ljust(10**8) }}", "the result of a call would have 100000000")
+    _template_failure("{% set s = 'x' * 10**7 %}{{ s }}{{ s }}", "the output would have")
+    _template_failure("{{ lipsum(10**9) }}", r"lipsum\(n=1000000000, max=100\)")
+    _template_failure("{{ ('x' * 10**6) | wordwrap(1) }}", "the wordwrap filter was given")
+
+
+def test_chat_template_time_budget(monkeypatch):
+    monkeypatch.setattr(megafuse.tokenizer, "MAX_TEMPLATE_SECONDS", -1.0)
+    _template_failure("{{ 'x'.upper() }}", r"the template ran for more than -1 s "
+                      r"\(megafuse\.tokenizer\.MAX_TEMPLATE_SECONDS\)$")
+    _template_failure("{% for i in range(64) %}{% endfor %}", "the template ran for more than")
+
+
+def test_chat_template_budget_keeps_jinja_semantics():
+    """Counted loops and ranges behave as jinja2's own (loop.length, else, recursion, slices)."""
+    messages = [{"role": "system", "content": "S"}, {"role": "user", "content": "Hi",
+                                                       "parts": [{"role": "p", "content": "c"}]}]
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+    plain = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    for template in [
+        "{% for m in messages %}{{ loop.index }}/{{ loop.length }}{{ loop.last }}{% endfor %}",
+        "{% for m in messages | selectattr('role', 'ne', 'x') %}{{ loop.length }}{% endfor %}",
+        "{% for m in messages if m.role == 'user' %}{{ m.content }}{% else %}-{% endfor %}",
+        "{% for m in [] %}x{% else %}empty{% endfor %}",
+        ("{% for m in messages recursive %}{{ m.role }}{% if m.parts %}[{{ loop(m.parts) }}]"
+         "{% endif %}{% endfor %}"),
+        ("{{ range(5) | list }}{{ range(5) | length }}{{ range(10)[2:5] | list }}"
+         "{{ range(4) | reverse | list }}{{ 3 in range(5) }}{{ range(1, 9, 2).step }}"),
+        ("{% set ns = namespace(n=0) %}{% for i in range(4) %}{% set ns.n = ns.n + i %}"
+         "{% endfor %}{{ ns.n }}{{ 'ab' * 2 }}{{ 2 ** 10 }}{{ [1] + [2] }}"),
+    ]:
+        want = plain.from_string(template).render(messages=messages)
+        assert _template_tokenizer(template).apply_chat_template(messages) == want, template
