@@ -456,6 +456,10 @@ class _Parser:
         if max(dims, default=0) >= 2**63 or n_elements >= 2**63:
             raise self.error(f"{name}: dims {list(dims)}: more than 2**63 - 1 values")
         n_bytes = n_elements // block * block_bytes
+        if offset % f.alignment:      # (llama.cpp refuses it too: a general.alignment that does
+            raise self.error(         # not match the padding would read every tensor shifted)
+                f"{name}: data offset {offset} is not a multiple of general.alignment "
+                f"({f.alignment})")
         start = f.data_offset + offset
         if start > self.size or n_bytes > self.size - start:
             raise self.error(f"{name}: data at bytes {start}..{start + n_bytes} is past the end "

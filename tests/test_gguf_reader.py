@@ -396,8 +396,10 @@ def test_corrupt_tensor_infos(small_file, tmp_path):
             r"b: 48 values per row is not a multiple of the Q4_0 block \(32\)")
     refused(corrupt_copy(small_file, c, b + 4 + 16, struct.pack("<I", 4)),       # type
             r"b: unknown GGML type 4")
-    refused(corrupt_copy(small_file, c, b + 4 + 16 + 4, struct.pack("<Q", 2**64 - 1)),
+    refused(corrupt_copy(small_file, c, b + 4 + 16 + 4, struct.pack("<Q", 2**64 - 32)),
             r"b: data at bytes \d+\.\.\d+ is past the end")
+    refused(corrupt_copy(small_file, c, b + 4 + 16 + 4, struct.pack("<Q", 32 + 4)),  # offset
+            r"b: data offset 36 is not a multiple of general\.alignment \(32\)")
     refused(corrupt_copy(small_file, c, infos["b"] + 8, b"a"),                   # rename
             r"a: duplicate tensor name")
     refused(corrupt_copy(small_file, c, b + 4 + 8, struct.pack("<Q", 2**63)),
