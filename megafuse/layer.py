@@ -81,20 +81,28 @@ def rope_tables(head_dim: int, max_seq: int, theta: float = 10000.0, *,
 
     freq_factors (head_dim/2 values, default all 1) are the per-frequency divisors of Llama 3's
     RoPE scaling (GGUF tensor ``rope_freqs.weight``); position_scale < 1 is linear RoPE scaling
-    (1 / factor).  Angles are computed in float64 and rounded once to float32.
+    (1 / factor).  Angles are computed in float64 and rounded once to float32.  Angles that are
+    not all finite (a theta <= 0 or NaN, a zero freq factor, a huge position_scale: from a
+    broken model file, say) are a ValueError, not NaN tables.
     """
     D, rows = _positive_int(head_dim, "head_dim"), _positive_int(max_seq, "max_seq")
     if D % 2:
         raise ValueError(f"head_dim: expected an even value (rotate-half RoPE), got {D}")
-    inv_freq = float(theta) ** (-np.arange(0, D, 2, dtype=np.float64) / D)       # [D/2]
-    if freq_factors is not None:
-        factors = np.asarray(freq_factors, dtype=np.float64).reshape(-1)
-        if factors.size != D // 2:
-            raise ValueError(f"freq_factors: expected head_dim/2 = {D // 2} values, got "
-                             f"{factors.size}")
-        inv_freq = inv_freq / factors
-    positions = np.arange(rows, dtype=np.float64) * float(position_scale)
-    angles = positions[:, None] * inv_freq[None, :]                             # [rows, D/2]
+    with np.errstate(all="ignore"):         # (a bad theta or factor: checked below)
+        inv_freq = float(theta) ** (-np.arange(0, D, 2, dtype=np.float64) / D)   # [D/2]
+        if freq_factors is not None:
+            factors = np.asarray(freq_factors, dtype=np.float64).reshape(-1)
+            if factors.size != D // 2:
+                raise ValueError(f"freq_factors: expected head_dim/2 = {D // 2} values, got "
+                                 f"{factors.size}")
+            inv_freq = inv_freq / factors
+        positions = np.arange(rows, dtype=np.float64) * float(position_scale)
+        angles = positions[:, None] * inv_freq[None, :]                         # [rows, D/2]
+    if not np.isfinite(angles).all():
+        raise ValueError(f"rope_tables: the angles p * position_scale * theta ** (-2i / "
+                         f"head_dim) / freq_factors[i] are not all finite (theta = {theta!r}, "
+                         f"position_scale = {position_scale!r}"
+                         f"{', freq_factors given' if freq_factors is not None else ''})")
     return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
 
 

@@ -97,6 +97,17 @@ def test_rope_tables_bad_arguments(args, match):
         megafuse.rope_tables(*args)
 
 
+@pytest.mark.parametrize("kwargs", [{"theta": 0.0}, {"theta": -1.0}, {"theta": float("nan")},
+                                    {"theta": 5e-324}, {"position_scale": 1e320},
+                                    {"position_scale": float("inf")},
+                                    {"freq_factors": np.zeros(32)}])
+def test_rope_tables_refuse_angles_that_are_not_finite(kwargs):
+    """What a broken model file's RoPE metadata gives (a base of 0 or 5e-324, a linear factor of
+    1e-320, a zero rope_freqs entry): a ValueError, not NaN tables."""
+    with pytest.raises(ValueError, match="not all finite"):
+        megafuse.rope_tables(64, 50, **kwargs)
+
+
 # ---- the layer against the reference ---------------------------------------------------------
 
 @pytest.mark.parametrize("fmt", ["FP32", "FP16", "BF16"])
