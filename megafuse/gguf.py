@@ -86,7 +86,9 @@ PathOrReader = Union[str, "os.PathLike[str]", "GGUFFile", Any]
 #   kv_count key / values:    string key, u32 value type, value
 #   tensor_count infos:       string name, u32 n_dims, u64 dims[n_dims] (GGML order: columns
 #                             first), u32 GGML type, u64 offset (from the start of the data)
-#   padding to `general.alignment` (u32, default 32), then the tensor data
+#   padding to `general.alignment` (u32, default 32), then the tensor data: each tensor's
+#                             right after the one before, padded to the alignment (the first
+#                             at offset 0), as llama.cpp's reader requires
 #
 # A string is u64 length + UTF-8 bytes (no terminator); an array is u32 item type, u64 count,
 # the items (arrays of arrays are refused, as llama.cpp refuses them).
@@ -280,6 +282,7 @@ class _Parser:
         self.buf = file._mmap
         self.size = file.size
         self.pos = 0
+        self.next_offset = 0            # where the next tensor's data must start (see tensor())
 
     # -- errors --------------------------------------------------------------------------
 
@@ -460,6 +463,15 @@ class _Parser:
             raise self.error(         # not match the padding would read every tensor shifted)
                 f"{name}: data offset {offset} is not a multiple of general.alignment "
                 f"({f.alignment})")
+        # Each tensor's data follows the one before, padded to the alignment, as llama.cpp's
+        # reader requires ("tensor ... has offset ..., expected ..."): a file it refuses is not
+        # read here either, and a wrong type, dims or offset in a tensor info (whose data would
+        # otherwise be read as valid-looking garbage) shows as an offset out of place.
+        if offset != self.next_offset:
+            raise self.error(f"{name}: data offset {offset}, expected {self.next_offset} (right "
+                             f"after the tensor before, padded to general.alignment = "
+                             f"{f.alignment}): a tensor info's type, dims or offset is wrong")
+        self.next_offset = offset + n_bytes + (-n_bytes % f.alignment)
         start = f.data_offset + offset
         if start > self.size or n_bytes > self.size - start:
             raise self.error(f"{name}: data at bytes {start}..{start + n_bytes} is past the end "

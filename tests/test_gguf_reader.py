@@ -397,9 +397,13 @@ def test_corrupt_tensor_infos(small_file, tmp_path):
     refused(corrupt_copy(small_file, c, b + 4 + 16, struct.pack("<I", 4)),       # type
             r"b: unknown GGML type 4")
     refused(corrupt_copy(small_file, c, b + 4 + 16 + 4, struct.pack("<Q", 2**64 - 32)),
-            r"b: data at bytes \d+\.\.\d+ is past the end")
+            r"b: data offset 18446744073709551584, expected \d+ \(right after the tensor "
+            r"before, padded to general\.alignment = 32\)")
     refused(corrupt_copy(small_file, c, b + 4 + 16 + 4, struct.pack("<Q", 32 + 4)),  # offset
             r"b: data offset 36 is not a multiple of general\.alignment \(32\)")
+    a = infos["a"] + 8 + 1                         # n_dims of tensor "a", F32 [32, 3]
+    refused(corrupt_copy(small_file, c, a + 4 + 16, struct.pack("<I", 1)),       # F32 -> F16
+            r"b: data offset 384, expected 192 \(right after the tensor before")
     refused(corrupt_copy(small_file, c, infos["b"] + 8, b"a"),                   # rename
             r"a: duplicate tensor name")
     refused(corrupt_copy(small_file, c, b + 4 + 8, struct.pack("<Q", 2**63)),
