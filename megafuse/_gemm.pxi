@@ -253,9 +253,10 @@ cdef inline void store_tile(const RowBlock *b,
                             Py_ssize_t t0, Py_ssize_t nt, Py_ssize_t ld) noexcept nogil:
     """b.out[r][(t0 + j) * ld] = res(r, j) + b.bias[r] (+ b.add[r][(t0 + j) * ld]) for every row
     of the block: store_results' values, written token by token (a token's results are
-    contiguous in out; column by column, each store would touch a line of its own, ld apart).
-    Rows whose results (and added columns) are side by side -- every block but the K/V cache
-    rows of padded heads -- take the loop without per-row pointers."""
+    contiguous in out; column by column, each store would touch a line of its own, ld apart)
+    when the rows' results (and added columns) sit side by side -- every block but those whose
+    rows span K/V cache heads (a head's rows are cache_capacity * Da apart from the next's),
+    which store_results writes row by row."""
     cdef Py_ssize_t j, r, n = b.n
     cdef float value
     cdef float *dst
@@ -282,13 +283,9 @@ cdef inline void store_tile(const RowBlock *b,
                                 + r % DOT_ROWS] + b.bias[r]
                     dst[r] = value + add[r]
         return
-    for j in range(nt):
-        for r in range(n):
-            value = res[(r // DOT_ROWS) * (MF_Q8_TILE_TOKENS * DOT_ROWS) + j * DOT_ROWS
-                        + r % DOT_ROWS] + b.bias[r]
-            if b.add[r] != NULL:
-                value = value + b.add[r][(t0 + j) * ld]
-            b.out[r][(t0 + j) * ld] = value
+    for r in range(n):       # rows apart (K/V cache heads): column by column
+        store_results(b, r, res + (r // DOT_ROWS) * (MF_Q8_TILE_TOKENS * DOT_ROWS) + r % DOT_ROWS,
+                      DOT_ROWS, t0, nt, ld)
 
 
 cdef void block_dot_tokens_q8(
