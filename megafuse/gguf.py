@@ -56,6 +56,8 @@ import numpy.typing as npt
 
 import megafuse as _mf   # the compiled helpers (megafuse is initialised before this module)
 from megafuse._dtype import CKDataType
+from megafuse._metadata_values import describe as _describe, is_int as _is_int, \
+    is_number as _is_number
 
 #: The architectures this module reads, and whether llama.cpp permuted their q/k rows.
 ARCHITECTURES: Dict[str, bool] = {"llama": True, "qwen2": False}
@@ -547,25 +549,6 @@ def _field(reader: Any, key: str, default: Any = None, index: Optional[int] = No
 
 _REQUIRED: Any = object()      # the default of a key the file must have
 _MISSING: Any = object()       # (_metadata: the key is not in the file)
-
-
-def _describe(value: Any) -> str:
-    """A value as an error message shows it."""
-    if isinstance(value, list):
-        return f"an array of {len(value)} values"
-    if isinstance(value, str):
-        return f"the string {value[:40]!r}" + ("..." if len(value) > 40 else "")
-    if isinstance(value, (bool, np.bool_)):
-        return f"the boolean {bool(value)}"
-    return f"{type(value).__name__} {value!r}"
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
-
-
-def _is_number(value: Any) -> bool:
-    return _is_int(value) or isinstance(value, (float, np.floating))
 
 
 def _metadata(reader: Any, key: str, default: Any, layer: Optional[int] = None,

@@ -52,12 +52,13 @@ import functools
 import importlib
 import json
 import math
-import numbers
 import operator
 import re
 import time
 from typing import (Any, Callable, Dict, FrozenSet, Iterable, Iterator, List, Mapping, Optional,
                     Sequence, Tuple, Union)
+
+from megafuse._metadata_values import describe, is_bool, is_int, is_number
 
 # ---- constants -------------------------------------------------------------------------------
 
@@ -204,37 +205,26 @@ def _byte_spelling_as_latin1() -> Dict[int, str]:
     return table
 
 
-def _describe(value: Any) -> str:
-    """A value's type and (shortened) repr, for an error message."""
-    text = repr(value)
-    return f"{type(value).__name__} {text if len(text) <= 40 else text[:37] + '...'}"
-
-
 def _metadata_array(value: Any, key: str, expected: str, ok: Callable[[Any], bool]) -> List[Any]:
     """A metadata array as a list whose every element passes ``ok``; else a ValueError naming
     the key (and the index of the first bad element)."""
     if hasattr(value, "tolist") and getattr(value, "ndim", None) == 1:   # a NumPy array
         value = value.tolist()
     if not isinstance(value, (list, tuple)):
-        raise ValueError(f"{key}: expected an array, got {_describe(value)}")
+        raise ValueError(f"{key}: expected an array, got {describe(value)}")
     for i, item in enumerate(value):
         if not ok(item):
-            raise ValueError(f"{key}[{i}]: expected {expected}, got {_describe(item)}")
+            raise ValueError(f"{key}[{i}]: expected {expected}, got {describe(item)}")
     return list(value)
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 def _flag(value: Any, key: str) -> Optional[bool]:
     """A boolean metadata value (None: not given)."""
     if value is None:
         return None
-    if isinstance(value, bool) or type(value).__name__ == "bool_" or \
-            (_is_int(value) and value in (0, 1)):
+    if is_bool(value) or (is_int(value) and value in (0, 1)):
         return bool(value)
-    raise ValueError(f"{key}: expected a boolean, got {_describe(value)}")
+    raise ValueError(f"{key}: expected a boolean, got {describe(value)}")
 
 
 def _as_id(value: Any, vocab_size: int, what: str = "token id") -> int:
@@ -286,20 +276,19 @@ class Tokenizer:
             int(t) for t in _metadata_array(
                 token_types, "tokenizer.ggml.token_type",
                 f"a token type (an integer {UNDEFINED}..{BYTE})",
-                lambda t: _is_int(t) and UNDEFINED <= t <= BYTE)]
+                lambda t: is_int(t) and UNDEFINED <= t <= BYTE)]
         if len(self._types) != n:
             raise ValueError(f"tokenizer.ggml.token_type: {len(self._types)} types for {n} "
                              f"tokens")
         self._scores: Optional[List[float]] = None if scores is None else [
             float(s) for s in _metadata_array(
                 scores, "tokenizer.ggml.scores", "a finite number",
-                lambda s: isinstance(s, numbers.Real) and not isinstance(s, bool)
-                and math.isfinite(s))]
+                lambda s: is_number(s) and math.isfinite(s))]
         if merges is not None:
             merges = _metadata_array(merges, "tokenizer.ggml.merges",
                                      "a string 'left right'", lambda m: isinstance(m, str))
         if pre is not None and not isinstance(pre, str):
-            raise ValueError(f"tokenizer.ggml.pre: expected a string, got {_describe(pre)}")
+            raise ValueError(f"tokenizer.ggml.pre: expected a string, got {describe(pre)}")
         add_bos = _flag(add_bos, "tokenizer.ggml.add_bos_token")
         add_eos = _flag(add_eos, "tokenizer.ggml.add_eos_token")
         add_space_prefix = _flag(add_space_prefix, "tokenizer.ggml.add_space_prefix")
@@ -636,7 +625,7 @@ class Tokenizer:
                                  "tokenizer.chat_template; pass chat_template=")
             if not isinstance(template, str):
                 raise ValueError(f"tokenizer.chat_template: expected a string, got "
-                                 f"{_describe(template)}")
+                                 f"{describe(template)}")
         context: Dict[str, Any] = {"tools": None, "documents": None}
         for name, token_id in (("bos_token", self.bos_id), ("eos_token", self.eos_id),
                                ("unk_token", self.unk_id), ("pad_token", self.pad_id)):

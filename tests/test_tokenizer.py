@@ -496,7 +496,7 @@ def test_scores_must_be_finite_numbers(tmp_path):
                         **{"tokenizer.ggml.token_type": SPM_TYPES,
                            "tokenizer.ggml.scores": ["x"] * len(SPM_TOKENS)})
     with pytest.raises(ValueError, match=r"^tokenizer\.ggml\.scores\[0\]: expected a finite "
-                                         r"number, got str 'x'"):
+                                         r"number, got the string 'x'"):
         Tokenizer.from_gguf(path)
     for bad in (float("nan"), float("-inf")):
         scores = SPM_SCORES[:5] + [bad] + SPM_SCORES[6:]
@@ -549,7 +549,7 @@ def test_chat_template_must_be_a_string(tmp_path):
     tok = Tokenizer.from_gguf(path)             # the vocabulary itself is usable
     assert tok.encode("ab") == [256]
     with pytest.raises(ValueError, match=r"^tokenizer\.chat_template: expected a string, got "
-                                         r"list \['a', 'b'\]"):
+                                         r"an array of 2 values"):
         tok.apply_chat_template([{"role": "user", "content": "Hi"}])
     with pytest.raises(TypeError, match="^chat_template: expected a str, got int"):
         tok.apply_chat_template([], chat_template=5)
