@@ -537,6 +537,36 @@ static inline void mf_q8_tile_kq(int dt, const void *const *vw, const char *xq, 
                     for (int o = 0; o < (int)sizeof(block_q8_K); o += 64)
                         _mm_prefetch(pn + o, _MM_HINT_T0);
                 }
+#if defined(MF_SIMD_AVX512)
+                /* the two tokens side by side in the halves of 512-bit registers, each row's
+                 * registers broadcast to both: the same operations lane for lane as below */
+                __m512i q0 = _mm512_setzero_si512(), q1 = q0, q2 = q0, q3 = q0;
+                MF_Q_NO_UNROLL
+                for (int c = 0; c < 4; c++) {
+                    const __m512i x = _mm512_inserti64x4(_mm512_castsi256_si512(
+                        mf_q_loadu256(a0[s].qs + 64 * c)), mf_q_loadu256(a1[s].qs + 64 * c), 1);
+                    const __m512i y = _mm512_inserti64x4(_mm512_castsi256_si512(
+                        mf_q_loadu256(a0[s].qs + 64 * c + 32)), mf_q_loadu256(a1[s].qs + 64 * c + 32), 1);
+                    const __m512i AL = _mm512_unpacklo_epi16(x, y), AH = _mm512_unpackhi_epi16(x, y);
+#define MF_Q_KQ_ROW(r, pr)                                                                     \
+                    {                                                                          \
+                        const __m512i ul = _mm512_broadcast_i64x4(ULb[r][s][c]);               \
+                        const __m512i uh = _mm512_broadcast_i64x4(UHb[r][s][c]);               \
+                        const __m512i sc = _mm512_broadcast_i64x4(SCb[r][s][c]);               \
+                        pr = _mm512_add_epi32(pr, _mm512_madd_epi16(_mm512_add_epi16(          \
+                            _mm512_maddubs_epi16(ul, AL), _mm512_maddubs_epi16(uh, AH)), sc));  \
+                    }
+                    MF_Q_KQ_ROW(0, q0)
+                    MF_Q_KQ_ROW(1, q1)
+                    MF_Q_KQ_ROW(2, q2)
+                    MF_Q_KQ_ROW(3, q3)
+#undef MF_Q_KQ_ROW
+                }
+                P[s][0] = _mm512_castsi512_si256(q0); P[s][4] = _mm512_extracti64x4_epi64(q0, 1);
+                P[s][1] = _mm512_castsi512_si256(q1); P[s][5] = _mm512_extracti64x4_epi64(q1, 1);
+                P[s][2] = _mm512_castsi512_si256(q2); P[s][6] = _mm512_extracti64x4_epi64(q2, 1);
+                P[s][3] = _mm512_castsi512_si256(q3); P[s][7] = _mm512_extracti64x4_epi64(q3, 1);
+#else
                 __m256i p00 = _mm256_setzero_si256(), p10 = p00, p20 = p00, p30 = p00;
                 __m256i p01 = p00, p11 = p00, p21 = p00, p31 = p00;
                 MF_Q_NO_UNROLL               /* unrolled, GCC spills the 8 accumulators */
@@ -565,6 +595,7 @@ static inline void mf_q8_tile_kq(int dt, const void *const *vw, const char *xq, 
                 }
                 P[s][0] = p00; P[s][1] = p10; P[s][2] = p20; P[s][3] = p30;
                 P[s][4] = p01; P[s][5] = p11; P[s][6] = p21; P[s][7] = p31;
+#endif
             }
             __m256d acc0 = _mm256_loadu_pd(acc[t]), acc1 = _mm256_loadu_pd(acc[t + 1]);
             for (int s = 0; s < ns; s++) {
