@@ -112,7 +112,8 @@ static inline const int8_t *mf_act_lo(const void *a, ptrdiff_t ib)
 /* One group of a Q8_0 activation row in registers (mf_act_layout.h). */
 typedef struct {
     __m256i lo[2], hi[2];       /* the codes of pairs 0 and 1 */
-    __m256i oo[2];              /* Q4_0 / Q5_0: off * (a_lo + a_hi) as int16 pair sums */
+    __m256i oo[2];              /* Q4_0 / Q5_0: off * (a_lo + a_hi) as int16 pair sums; with
+                                 * VNNI their int32 lane sums, negated (mf_q_lanes_uo) */
     __m256 f;                   /* [d0, s0, d2, s2 | d1, s1, d3, s3] */
 } mf_q_agrp;
 
@@ -128,9 +129,14 @@ static inline void mf_q_agrp_load(const void *a, ptrdiff_t n, ptrdiff_t g, int o
     A->f = _mm256_loadu_ps(mf_act_q8_0_f(a, (size_t)n, (size_t)g));
     if (off) {
         const __m256i o = _mm256_set1_epi8((char)off);
-        for (int p = 0; p < 2; p++)
+        for (int p = 0; p < 2; p++) {
             A->oo[p] = _mm256_add_epi16(_mm256_maddubs_epi16(o, A->lo[p]),
                                         _mm256_maddubs_epi16(o, A->hi[p]));
+#if defined(MF_Q_VNNI)
+            A->oo[p] = _mm256_sub_epi32(_mm256_setzero_si256(),
+                                        _mm256_madd_epi16(A->oo[p], _mm256_set1_epi16(1)));
+#endif
+        }
     } else {
         A->oo[0] = A->oo[1] = _mm256_setzero_si256();
     }
@@ -141,15 +147,23 @@ static inline void mf_q_agrp_load(const void *a, ptrdiff_t n, ptrdiff_t g, int o
  * (|maddubs| <= 2*31*127 each, their sum <= 15748, the difference <= 4*16*127). */
 static inline __m256i mf_q_lanes_uo(__m256i ulo, __m256i uhi, __m256i alo, __m256i ahi, __m256i oo)
 {
+#if defined(MF_Q_VNNI)          /* oo: the negated int32 sums; the same L in two vpdpbusd */
+    return _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(oo, ulo, alo), uhi, ahi);
+#else
     const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(ulo, alo), _mm256_maddubs_epi16(uhi, ahi));
     return _mm256_madd_epi16(_mm256_sub_epi16(p, oo), _mm256_set1_epi16(1));
+#endif
 }
 
 /* Unsigned codes without offset (Q4_1, Q5_1). */
 static inline __m256i mf_q_lanes_u(__m256i ulo, __m256i uhi, __m256i alo, __m256i ahi)
 {
+#if defined(MF_Q_VNNI)
+    return _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), ulo, alo), uhi, ahi);
+#else
     const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(ulo, alo), _mm256_maddubs_epi16(uhi, ahi));
     return _mm256_madd_epi16(p, _mm256_set1_epi16(1));
+#endif
 }
 
 /* Signed codes s (Q8_0) with u = |s|: the sign trick, one pmaddwd per register (two int16 pairs
@@ -168,8 +182,12 @@ static inline __m256i mf_q_lanes_s(__m256i ulo, __m256i slo, __m256i uhi, __m256
  * their sum <= 16320, c <= 4*128*16). */
 static inline __m256i mf_q_lanes_b(__m256i slo, __m256i shi, __m256i c, __m256i alo, __m256i ahi)
 {
+#if defined(MF_Q_VNNI)          /* c: the negated int32 sums (mf_q_wgrp_bias) */
+    return _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(c, alo, slo), ahi, shi);
+#else
     const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(alo, slo), _mm256_maddubs_epi16(ahi, shi));
     return _mm256_madd_epi16(_mm256_sub_epi16(p, c), _mm256_set1_epi16(1));
+#endif
 }
 
 /* acc = fma(float(L), D, acc), D = [dd_i x 4 | dd_i+1 x 4]: P's element 0 (pair 0) or 2 (pair
@@ -338,15 +356,24 @@ MF_ALWAYS_INLINE __m256 mf_q_grp_step(int kind, const mf_q_wgrp *G, const mf_q_a
     return acc;
 }
 
-/* Q4_0 / Q5_0 groups for kind 3: the signed codes and the bias terms, from the unsigned codes. */
+/* Groups for kind 3: the signed codes (Q4_0 / Q5_0: from the unsigned codes) and the bias
+ * terms.  With VNNI the Q8_0 tiles take kind 3 too (off 0): vpdpbusd sums (a + 128) * s in int32,
+ * where vpmaddubsw's int16 pairs could saturate (2 * 255 * 128 for a code -128). */
 static inline void mf_q_wgrp_bias(mf_q_wgrp *G, int off)
 {
     const __m256i o = _mm256_set1_epi8((char)off), b = _mm256_set1_epi8((char)0x80);
     for (int p = 0; p < 2; p++) {
-        G->s[p][0] = _mm256_sub_epi8(G->u[p][0], o);
-        G->s[p][1] = _mm256_sub_epi8(G->u[p][1], o);
+        if (off) {              /* Q8_0 (off 0, VNNI only): s holds its signed codes already */
+            G->s[p][0] = _mm256_sub_epi8(G->u[p][0], o);
+            G->s[p][1] = _mm256_sub_epi8(G->u[p][1], o);
+        }
+#if defined(MF_Q_VNNI)          /* as int32 lane sums, negated (mf_q_lanes_b) */
+        G->c[p] = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_dpbusd_epi32(
+            _mm256_dpbusd_epi32(_mm256_setzero_si256(), b, G->s[p][0]), b, G->s[p][1]));
+#else
         G->c[p] = _mm256_add_epi16(_mm256_maddubs_epi16(b, G->s[p][0]),
                                    _mm256_maddubs_epi16(b, G->s[p][1]));
+#endif
     }
 }
 

@@ -393,7 +393,11 @@ MF_ALWAYS_INLINE void mf_q8_tile_row32(int dt, const void *const *vw, const char
     __m256 acc[MF_Q8_TILE_TOKENS][4];                      /* [token][row] */
     const ptrdiff_t nb = n / QK8_0, ng = (ptrdiff_t)mf_act_q8_0_groups((size_t)n);
     const ptrdiff_t gb = 4 * mf_q_bsz(dt);
+#if defined(MF_Q_VNNI)
+    const int biased = mf_q_off(dt) != 0 || dt == CK_DT_Q8_0;   /* mf_q_lanes_b, mf_q_wgrp_bias */
+#else
     const int biased = mf_q_off(dt) != 0;                  /* Q4_0 / Q5_0: mf_q_lanes_b */
+#endif
     const int kind = biased ? 3 : mf_q_kind(dt);
     for (int t = 0; t < nt; t++)
         for (int r = 0; r < 4; r++)
