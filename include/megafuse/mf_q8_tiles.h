@@ -368,6 +368,68 @@ static inline void mf_dot4_q6_K_q8_K(const void *const *vw, const void *va, ptrd
 
 /* ---- many tokens: 4 rows of a 32-weight format decoded once a chunk ---------------------- */
 
+#if defined(MF_SIMD_AVX512) && defined(MF_Q_VNNI)
+/* One group of two tokens in the halves of 512-bit registers (the tiles at the avx512 level):
+ * A2's codes and floats hold token t in the low half, t + 1 in the high half; G's registers are
+ * broadcast to both.  Kinds 1 and 3 only (the tiles' kinds with VNNI), both pairs (whole
+ * groups).  Lane for lane the operations of mf_q_grp_step: the same bits. */
+typedef struct {
+    __m512i lo[2], hi[2];       /* [pair]: [token t | token t + 1] */
+    __m512 f;
+} mf_q_agrp2;
+
+static inline void mf_q_agrp2_load(const char *a0, const char *a1, ptrdiff_t n, ptrdiff_t g,
+                                   int biased, mf_q_agrp2 *A)
+{
+    const int8_t *c0 = mf_act_q8_0_codes(a0, (size_t)g), *c1 = mf_act_q8_0_codes(a1, (size_t)g);
+    const __m512i b = _mm512_set1_epi8((char)0x80);
+    for (int p = 0; p < 2; p++) {
+        A->lo[p] = _mm512_inserti64x4(_mm512_castsi256_si512(mf_q_loadu256(c0 + 64 * p)),
+                                      mf_q_loadu256(c1 + 64 * p), 1);
+        A->hi[p] = _mm512_inserti64x4(_mm512_castsi256_si512(mf_q_loadu256(c0 + 64 * p + 32)),
+                                      mf_q_loadu256(c1 + 64 * p + 32), 1);
+        if (biased) {
+            A->lo[p] = _mm512_xor_si512(A->lo[p], b);
+            A->hi[p] = _mm512_xor_si512(A->hi[p], b);
+        }
+    }
+    A->f = _mm512_insertf32x8(_mm512_castps256_ps512(
+        _mm256_loadu_ps(mf_act_q8_0_f(a0, (size_t)n, (size_t)g))),
+        _mm256_loadu_ps(mf_act_q8_0_f(a1, (size_t)n, (size_t)g)), 1);
+}
+
+MF_ALWAYS_INLINE __m512 mf_q_grp_step2(int kind, const mf_q_wgrp *G, const mf_q_agrp2 *A,
+                                       __m512 acc)
+{
+    const __m512 Y = _mm512_broadcast_f32x8(G->Y);
+    const __m512 P = _mm512_mul_ps(Y, A->f);
+    for (int p = 0; p < 2; p++) {
+        __m512i L;
+        if (kind == 1)
+            L = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(),
+                                    _mm512_broadcast_i64x4(G->u[p][0]), A->lo[p]),
+                                    _mm512_broadcast_i64x4(G->u[p][1]), A->hi[p]);
+        else
+            L = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_broadcast_i64x4(G->c[p]),
+                                    A->lo[p], _mm512_broadcast_i64x4(G->s[p][0])),
+                                    A->hi[p], _mm512_broadcast_i64x4(G->s[p][1]));
+        const __m512 D = p ? _mm512_permute_ps(P, 0xAA) : _mm512_permute_ps(P, 0x00);
+        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(L), D, acc);
+    }
+    if (kind == 1) {
+        const __m512 odd = _mm512_castsi512_ps(_mm512_set_epi32(-1, 0, -1, 0, -1, 0, -1, 0,
+                                                                -1, 0, -1, 0, -1, 0, -1, 0));
+        acc = _mm512_add_ps(acc, _mm512_mul_ps(_mm512_and_ps(Y, odd), A->f));
+    }
+    return acc;
+}
+
+MF_ALWAYS_INLINE __m512 mf_q_join2(__m256 lo, __m256 hi)
+{
+    return _mm512_insertf32x8(_mm512_castps256_ps512(lo), hi, 1);
+}
+#endif
+
 /* acc[r] + the canonical group step of decoded rows W[0..3] against group g of one token's
  * activation row a, npairs (1 or 2) a constant where this is inlined. */
 MF_ALWAYS_INLINE void mf_q8_tile_group32(int kind, int biased, const mf_q_wgrp W[4], const char *a,
@@ -412,7 +474,42 @@ MF_ALWAYS_INLINE void mf_q8_tile_row32(int dt, const void *const *vw, const char
                 if (biased)
                     mf_q_wgrp_bias(&W[c][r], mf_q_off(dt));
             }
-        for (int t = 0; t < nt; t++) {
+        int t = 0;
+#if defined(MF_SIMD_AVX512) && defined(MF_Q_VNNI)
+        for (; t + 1 < nt; t += 2) {            /* two tokens a register (mf_q_grp_step2) */
+            const char *a = xq + t * xs;
+            __m512 a0 = mf_q_join2(acc[t][0], acc[t + 1][0]), a1 = mf_q_join2(acc[t][1], acc[t + 1][1]);
+            __m512 a2 = mf_q_join2(acc[t][2], acc[t + 1][2]), a3 = mf_q_join2(acc[t][3], acc[t + 1][3]);
+            const char *an = t + 2 * MF_Q_TILE_PF + 1 < nt ? a + 2 * MF_Q_TILE_PF * xs : a;
+            for (int c = 0; c < full; c++) {
+                mf_q_agrp2 A;
+                for (int k = 0; k < 2; k++) {             /* the next pair's groups, into L1 */
+                    const char *pc = (const char *)mf_act_q8_0_codes(an + k * xs, (size_t)(c0 + c));
+                    _mm_prefetch(pc, _MM_HINT_T0);
+                    _mm_prefetch(pc + 64, _MM_HINT_T0);
+                    _mm_prefetch((const char *)mf_act_q8_0_f(an + k * xs, (size_t)n, (size_t)(c0 + c)),
+                                 _MM_HINT_T0);
+                }
+                mf_q_agrp2_load(a, a + xs, n, c0 + c, biased, &A);
+                a0 = mf_q_grp_step2(kind, &W[c][0], &A, a0);
+                a1 = mf_q_grp_step2(kind, &W[c][1], &A, a1);
+                a2 = mf_q_grp_step2(kind, &W[c][2], &A, a2);
+                a3 = mf_q_grp_step2(kind, &W[c][3], &A, a3);
+            }
+            acc[t][0] = _mm512_castps512_ps256(a0); acc[t + 1][0] = _mm512_extractf32x8_ps(a0, 1);
+            acc[t][1] = _mm512_castps512_ps256(a1); acc[t + 1][1] = _mm512_extractf32x8_ps(a1, 1);
+            acc[t][2] = _mm512_castps512_ps256(a2); acc[t + 1][2] = _mm512_extractf32x8_ps(a2, 1);
+            acc[t][3] = _mm512_castps512_ps256(a3); acc[t + 1][3] = _mm512_extractf32x8_ps(a3, 1);
+            if (full < nc)          /* the row's last group, 1..3 blocks: token by token */
+                for (int k = 0; k < 2; k++) {
+                    if (mf_q_grp_blocks(nb, c0 + full) <= 2)
+                        mf_q8_tile_group32(kind, biased, W[full], a + k * xs, n, c0 + full, 1, acc[t + k]);
+                    else
+                        mf_q8_tile_group32(kind, biased, W[full], a + k * xs, n, c0 + full, 2, acc[t + k]);
+                }
+        }
+#endif
+        for (; t < nt; t++) {
             const char *a = xq + t * xs;
             __m256 a0 = acc[t][0], a1 = acc[t][1], a2 = acc[t][2], a3 = acc[t][3];
             const char *an = t + MF_Q_TILE_PF < nt ? a + MF_Q_TILE_PF * xs : a;   /* into L1 */
