@@ -288,12 +288,20 @@ def test_kernels_release_the_gil(threads):
     """A Python thread makes progress while kernel calls run -- which it could not if a call
     held the GIL: the ticks it records fall inside the calls (the first and last 20 ms of each
     left out: the thread may run just before a call takes over).  Calls are repeated until they
-    have run for 0.3 s in all, so a fast machine tells as well as a slow one."""
+    have run for 0.3 s in all, and the prompt is made longer until one call takes 0.1 s, so a
+    fast machine tells as well as a slow one (a call of ~40 ms would leave nothing to look at)."""
     import threading
     import time
     from helpers import prefill_case
     megafuse.set_num_threads(1)                    # leave a core to the Python thread
-    args = prefill_case(LLAMA_STYLE, 192, bias=False)
+    tokens = 192
+    while True:
+        args = prefill_case(LLAMA_STYLE, tokens, bias=False)
+        t0 = time.perf_counter()
+        megafuse.mega_fused_attention_prefill(**args)
+        if time.perf_counter() - t0 >= 0.1 or tokens >= 3072:
+            break
+        tokens *= 2
     ticks, stop, calls = [], threading.Event(), []
 
     def tick():
