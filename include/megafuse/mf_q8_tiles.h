@@ -96,6 +96,34 @@ MF_ALWAYS_INLINE void mf_dot4_group32(int dt, const char *w0, const char *w1, co
     acc[3] = mf_q_grp_step(kind, &G, &A, np, acc[3]);
 }
 
+#if defined(MF_SIMD_AVX512) && defined(MF_Q_VNNI)
+/* One token, a whole group of two rows of a nibble format (kinds 0, 1) at the avx512 level: the
+ * rows' decoded registers (mf_q_dec) side by side in the halves of 512-bit registers, against the
+ * activation group broadcast to both halves (al, ah, oo, f).  Lane for lane the operations of
+ * mf_q_grp_step with VNNI: the same bits. */
+MF_ALWAYS_INLINE __m512 mf_q_grp_step_rows2(int kind, const mf_q_wgrp *Ga, const mf_q_wgrp *Gb,
+                                            const __m512i al[2], const __m512i ah[2],
+                                            const __m512i oo[2], __m512 f, __m512 acc)
+{
+    const __m512 Y = _mm512_insertf32x8(_mm512_castps256_ps512(Ga->Y), Gb->Y, 1);
+    const __m512 P = _mm512_mul_ps(Y, f);
+    for (int p = 0; p < 2; p++) {
+        const __m512i ul = _mm512_inserti64x4(_mm512_castsi256_si512(Ga->u[p][0]), Gb->u[p][0], 1);
+        const __m512i uh = _mm512_inserti64x4(_mm512_castsi256_si512(Ga->u[p][1]), Gb->u[p][1], 1);
+        const __m512i L = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(
+            kind == 0 ? oo[p] : _mm512_setzero_si512(), ul, al[p]), uh, ah[p]);
+        const __m512 D = p ? _mm512_permute_ps(P, 0xAA) : _mm512_permute_ps(P, 0x00);
+        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(L), D, acc);
+    }
+    if (kind == 1) {
+        const __m512 odd = _mm512_castsi512_ps(_mm512_set_epi32(-1, 0, -1, 0, -1, 0, -1, 0,
+                                                                -1, 0, -1, 0, -1, 0, -1, 0));
+        acc = _mm512_add_ps(acc, _mm512_mul_ps(_mm512_and_ps(Y, odd), f));
+    }
+    return acc;
+}
+#endif
+
 /* Rows w[0..3] of format dt against one Q8_0 activation row: each row's canonical sequence
  * (mf_q_dot_row), the activation group loaded once for the four.  A row whose block count is not
  * a multiple of 4 ends in a group of 1-3 blocks, inlined once for each count: with the count a
@@ -112,6 +140,36 @@ MF_ALWAYS_INLINE void mf_dot4_row32(int dt, const void *const *vw, const void *v
     __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
                      _mm256_setzero_ps()};
     ptrdiff_t g = 0;
+#if defined(MF_SIMD_AVX512) && defined(MF_Q_VNNI)
+    if (dt != CK_DT_Q8_0) {                  /* rows 0, 1 and 2, 3 in 512-bit registers */
+        const int kind = mf_q_kind(dt);
+        __m512 a01 = _mm512_setzero_ps(), a23 = _mm512_setzero_ps();
+        for (; g < nb / 4; g++) {
+            const ptrdiff_t o = g * gb;
+            mf_q_agrp A;
+            mf_q_wgrp G0, G1;
+            __m512i al[2], ah[2], oo[2];
+            mf_q_prefetch4(w0, nb * mf_q_bsz(dt), o, gb, pf);
+            mf_q_agrp_load(va, n, g, mf_q_off(dt), &A);
+            for (int p = 0; p < 2; p++) {
+                al[p] = _mm512_broadcast_i64x4(A.lo[p]);
+                ah[p] = _mm512_broadcast_i64x4(A.hi[p]);
+                oo[p] = _mm512_broadcast_i64x4(A.oo[p]);
+            }
+            const __m512 f = _mm512_broadcast_f32x8(A.f);
+            mf_q_dec(dt, w0 + o, 4, &G0);
+            mf_q_dec(dt, w1 + o, 4, &G1);
+            a01 = mf_q_grp_step_rows2(kind, &G0, &G1, al, ah, oo, f, a01);
+            mf_q_dec(dt, w2 + o, 4, &G0);
+            mf_q_dec(dt, w3 + o, 4, &G1);
+            a23 = mf_q_grp_step_rows2(kind, &G0, &G1, al, ah, oo, f, a23);
+        }
+        acc[0] = _mm512_castps512_ps256(a01);
+        acc[1] = _mm512_extractf32x8_ps(a01, 1);
+        acc[2] = _mm512_castps512_ps256(a23);
+        acc[3] = _mm512_extractf32x8_ps(a23, 1);
+    }
+#endif
     for (; g < nb / 4; g++) {                              /* whole groups */
         mf_q_prefetch4(w0, nb * mf_q_bsz(dt), g * gb, gb, pf);
         mf_dot4_group32(dt, w0, w1, w2, w3, va, n, g, 4, acc);
