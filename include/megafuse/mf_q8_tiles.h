@@ -313,7 +313,64 @@ static inline void mf_q_codes_q5_Kh(const block_q5_K *b, int c, __m256i hs, __m2
     *hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 4), m4), h2);
 }
 
-#define MF_DOT4_K45(NAME, BLOCK, CODES, HBITS)                                                      \
+#if defined(MF_SIMD_AVX512)
+/* The avx512 level: the same pass for rows a and b side by side in the halves of 512-bit
+ * registers (codes of a | codes of b, the activation broadcast to both, scales by vpermd within
+ * each half): lane for lane the operations of MF_Q_K45_PASS, the same integer sums. */
+static inline void mf_q_codes2_q4_K(const block_q4_K *ba, const block_q4_K *bb, int c, __m512i hs,
+                                    __m512i *lo, __m512i *hi)
+{
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    const __m512i q = _mm512_inserti64x4(_mm512_castsi256_si512(mf_q_loadu256(ba->qs + 32 * c)),
+                                         mf_q_loadu256(bb->qs + 32 * c), 1);
+    (void)hs;
+    *lo = _mm512_and_si512(q, m4);
+    *hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
+}
+static inline void mf_q_codes2_q5_K(const block_q5_K *ba, const block_q5_K *bb, int c, __m512i hs,
+                                    __m512i *lo, __m512i *hi)
+{
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    const __m512i q = _mm512_inserti64x4(_mm512_castsi256_si512(mf_q_loadu256(ba->qs + 32 * c)),
+                                         mf_q_loadu256(bb->qs + 32 * c), 1);
+    const __m512i h1 = _mm512_slli_epi16(_mm512_and_si512(hs, _mm512_set1_epi8(1)), 4);
+    const __m512i h2 = _mm512_slli_epi16(_mm512_and_si512(hs, _mm512_set1_epi8(2)), 3);
+    *lo = _mm512_or_si512(_mm512_and_si512(q, m4), h1);
+    *hi = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(q, 4), m4), h2);
+}
+static inline __m512i mf_q_join_i(__m256i lo, __m256i hi)
+{
+    return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+}
+#define MF_Q_K45_PASS2(CODES2, HBITS, ba, msa, sa, bb, msb, sb)                                \
+    {                                                                                          \
+        __m512i idx = _mm512_set_epi32(8, 8, 8, 8, 8, 8, 8, 8, 0, 0, 0, 0, 0, 0, 0, 0);          \
+        __m512i hs = mf_q_join_i(HBITS(ba), HBITS(bb)), sab = _mm512_setzero_si512();          \
+        const __m512i msab = mf_q_join_i(msa, msb);                                             \
+        MF_Q_NO_UNROLL                                                                         \
+        for (int c = 0; c < 4; c++) {                                                          \
+            const __m512i alo = _mm512_broadcast_i64x4(mf_q_loadu256(ab->qs + 64 * c));        \
+            const __m512i ahi = _mm512_broadcast_i64x4(mf_q_loadu256(ab->qs + 64 * c + 32));   \
+            __m512i lo, hi;                                                                    \
+            CODES2(ba, bb, c, hs, &lo, &hi);                                                   \
+            const __m512i p1 = _mm512_maddubs_epi16(lo, alo), p2 = _mm512_maddubs_epi16(hi, ahi); \
+            const __m512i scv = _mm512_permutexvar_epi32(idx, msab);                           \
+            sab = _mm512_add_epi32(sab, _mm512_madd_epi16(                                     \
+                _mm512_add_epi16(_mm512_unpacklo_epi16(p1, p2), _mm512_unpackhi_epi16(p1, p2)), scv)); \
+            idx = _mm512_add_epi32(idx, _mm512_set1_epi32(1));                                 \
+            hs = _mm512_srli_epi16(hs, 2);                                                     \
+        }                                                                                      \
+        sa = _mm512_castsi512_si256(sab);                                                      \
+        sb = _mm512_extracti64x4_epi64(sab, 1);                                                \
+    }
+#define MF_Q_K45_PASS_LEVEL(CODES, CODES2, HBITS, ba, msa, sa, bb, msb, sb)                         \
+    MF_Q_K45_PASS2(CODES2, HBITS, ba, msa, sa, bb, msb, sb)
+#else
+#define MF_Q_K45_PASS_LEVEL(CODES, CODES2, HBITS, ba, msa, sa, bb, msb, sb)                         \
+    MF_Q_K45_PASS(CODES, HBITS, ba, msa, sa, bb, msb, sb)
+#endif
+
+#define MF_DOT4_K45(NAME, BLOCK, CODES, CODES2, HBITS)                                         \
 static inline void NAME(const void *const *vw, const void *va, ptrdiff_t n, float *out)       \
 {                                                                                              \
     const BLOCK *w0 = (const BLOCK *)vw[0], *w1 = (const BLOCK *)vw[1];                        \
@@ -338,8 +395,8 @@ static inline void NAME(const void *const *vw, const void *va, ptrdiff_t n, floa
             _mm_hadd_epi32(_mm_madd_epi16(_mm256_extracti128_si256(ms2, 1), ps),               \
                            _mm_madd_epi16(_mm256_extracti128_si256(ms3, 1), ps)));             \
         __m256i s0 = _mm256_setzero_si256(), s1 = s0, s2 = s0, s3 = s0;                        \
-        MF_Q_K45_PASS(CODES, HBITS, &w0[ib], ms0, s0, &w1[ib], ms1, s1)                        \
-        MF_Q_K45_PASS(CODES, HBITS, &w2[ib], ms2, s2, &w3[ib], ms3, s3)                        \
+        MF_Q_K45_PASS_LEVEL(CODES, CODES2, HBITS, &w0[ib], ms0, s0, &w1[ib], ms1, s1)               \
+        MF_Q_K45_PASS_LEVEL(CODES, CODES2, HBITS, &w2[ib], ms2, s2, &w3[ib], ms3, s3)               \
         const __m128i sumi = mf_q_hsum4_epi32(s0, s1, s2, s3);                                 \
         const __m256d da = _mm256_set1_pd((double)ab->d);                                      \
         const __m256d dd = _mm256_mul_pd(_mm256_cvtps_pd(mf_q_fp16x4(                          \
@@ -355,8 +412,8 @@ static inline void NAME(const void *const *vw, const void *va, ptrdiff_t n, floa
         out[r] = (float)r4[r];                                                                 \
 }
 
-MF_DOT4_K45(mf_dot4_q4_K_q8_K, block_q4_K, mf_q_codes_q4_Kh, mf_q_hbits_q4_K)
-MF_DOT4_K45(mf_dot4_q5_K_q8_K, block_q5_K, mf_q_codes_q5_Kh, mf_q_hbits_q5_K)
+MF_DOT4_K45(mf_dot4_q4_K_q8_K, block_q4_K, mf_q_codes_q4_Kh, mf_q_codes2_q4_K, mf_q_hbits_q4_K)
+MF_DOT4_K45(mf_dot4_q5_K_q8_K, block_q5_K, mf_q_codes_q5_Kh, mf_q_codes2_q5_K, mf_q_hbits_q5_K)
 
 /* The pmaddwd scales of registers k, k+1 (k even) of half h once their int16 pair sums are
  * interleaved (unpacklo / unpackhi) and added: [s_{8h+2k}, s_{8h+2k+2} | s_{8h+2k+1}, s_{8h+2k+3}]
@@ -395,6 +452,53 @@ static inline __m256i mf_q_sumi_q6_K(const block_q6_K *b, const block_q8_K *ab, 
     return s;
 }
 
+#if defined(MF_SIMD_AVX512)
+/* mf_q_sumi_q6_K of rows a and b side by side in the halves of 512-bit registers (the avx512
+ * level): lane for lane the same operations, the same integer lanes ([a | b]). */
+static inline __m512i mf_q_sumi2_q6_K(const block_q6_K *ba, const block_q6_K *bb,
+                                      const block_q8_K *ab, __m512i bs)
+{
+    const __m512i sc16 = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_cvtepi8_epi16(
+        _mm_loadu_si128((const __m128i *)(const void *)ba->scales))), _mm256_cvtepi8_epi16(
+        _mm_loadu_si128((const __m128i *)(const void *)bb->scales)), 1);
+    __m512i s = _mm512_sub_epi32(_mm512_setzero_si512(),
+                                 _mm512_slli_epi32(_mm512_madd_epi16(sc16, bs), 5));
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    for (int h = 0; h < 2; h++) {
+        const __m512i ql0 = mf_q_join_i(mf_q_loadu256(ba->ql + 64 * h), mf_q_loadu256(bb->ql + 64 * h));
+        const __m512i ql1 = mf_q_join_i(mf_q_loadu256(ba->ql + 64 * h + 32),
+                                        mf_q_loadu256(bb->ql + 64 * h + 32));
+        const __m512i qh = mf_q_join_i(mf_q_loadu256(ba->qh + 32 * h), mf_q_loadu256(bb->qh + 32 * h));
+        __m512i q[4];                          /* as mf_q6k_codes */
+        q[0] = _mm512_or_si512(_mm512_and_si512(ql0, m4),
+                               _mm512_slli_epi16(_mm512_and_si512(qh, _mm512_set1_epi8(0x03)), 4));
+        q[1] = _mm512_or_si512(_mm512_and_si512(ql1, m4),
+                               _mm512_slli_epi16(_mm512_and_si512(qh, _mm512_set1_epi8(0x0C)), 2));
+        q[2] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql0, 4), m4),
+                               _mm512_and_si512(qh, _mm512_set1_epi8(0x30)));
+        q[3] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql1, 4), m4),
+                               _mm512_srli_epi16(_mm512_and_si512(qh, _mm512_set1_epi8((char)0xC0)), 2));
+        /* each row's half-h scales in both 128-bit lanes of its half */
+        const __m512i sch = h ? _mm512_shuffle_i64x2(sc16, sc16, 0xF5)
+                              : _mm512_shuffle_i64x2(sc16, sc16, 0xA0);
+        for (int k = 0; k < 4; k += 2) {
+            const int8_t *a = ab->qs + 128 * h + 32 * k;
+            const __m512i pl = _mm512_maddubs_epi16(q[k], _mm512_broadcast_i64x4(mf_q_loadu256(a)));
+            const __m512i ph = _mm512_maddubs_epi16(q[k + 1],
+                                                    _mm512_broadcast_i64x4(mf_q_loadu256(a + 32)));
+            const __m512i x = _mm512_add_epi16(_mm512_unpacklo_epi16(pl, ph),
+                                               _mm512_unpackhi_epi16(pl, ph));
+            const int b = 4 * k;
+            const __m512i sel = _mm512_broadcast_i64x4(_mm256_set_m128i(
+                _mm_set1_epi32((b + 7) << 24 | (b + 6) << 16 | (b + 3) << 8 | (b + 2)),
+                _mm_set1_epi32((b + 5) << 24 | (b + 4) << 16 | (b + 1) << 8 | b)));
+            s = _mm512_add_epi32(s, _mm512_madd_epi16(x, _mm512_shuffle_epi8(sch, sel)));
+        }
+    }
+    return s;
+}
+#endif
+
 static inline void mf_dot4_q6_K_q8_K(const void *const *vw, const void *va, ptrdiff_t n,
                                      float *out)
 {
@@ -410,8 +514,18 @@ static inline void mf_dot4_q6_K_q8_K(const void *const *vw, const void *va, ptrd
         __m256i s[4];
         mf_q_prefetch4(w[0], nb * (ptrdiff_t)sizeof(block_q6_K), ib * (ptrdiff_t)sizeof(block_q6_K),
                        (ptrdiff_t)sizeof(block_q6_K), pf);
+#if defined(MF_SIMD_AVX512)
+        const __m512i bs2 = _mm512_broadcast_i64x4(bs);
+        const __m512i s01 = mf_q_sumi2_q6_K(&w[0][ib], &w[1][ib], ab, bs2);
+        const __m512i s23 = mf_q_sumi2_q6_K(&w[2][ib], &w[3][ib], ab, bs2);
+        s[0] = _mm512_castsi512_si256(s01);
+        s[1] = _mm512_extracti64x4_epi64(s01, 1);
+        s[2] = _mm512_castsi512_si256(s23);
+        s[3] = _mm512_extracti64x4_epi64(s23, 1);
+#else
         for (int r = 0; r < 4; r++)
             s[r] = mf_q_sumi_q6_K(&w[r][ib], ab, bs);
+#endif
         const __m128i sumi = mf_q_hsum4_epi32(s[0], s[1], s[2], s[3]);
         const __m256d dd = _mm256_mul_pd(_mm256_cvtps_pd(mf_q_fp16x4(
             w[0][ib].d, w[1][ib].d, w[2][ib].d, w[3][ib].d)), _mm256_set1_pd((double)ab->d));
