@@ -72,6 +72,20 @@ static inline __m256i mf_q_tree4x2(__m256i p0, __m256i p1, __m256i p2, __m256i p
 }
 
 
+#if defined(MF_SIMD_AVX512)
+/* [lo | hi]: two 256-bit registers as the halves of one 512-bit register (the avx512 level runs
+ * two rows, or two tokens, side by side this way). */
+static inline __m512i mf_q_join_i(__m256i lo, __m256i hi)
+{
+    return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+}
+
+static inline __m512 mf_q_join_f(__m256 lo, __m256 hi)
+{
+    return _mm512_insertf32x8(_mm512_castps256_ps512(lo), hi, 1);
+}
+#endif
+
 /* ---- one token: 4 rows of a 32-weight format --------------------------------------------- */
 
 /* Group g (nblk = 1..4 blocks, a constant where this is inlined) of rows w0..w3 against the Q8_0
@@ -97,21 +111,58 @@ MF_ALWAYS_INLINE void mf_dot4_group32(int dt, const char *w0, const char *w1, co
 }
 
 #if defined(MF_SIMD_AVX512) && defined(MF_Q_VNNI)
+/* Two rows' whole groups (4 blocks) of a nibble format (Q4_0, Q4_1, Q5_0, Q5_1) decoded side by
+ * side: U[p][0 / 1] = [row a | row b] of what mf_q_dec puts in G->u[p][0 / 1], Y = [a | b] of
+ * G->Y.  The same bytes, half the instructions (the 5th bits: a bit test into a mask and a masked
+ * add of 0x10 to the nibble, where AVX2 compares and ORs). */
+MF_ALWAYS_INLINE void mf_q_dec2_nib(int dt, const char *ba, const char *bb, __m512i U[2][2],
+                                    __m512 *Y)
+{
+    const ptrdiff_t bsz = mf_q_bsz(dt);
+    const int asym = dt == CK_DT_Q4_1 || dt == CK_DT_Q5_1, five = dt == CK_DT_Q5_0 || dt == CK_DT_Q5_1;
+    const ptrdiff_t qs = dt == CK_DT_Q4_0 ? MF_Q_QS_Q4_0 : dt == CK_DT_Q4_1 ? MF_Q_QS_Q4_1
+                       : dt == CK_DT_Q5_0 ? MF_Q_QS_Q5_0 : MF_Q_QS_Q5_1;
+    const ptrdiff_t qh = dt == CK_DT_Q5_0 ? MF_Q_QH_Q5_0 : MF_Q_QH_Q5_1;
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    *Y = _mm512_insertf32x8(_mm512_castps256_ps512(mf_q_y(ba, bsz, 4, asym)),
+                            mf_q_y(bb, bsz, 4, asym), 1);
+    for (int p = 0; p < 2; p++) {
+        const char *pa = ba + 2 * p * bsz, *pb = bb + 2 * p * bsz;
+        __m512i v = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(const void *)(pa + qs)));
+        v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(const void *)(pa + bsz + qs)), 1);
+        v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(const void *)(pb + qs)), 2);
+        v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(const void *)(pb + bsz + qs)), 3);
+        U[p][0] = _mm512_and_si512(v, m4);
+        U[p][1] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+        if (five) {             /* as mf_q_hbits_pair with both blocks present */
+            const char q = (char)qh, r = (char)(bsz + qh - 16);
+            const __m512i shl = _mm512_broadcast_i64x4(_mm256_setr_epi8(
+                q, q, q, q, q, q, q, q, q + 1, q + 1, q + 1, q + 1, q + 1, q + 1, q + 1, q + 1,
+                r, r, r, r, r, r, r, r, r + 1, r + 1, r + 1, r + 1, r + 1, r + 1, r + 1, r + 1));
+            const __m512i shh = _mm512_add_epi8(shl, _mm512_set1_epi8(2));
+            const __m512i bit = _mm512_set1_epi64((long long)0x8040201008040201ULL);
+            const __m512i x10 = _mm512_set1_epi8(0x10);
+            const __m512i h = mf_q_join_i(mf_q_loadu256(pa), mf_q_loadu256(pb));
+            const __mmask64 bl = _mm512_test_epi8_mask(_mm512_shuffle_epi8(h, shl), bit);
+            const __mmask64 bh = _mm512_test_epi8_mask(_mm512_shuffle_epi8(h, shh), bit);
+            U[p][0] = _mm512_mask_add_epi8(U[p][0], bl, U[p][0], x10);
+            U[p][1] = _mm512_mask_add_epi8(U[p][1], bh, U[p][1], x10);
+        }
+    }
+}
+
 /* One token, a whole group of two rows of a nibble format (kinds 0, 1) at the avx512 level: the
- * rows' decoded registers (mf_q_dec) side by side in the halves of 512-bit registers, against the
+ * rows' decoded registers (mf_q_dec2_nib) side by side in the halves of 512-bit registers, against the
  * activation group broadcast to both halves (al, ah, oo, f).  Lane for lane the operations of
  * mf_q_grp_step with VNNI: the same bits. */
-MF_ALWAYS_INLINE __m512 mf_q_grp_step_rows2(int kind, const mf_q_wgrp *Ga, const mf_q_wgrp *Gb,
+MF_ALWAYS_INLINE __m512 mf_q_grp_step_rows2(int kind, const __m512i U[2][2], __m512 Y,
                                             const __m512i al[2], const __m512i ah[2],
                                             const __m512i oo[2], __m512 f, __m512 acc)
 {
-    const __m512 Y = _mm512_insertf32x8(_mm512_castps256_ps512(Ga->Y), Gb->Y, 1);
     const __m512 P = _mm512_mul_ps(Y, f);
     for (int p = 0; p < 2; p++) {
-        const __m512i ul = _mm512_inserti64x4(_mm512_castsi256_si512(Ga->u[p][0]), Gb->u[p][0], 1);
-        const __m512i uh = _mm512_inserti64x4(_mm512_castsi256_si512(Ga->u[p][1]), Gb->u[p][1], 1);
         const __m512i L = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(
-            kind == 0 ? oo[p] : _mm512_setzero_si512(), ul, al[p]), uh, ah[p]);
+            kind == 0 ? oo[p] : _mm512_setzero_si512(), U[p][0], al[p]), U[p][1], ah[p]);
         const __m512 D = p ? _mm512_permute_ps(P, 0xAA) : _mm512_permute_ps(P, 0x00);
         acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(L), D, acc);
     }
@@ -147,8 +198,8 @@ MF_ALWAYS_INLINE void mf_dot4_row32(int dt, const void *const *vw, const void *v
         for (; g < nb / 4; g++) {
             const ptrdiff_t o = g * gb;
             mf_q_agrp A;
-            mf_q_wgrp G0, G1;
-            __m512i al[2], ah[2], oo[2];
+            __m512i U[2][2], al[2], ah[2], oo[2];
+            __m512 Y;
             mf_q_prefetch4(w0, nb * mf_q_bsz(dt), o, gb, pf);
             mf_q_agrp_load(va, n, g, mf_q_off(dt), &A);
             for (int p = 0; p < 2; p++) {
@@ -157,12 +208,10 @@ MF_ALWAYS_INLINE void mf_dot4_row32(int dt, const void *const *vw, const void *v
                 oo[p] = _mm512_broadcast_i64x4(A.oo[p]);
             }
             const __m512 f = _mm512_broadcast_f32x8(A.f);
-            mf_q_dec(dt, w0 + o, 4, &G0);
-            mf_q_dec(dt, w1 + o, 4, &G1);
-            a01 = mf_q_grp_step_rows2(kind, &G0, &G1, al, ah, oo, f, a01);
-            mf_q_dec(dt, w2 + o, 4, &G0);
-            mf_q_dec(dt, w3 + o, 4, &G1);
-            a23 = mf_q_grp_step_rows2(kind, &G0, &G1, al, ah, oo, f, a23);
+            mf_q_dec2_nib(dt, w0 + o, w1 + o, U, &Y);
+            a01 = mf_q_grp_step_rows2(kind, U, Y, al, ah, oo, f, a01);
+            mf_q_dec2_nib(dt, w2 + o, w3 + o, U, &Y);
+            a23 = mf_q_grp_step_rows2(kind, U, Y, al, ah, oo, f, a23);
         }
         acc[0] = _mm512_castps512_ps256(a01);
         acc[1] = _mm512_extractf32x8_ps(a01, 1);
@@ -337,10 +386,6 @@ static inline void mf_q_codes2_q5_K(const block_q5_K *ba, const block_q5_K *bb, 
     const __m512i h2 = _mm512_slli_epi16(_mm512_and_si512(hs, _mm512_set1_epi8(2)), 3);
     *lo = _mm512_or_si512(_mm512_and_si512(q, m4), h1);
     *hi = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(q, 4), m4), h2);
-}
-static inline __m512i mf_q_join_i(__m256i lo, __m256i hi)
-{
-    return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
 }
 #define MF_Q_K45_PASS2(CODES2, HBITS, ba, msa, sa, bb, msb, sb)                                \
     {                                                                                          \
@@ -596,10 +641,6 @@ MF_ALWAYS_INLINE __m512 mf_q_grp_step2(int kind, const mf_q_wgrp *G, const mf_q_
     return acc;
 }
 
-MF_ALWAYS_INLINE __m512 mf_q_join2(__m256 lo, __m256 hi)
-{
-    return _mm512_insertf32x8(_mm512_castps256_ps512(lo), hi, 1);
-}
 #endif
 
 /* acc[r] + the canonical group step of decoded rows W[0..3] against group g of one token's
@@ -650,8 +691,8 @@ MF_ALWAYS_INLINE void mf_q8_tile_row32(int dt, const void *const *vw, const char
 #if defined(MF_SIMD_AVX512) && defined(MF_Q_VNNI)
         for (; t + 1 < nt; t += 2) {            /* two tokens a register (mf_q_grp_step2) */
             const char *a = xq + t * xs;
-            __m512 a0 = mf_q_join2(acc[t][0], acc[t + 1][0]), a1 = mf_q_join2(acc[t][1], acc[t + 1][1]);
-            __m512 a2 = mf_q_join2(acc[t][2], acc[t + 1][2]), a3 = mf_q_join2(acc[t][3], acc[t + 1][3]);
+            __m512 a0 = mf_q_join_f(acc[t][0], acc[t + 1][0]), a1 = mf_q_join_f(acc[t][1], acc[t + 1][1]);
+            __m512 a2 = mf_q_join_f(acc[t][2], acc[t + 1][2]), a3 = mf_q_join_f(acc[t][3], acc[t + 1][3]);
             const char *an = t + 2 * MF_Q_TILE_PF + 1 < nt ? a + 2 * MF_Q_TILE_PF * xs : a;
             for (int c = 0; c < full; c++) {
                 mf_q_agrp2 A;
