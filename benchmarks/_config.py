@@ -33,6 +33,8 @@ L3_BYTES = 32 << 20               # the last-level cache of the development mach
 DECODE_MIN_BYTES = 3 * L3_BYTES   # decode weight copies cycled per call: the L3 cannot hold them
 WEIGHT_ALIGN = 64                 # bytes: each weight of a packed copy starts on a cache line
 DRAM_PROBE_BYTES = 1 << 30        # the bandwidth probe's array
+NEAR_PROBE_BYTES = 256 << 20      # the probe beside each T=1 row (the shared host's bandwidth
+                                  # swings 37-60 GB/s from one second to the next)
 PAGE_PROBE_BYTES = 64 << 20       # the array that shows how many huge pages the OS grants
 
 # ---- the cases ----------------------------------------------------------------------------------

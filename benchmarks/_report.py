@@ -25,14 +25,15 @@ def record(benchmark, case, impl, median, runner, *, other=None, err=None, int8=
     nbytes = runner.bytes + case.kv_bytes() + case.activation_bytes()
     row = dict(case=case, impl=impl, median=median, flops=runner.flops,
                weight_bytes=runner.bytes, bytes=nbytes, err=err, note=runner.note, int8=int8,
-               other=other)
+               other=other, dram_bw=runner.dram_bw)
     RESULTS.append(row)
-    bound, kind = roofline(runner.flops, nbytes, int8)
+    bound, kind = roofline(runner.flops, nbytes, int8, runner.dram_bw)
     info = benchmark.extra_info
     info.update(case=case.id, impl=impl, median_ms=median * 1e3,
                 weight_GBps=runner.bytes / median / 1e9 if median and runner.bytes else None,
                 GFLOPs=runner.flops / median / 1e9 if median else None,
-                dram_fraction=dram_fraction(runner.bytes, median),
+                dram_fraction=dram_fraction(runner.bytes, median, runner.dram_bw),
+                dram_bw_beside_GBps=runner.dram_bw / 1e9 if runner.dram_bw else None,
                 roofline_fraction=bound / median if bound and median else None, bound=kind)
     if case.decode:
         ws = weight_set(case)
@@ -166,7 +167,7 @@ def _cell(value, fmt, width):
 
 def _layer_lines():
     head = (f"{'block':<9} {'shape':<12} {'T':>3} {'weights':<7} {'impl':<15} {'ms':>9} "
-            f"{'GB/s':>6} {'%dram':>5} {'GFLOP/s':>7} {'roof':>8} {'xtorch':>6} {'xggml':>6} "
+            f"{'GB/s':>6} {'%dram':>5} {'probe':>5} {'GFLOP/s':>7} {'roof':>8} {'xtorch':>6} {'xggml':>6} "
             f"{'xref':>6} {'diff':>7} {'other':>5}")
     lines = [head, "-" * len(head)]
     seen = []
@@ -188,9 +189,10 @@ def _layer_lines():
             med = r["median"]
             gbs = r["weight_bytes"] / med / 1e9 if med and r["weight_bytes"] else None
             gfl = r["flops"] / med / 1e9 if med and r["flops"] else None
-            frac = dram_fraction(r["weight_bytes"], med)
-            bound, kind = roofline(r["flops"], r["bytes"], r["int8"])
+            frac = dram_fraction(r["weight_bytes"], med, r.get("dram_bw"))
+            bound, kind = roofline(r["flops"], r["bytes"], r["int8"], r.get("dram_bw"))
             roof = f"{100 * bound / med:4.0f}%{kind:>3}" if bound and med else f"{'-':>8}"
+            probe = None if not r.get("dram_bw") else r["dram_bw"] / 1e9
             cells = []
             for p in PEERS:
                 sp = speedup(r, peers[p]) if r["impl"].startswith("megafuse") and p in peers \
@@ -204,7 +206,7 @@ def _layer_lines():
                 f"{case.block:<9} {case.shape.name:<12} {case.T:>3} {label:<7} {impl:<15} "
                 f"{med * 1e3:9.3f} {_cell(gbs, '6.3g', 6)} "
                 f"{_cell(None if frac is None else 100 * frac, '4.0f', 4)}% "
-                f"{_cell(gfl, '7.3g', 7)} {roof} {cells[0]:>6} {cells[1]:>6} {cells[2]:>6} "
+                f"{_cell(probe, '5.1f', 5)} {_cell(gfl, '7.3g', 7)} {roof} {cells[0]:>6} {cells[1]:>6} {cells[2]:>6} "
                 f"{diff:>7} {_cell(None if r['other'] is None else 100 * r['other'], '4.0f', 4)}%")
     lines += ["* " + n for n in notes.values()]
     return lines
@@ -243,7 +245,9 @@ def table_lines():
     lines = _header_lines()
     if RESULTS:
         lines.append(
-            "ms = median; GB/s = weight bytes / median; %dram = GB/s / DRAM read bandwidth; "
+            "ms = median; GB/s = weight bytes / median; %dram = GB/s / DRAM read bandwidth (T=1 "
+            "rows: probe = the better of two 256 MiB reads just before and after the row, GB/s; "
+            "other rows: the session's figure above); "
             "GFLOP/s = (2 x weight MACs + attention flops) / median; roof = roofline time / "
             "median, roofline time = max(mem: (weights + KV + activations) / DRAM bw, cpu: flops "
             "/ fp32 or int8 peak); xPEER = megafuse speed / peer speed (>1: megafuse faster); "
@@ -283,7 +287,7 @@ def report_dict():
     rows = []
     for r in RESULTS:
         med = r["median"]
-        bound, kind = roofline(r["flops"], r["bytes"], r["int8"])
+        bound, kind = roofline(r["flops"], r["bytes"], r["int8"], r.get("dram_bw"))
         peers = {p["impl"]: p for p in RESULTS if p["case"] == r["case"]
                  and not p["impl"].startswith("megafuse")}
         rows.append(dict(
@@ -291,7 +295,8 @@ def report_dict():
             weight_bytes=r["weight_bytes"], bytes=r["bytes"], int8_path=r["int8"],
             weight_GBps=r["weight_bytes"] / med / 1e9 if med and r["weight_bytes"] else None,
             GFLOPs=r["flops"] / med / 1e9 if med else None,
-            dram_fraction=dram_fraction(r["weight_bytes"], med),
+            dram_fraction=dram_fraction(r["weight_bytes"], med, r.get("dram_bw")),
+            dram_bw_beside=r.get("dram_bw"),
             roofline_fraction=bound / med if bound and med else None, bound=kind,
             speedup={p: speedup(r, peers[p]) for p in peers} if r["impl"].startswith("megafuse")
             else {},

@@ -22,7 +22,7 @@ import numpy as np
 import megafuse as mf
 
 from _buffers import empty, page_mode
-from _config import DRAM_PROBE_BYTES, MACHINE_QUIET_WAIT, THREADS
+from _config import DRAM_PROBE_BYTES, MACHINE_QUIET_WAIT, NEAR_PROBE_BYTES, THREADS
 from _timing import wait_quiet
 
 PROBE_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "probe.c")
@@ -84,13 +84,14 @@ def _parallel_best(fn, repeats=REPEATS):
     return best
 
 
-def dram_bandwidth(nbytes=DRAM_PROBE_BYTES):
+def dram_bandwidth(nbytes=DRAM_PROBE_BYTES, a=None, repeats=REPEATS):
     """Read bandwidth in bytes/s: THREADS threads each read their share of a 1 GiB array (from
-    empty(): the same pages as the weights), best of 5, by two readers, the better one counted:
-    NumPy's int64 sum of the bits (its float32 sum is pairwise and compute-bound) and probe.c's
-    4-accumulator read loop."""
-    a = empty((nbytes // 8,), np.int64)                                # [nbytes / 8]
-    a[:] = ONES_BITS                  # touched (mapped); read as floats, every one is 1.0
+    empty(): the same pages as the weights; or of a, an array from probe_array), best of 5, by
+    two readers, the better one counted: NumPy's int64 sum of the bits (its float32 sum is
+    pairwise and compute-bound) and probe.c's 4-accumulator read loop."""
+    if a is None:
+        a = probe_array(nbytes)
+    nbytes = a.nbytes
     parts = np.array_split(a, THREADS)
     lock = threading.Lock()
     idx = itertools.count()
@@ -98,14 +99,35 @@ def dram_bandwidth(nbytes=DRAM_PROBE_BYTES):
     def part():
         with lock:
             return parts[next(idx) % THREADS]
-    best = nbytes / _parallel_best(lambda: np.add.reduce(part()))
+    best = nbytes / _parallel_best(lambda: np.add.reduce(part()), repeats)
     so = probe()
     if not isinstance(so, str):
         def c_read():
             p = part()
             so.read_loop(p.ctypes.data, p.nbytes // 4)
-        best = max(best, nbytes / _parallel_best(c_read))
+        best = max(best, nbytes / _parallel_best(c_read, repeats))
     return best
+
+
+def probe_array(nbytes):
+    """The probe's array: nbytes on 2 MiB pages, touched (mapped); read as floats, every value
+    is 1.0."""
+    a = empty((nbytes // 8,), np.int64)                                # [nbytes / 8]
+    a[:] = ONES_BITS
+    return a
+
+
+_NEAR = {}
+
+
+def dram_bandwidth_near():
+    """The DRAM read bandwidth now: dram_bandwidth over a 256 MiB array (allocated once), best
+    of 3 -- taken just before and just after each T=1 row, whose %dram is against the better of
+    the two (the machine is shared: its bandwidth moves between 37 and 60 GB/s from one second
+    to the next, so the session's start / end figures say little about a row's minute)."""
+    if "a" not in _NEAR:
+        _NEAR["a"] = probe_array(NEAR_PROBE_BYTES)
+    return dram_bandwidth(a=_NEAR["a"], repeats=3)
 
 
 def compute_peaks():
@@ -157,18 +179,20 @@ def best(key):
     return max(vals) if vals else None
 
 
-def dram_fraction(weight_bytes, seconds):
-    """Weight bytes read per second / the DRAM read bandwidth (None when either is unknown)."""
-    bw = best("dram_bw")
+def dram_fraction(weight_bytes, seconds, near=None):
+    """Weight bytes read per second / the DRAM read bandwidth: near (measured beside the row)
+    when given, else the session's better figure (None when either is unknown)."""
+    bw = near or best("dram_bw")
     if not (bw and seconds and weight_bytes):
         return None
     return weight_bytes / seconds / bw
 
 
-def roofline(flops, nbytes, int8):
+def roofline(flops, nbytes, int8, near=None):
     """(roofline seconds, 'mem' / 'cpu'): max(bytes / DRAM bandwidth, flops / peak), the peak
-    the int8 one for the int8 path (the fp32 one where there is no int8 figure)."""
-    bw = best("dram_bw")
+    the int8 one for the int8 path (the fp32 one where there is no int8 figure); the bandwidth
+    near (measured beside the row) when given, else the session's."""
+    bw = near or best("dram_bw")
     t_mem = nbytes / bw if bw else 0.0
     peak = (best("int8_peak") if int8 else None) or best("fp32_peak")
     t_cpu = flops / (peak * 1e9) if peak else 0.0

@@ -7,6 +7,7 @@ import _report
 from _cases import megafuse_variants
 from _config import BUDGET, REFERENCE_BUDGET, REFERENCE_MAX_ROUNDS
 from _runners import keep_megafuse_output, megafuse_output, megafuse_runner
+from _roofline import dram_bandwidth_near
 from _timing import measure
 
 
@@ -18,12 +19,22 @@ def rel_err(got, want):
     return float(np.max(np.abs(got - want))) / scale
 
 
+def _measure_row(benchmark, case, runner):
+    """measure(), and for a T=1 row the DRAM bandwidth just before and after it: the better of
+    the two goes to runner.dram_bw, the row's %dram figure."""
+    before = dram_bandwidth_near() if case.decode else None
+    med, other = measure(benchmark, runner.fn)
+    if case.decode:
+        runner.dram_bw = max(before, dram_bandwidth_near())
+    return med, other
+
+
 def run_case(benchmark, case, impl):
     """Benchmark one implementation of one case and record its row of the summary table."""
     benchmark.group = case.group
     if impl.startswith("megafuse"):
         r = megafuse_runner(case, impl)
-        med, other = measure(benchmark, r.fn)
+        med, other = _measure_row(benchmark, case, r)
         assert np.isfinite(r.out).all(), f"{impl}: non-finite output"
         if impl == megafuse_variants(case)[0]:
             keep_megafuse_output(case, r.out)
@@ -37,7 +48,7 @@ def run_case(benchmark, case, impl):
             med, other = measure(benchmark, r.fn, budget=min(BUDGET, REFERENCE_BUDGET),
                                  max_rounds=REFERENCE_MAX_ROUNDS)
         else:
-            med, other = measure(benchmark, r.fn)
+            med, other = _measure_row(benchmark, case, r)
         err = rel_err(r.out, megafuse_output(case))
         _report.record(benchmark, case, impl, med, r, other=other, err=err,
                        int8=impl == "ggml" and case.int8())

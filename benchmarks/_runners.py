@@ -26,6 +26,7 @@ class Runner:
     close: object = None    # frees what the runner holds outside NumPy (ggml contexts)
     note: str = ""
     other: float = None     # share of the CPU other processes used while this was timed
+    dram_bw: float = None   # T=1 rows: DRAM read bandwidth beside the row (bytes/s)
 
 
 def cycled(arg_tuples, call):
