@@ -167,8 +167,8 @@ def _cell(value, fmt, width):
 
 def _layer_lines():
     head = (f"{'block':<9} {'shape':<12} {'T':>3} {'weights':<7} {'impl':<15} {'ms':>9} "
-            f"{'GB/s':>6} {'%dram':>5} {'probe':>5} {'GFLOP/s':>7} {'roof':>8} {'xtorch':>6} {'xggml':>6} "
-            f"{'xref':>6} {'diff':>7} {'other':>5}")
+            f"{'GB/s':>6} {'%dram':>5} {'probe':>5} {'GFLOP/s':>7} {'roof':>8} {'xtorch':>6} "
+            f"{'xggml':>6} {'xref':>6} {'diff':>7} {'other':>5}")
     lines = [head, "-" * len(head)]
     seen = []
     for r in RESULTS:
@@ -206,8 +206,9 @@ def _layer_lines():
                 f"{case.block:<9} {case.shape.name:<12} {case.T:>3} {label:<7} {impl:<15} "
                 f"{med * 1e3:9.3f} {_cell(gbs, '6.3g', 6)} "
                 f"{_cell(None if frac is None else 100 * frac, '4.0f', 4)}% "
-                f"{_cell(probe, '5.1f', 5)} {_cell(gfl, '7.3g', 7)} {roof} {cells[0]:>6} {cells[1]:>6} {cells[2]:>6} "
-                f"{diff:>7} {_cell(None if r['other'] is None else 100 * r['other'], '4.0f', 4)}%")
+                f"{_cell(probe, '5.1f', 5)} {_cell(gfl, '7.3g', 7)} {roof} "
+                f"{cells[0]:>6} {cells[1]:>6} {cells[2]:>6} {diff:>7} "
+                f"{_cell(None if r['other'] is None else 100 * r['other'], '4.0f', 4)}%")
     lines += ["* " + n for n in notes.values()]
     return lines
 
