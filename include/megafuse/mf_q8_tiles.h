@@ -464,13 +464,17 @@ MF_DOT4_K45(mf_dot4_q5_K_q8_K, block_q5_K, mf_q_codes_q5_Kh, mf_q_codes2_q5_K, m
  * interleaved (unpacklo / unpackhi) and added: [s_{8h+2k}, s_{8h+2k+2} | s_{8h+2k+1}, s_{8h+2k+3}]
  * in each int32, from sch = the half's 8 scales as int16 in both lanes (each register's 128-bit
  * halves, 16 codes each, have their own scale). */
-static inline __m256i mf_q_q6k_scv2(__m256i sch, int k)
+static inline __m256i mf_q_q6k_scsel(int k)
 {
     const int b = 4 * k;        /* byte of s_{8h+2k} in sch */
-    const __m256i sel = _mm256_set_m128i(
+    return _mm256_set_m128i(
         _mm_set1_epi32((b + 7) << 24 | (b + 6) << 16 | (b + 3) << 8 | (b + 2)),
         _mm_set1_epi32((b + 5) << 24 | (b + 4) << 16 | (b + 1) << 8 | b));
-    return _mm256_shuffle_epi8(sch, sel);
+}
+
+static inline __m256i mf_q_q6k_scv2(__m256i sch, int k)
+{
+    return _mm256_shuffle_epi8(sch, mf_q_q6k_scsel(k));
 }
 
 /* 8 int32 lanes summing to sumi - 32 * sumo of one Q6_K super-block (see mf_dot_q6_K_q8_K). */
@@ -508,21 +512,9 @@ static inline __m512i mf_q_sumi2_q6_K(const block_q6_K *ba, const block_q6_K *bb
         _mm_loadu_si128((const __m128i *)(const void *)bb->scales)), 1);
     __m512i s = _mm512_sub_epi32(_mm512_setzero_si512(),
                                  _mm512_slli_epi32(_mm512_madd_epi16(sc16, bs), 5));
-    const __m512i m4 = _mm512_set1_epi8(0x0F);
     for (int h = 0; h < 2; h++) {
-        const __m512i ql0 = mf_q_join_i(mf_q_loadu256(ba->ql + 64 * h), mf_q_loadu256(bb->ql + 64 * h));
-        const __m512i ql1 = mf_q_join_i(mf_q_loadu256(ba->ql + 64 * h + 32),
-                                        mf_q_loadu256(bb->ql + 64 * h + 32));
-        const __m512i qh = mf_q_join_i(mf_q_loadu256(ba->qh + 32 * h), mf_q_loadu256(bb->qh + 32 * h));
-        __m512i q[4];                          /* as mf_q6k_codes */
-        q[0] = _mm512_or_si512(_mm512_and_si512(ql0, m4),
-                               _mm512_slli_epi16(_mm512_and_si512(qh, _mm512_set1_epi8(0x03)), 4));
-        q[1] = _mm512_or_si512(_mm512_and_si512(ql1, m4),
-                               _mm512_slli_epi16(_mm512_and_si512(qh, _mm512_set1_epi8(0x0C)), 2));
-        q[2] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql0, 4), m4),
-                               _mm512_and_si512(qh, _mm512_set1_epi8(0x30)));
-        q[3] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql1, 4), m4),
-                               _mm512_srli_epi16(_mm512_and_si512(qh, _mm512_set1_epi8((char)0xC0)), 2));
+        __m512i q[4];
+        mf_q6k_codes2(ba, bb, h, q);
         /* each row's half-h scales in both 128-bit lanes of its half */
         const __m512i sch = h ? _mm512_shuffle_i64x2(sc16, sc16, 0xF5)
                               : _mm512_shuffle_i64x2(sc16, sc16, 0xA0);
@@ -533,10 +525,7 @@ static inline __m512i mf_q_sumi2_q6_K(const block_q6_K *ba, const block_q6_K *bb
                                                     _mm512_broadcast_i64x4(mf_q_loadu256(a + 32)));
             const __m512i x = _mm512_add_epi16(_mm512_unpacklo_epi16(pl, ph),
                                                _mm512_unpackhi_epi16(pl, ph));
-            const int b = 4 * k;
-            const __m512i sel = _mm512_broadcast_i64x4(_mm256_set_m128i(
-                _mm_set1_epi32((b + 7) << 24 | (b + 6) << 16 | (b + 3) << 8 | (b + 2)),
-                _mm_set1_epi32((b + 5) << 24 | (b + 4) << 16 | (b + 1) << 8 | b)));
+            const __m512i sel = _mm512_broadcast_i64x4(mf_q_q6k_scsel(k));
             s = _mm512_add_epi32(s, _mm512_madd_epi16(x, _mm512_shuffle_epi8(sch, sel)));
         }
     }

@@ -283,6 +283,27 @@ static inline void mf_q6k_codes(const block_q6_K *b, int h, __m256i q[4])
     q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
                            _mm256_srli_epi16(_mm256_and_si256(qh, _mm256_set1_epi8((char)0xC0)), 2));
 }
+#if defined(MF_SIMD_AVX512)
+/* mf_q6k_codes of two super-blocks side by side: q[k] = [a's q[k] | b's q[k]]. */
+static inline void mf_q6k_codes2(const block_q6_K *ba, const block_q6_K *bb, int h, __m512i q[4])
+{
+#define MF_Q6K_JOIN(pa, pb) _mm512_inserti64x4(_mm512_castsi256_si512(mf_q_loadu256(pa)), \
+                                               mf_q_loadu256(pb), 1)
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    const __m512i ql0 = MF_Q6K_JOIN(ba->ql + 64 * h, bb->ql + 64 * h);
+    const __m512i ql1 = MF_Q6K_JOIN(ba->ql + 64 * h + 32, bb->ql + 64 * h + 32);
+    const __m512i qh = MF_Q6K_JOIN(ba->qh + 32 * h, bb->qh + 32 * h);
+#undef MF_Q6K_JOIN
+    q[0] = _mm512_or_si512(_mm512_and_si512(ql0, m4),
+                           _mm512_slli_epi16(_mm512_and_si512(qh, _mm512_set1_epi8(0x03)), 4));
+    q[1] = _mm512_or_si512(_mm512_and_si512(ql1, m4),
+                           _mm512_slli_epi16(_mm512_and_si512(qh, _mm512_set1_epi8(0x0C)), 2));
+    q[2] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql0, 4), m4),
+                           _mm512_and_si512(qh, _mm512_set1_epi8(0x30)));
+    q[3] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql1, 4), m4),
+                           _mm512_srli_epi16(_mm512_and_si512(qh, _mm512_set1_epi8((char)0xC0)), 2));
+}
+#endif
 #else
 /* The 256 codes (0..63) of a Q6_K super-block, in weight order. */
 static inline void mf_q6k_codes_all(const block_q6_K *b, uint8_t q[256])
