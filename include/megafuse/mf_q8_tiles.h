@@ -72,20 +72,6 @@ static inline __m256i mf_q_tree4x2(__m256i p0, __m256i p1, __m256i p2, __m256i p
 }
 
 
-#if defined(MF_SIMD_AVX512)
-/* [lo | hi]: two 256-bit registers as the halves of one 512-bit register (the avx512 level runs
- * two rows, or two tokens, side by side this way). */
-static inline __m512i mf_q_join_i(__m256i lo, __m256i hi)
-{
-    return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
-}
-
-static inline __m512 mf_q_join_f(__m256 lo, __m256 hi)
-{
-    return _mm512_insertf32x8(_mm512_castps256_ps512(lo), hi, 1);
-}
-#endif
-
 /* ---- one token: 4 rows of a 32-weight format --------------------------------------------- */
 
 /* Group g (nblk = 1..4 blocks, a constant where this is inlined) of rows w0..w3 against the Q8_0
@@ -124,8 +110,7 @@ MF_ALWAYS_INLINE void mf_q_dec2_nib(int dt, const char *ba, const char *bb, __m5
                        : dt == CK_DT_Q5_0 ? MF_Q_QS_Q5_0 : MF_Q_QS_Q5_1;
     const ptrdiff_t qh = dt == CK_DT_Q5_0 ? MF_Q_QH_Q5_0 : MF_Q_QH_Q5_1;
     const __m512i m4 = _mm512_set1_epi8(0x0F);
-    *Y = _mm512_insertf32x8(_mm512_castps256_ps512(mf_q_y(ba, bsz, 4, asym)),
-                            mf_q_y(bb, bsz, 4, asym), 1);
+    *Y = mf_q_join_f(mf_q_y(ba, bsz, 4, asym), mf_q_y(bb, bsz, 4, asym));
     for (int p = 0; p < 2; p++) {
         const char *pa = ba + 2 * p * bsz, *pb = bb + 2 * p * bsz;
         __m512i v = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(const void *)(pa + qs)));
@@ -142,7 +127,7 @@ MF_ALWAYS_INLINE void mf_q_dec2_nib(int dt, const char *ba, const char *bb, __m5
             const __m512i shh = _mm512_add_epi8(shl, _mm512_set1_epi8(2));
             const __m512i bit = _mm512_set1_epi64((long long)0x8040201008040201ULL);
             const __m512i x10 = _mm512_set1_epi8(0x10);
-            const __m512i h = mf_q_join_i(mf_q_loadu256(pa), mf_q_loadu256(pb));
+            const __m512i h = mf_q_loadu2x256(pa, pb);
             const __mmask64 bl = _mm512_test_epi8_mask(_mm512_shuffle_epi8(h, shl), bit);
             const __mmask64 bh = _mm512_test_epi8_mask(_mm512_shuffle_epi8(h, shh), bit);
             U[p][0] = _mm512_mask_add_epi8(U[p][0], bl, U[p][0], x10);
@@ -366,26 +351,26 @@ static inline void mf_q_codes_q5_Kh(const block_q5_K *b, int c, __m256i hs, __m2
 /* The avx512 level: the same pass for rows a and b side by side in the halves of 512-bit
  * registers (codes of a | codes of b, the activation broadcast to both, scales by vpermd within
  * each half): lane for lane the operations of MF_Q_K45_PASS, the same integer sums. */
+/* The nibbles of 32 bytes of qs of two rows: lo = low nibbles, hi = high. */
+static inline void mf_q_nib2(const uint8_t *qa, const uint8_t *qb, __m512i *lo, __m512i *hi)
+{
+    const __m512i m4 = _mm512_set1_epi8(0x0F), q = mf_q_loadu2x256(qa, qb);
+    *lo = _mm512_and_si512(q, m4);
+    *hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
+}
 static inline void mf_q_codes2_q4_K(const block_q4_K *ba, const block_q4_K *bb, int c, __m512i hs,
                                     __m512i *lo, __m512i *hi)
 {
-    const __m512i m4 = _mm512_set1_epi8(0x0F);
-    const __m512i q = _mm512_inserti64x4(_mm512_castsi256_si512(mf_q_loadu256(ba->qs + 32 * c)),
-                                         mf_q_loadu256(bb->qs + 32 * c), 1);
     (void)hs;
-    *lo = _mm512_and_si512(q, m4);
-    *hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
+    mf_q_nib2(ba->qs + 32 * c, bb->qs + 32 * c, lo, hi);
 }
 static inline void mf_q_codes2_q5_K(const block_q5_K *ba, const block_q5_K *bb, int c, __m512i hs,
                                     __m512i *lo, __m512i *hi)
 {
-    const __m512i m4 = _mm512_set1_epi8(0x0F);
-    const __m512i q = _mm512_inserti64x4(_mm512_castsi256_si512(mf_q_loadu256(ba->qs + 32 * c)),
-                                         mf_q_loadu256(bb->qs + 32 * c), 1);
-    const __m512i h1 = _mm512_slli_epi16(_mm512_and_si512(hs, _mm512_set1_epi8(1)), 4);
-    const __m512i h2 = _mm512_slli_epi16(_mm512_and_si512(hs, _mm512_set1_epi8(2)), 3);
-    *lo = _mm512_or_si512(_mm512_and_si512(q, m4), h1);
-    *hi = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(q, 4), m4), h2);
+    /* the nibbles, then the 5th bits as mf_q_codes_q5_Kh adds them */
+    mf_q_nib2(ba->qs + 32 * c, bb->qs + 32 * c, lo, hi);
+    *lo = _mm512_or_si512(*lo, _mm512_slli_epi16(_mm512_and_si512(hs, _mm512_set1_epi8(1)), 4));
+    *hi = _mm512_or_si512(*hi, _mm512_slli_epi16(_mm512_and_si512(hs, _mm512_set1_epi8(2)), 3));
 }
 #define MF_Q_K45_PASS2(CODES2, HBITS, ba, msa, sa, bb, msb, sb)                                \
     {                                                                                          \
@@ -507,9 +492,9 @@ static inline __m256i mf_q_sumi_q6_K(const block_q6_K *b, const block_q8_K *ab, 
 static inline __m512i mf_q_sumi2_q6_K(const block_q6_K *ba, const block_q6_K *bb,
                                       const block_q8_K *ab, __m512i bs)
 {
-    const __m512i sc16 = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_cvtepi8_epi16(
-        _mm_loadu_si128((const __m128i *)(const void *)ba->scales))), _mm256_cvtepi8_epi16(
-        _mm_loadu_si128((const __m128i *)(const void *)bb->scales)), 1);
+    const __m512i sc16 = mf_q_join_i(
+        _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)ba->scales)),
+        _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)bb->scales)));
     __m512i s = _mm512_sub_epi32(_mm512_setzero_si512(),
                                  _mm512_slli_epi32(_mm512_madd_epi16(sc16, bs), 5));
     for (int h = 0; h < 2; h++) {
@@ -590,18 +575,15 @@ static inline void mf_q_agrp2_load(const char *a0, const char *a1, ptrdiff_t n, 
     const int8_t *c0 = mf_act_q8_0_codes(a0, (size_t)g), *c1 = mf_act_q8_0_codes(a1, (size_t)g);
     const __m512i b = _mm512_set1_epi8((char)0x80);
     for (int p = 0; p < 2; p++) {
-        A->lo[p] = _mm512_inserti64x4(_mm512_castsi256_si512(mf_q_loadu256(c0 + 64 * p)),
-                                      mf_q_loadu256(c1 + 64 * p), 1);
-        A->hi[p] = _mm512_inserti64x4(_mm512_castsi256_si512(mf_q_loadu256(c0 + 64 * p + 32)),
-                                      mf_q_loadu256(c1 + 64 * p + 32), 1);
+        A->lo[p] = mf_q_loadu2x256(c0 + 64 * p, c1 + 64 * p);
+        A->hi[p] = mf_q_loadu2x256(c0 + 64 * p + 32, c1 + 64 * p + 32);
         if (biased) {
             A->lo[p] = _mm512_xor_si512(A->lo[p], b);
             A->hi[p] = _mm512_xor_si512(A->hi[p], b);
         }
     }
-    A->f = _mm512_insertf32x8(_mm512_castps256_ps512(
-        _mm256_loadu_ps(mf_act_q8_0_f(a0, (size_t)n, (size_t)g))),
-        _mm256_loadu_ps(mf_act_q8_0_f(a1, (size_t)n, (size_t)g)), 1);
+    A->f = mf_q_join_f(_mm256_loadu_ps(mf_act_q8_0_f(a0, (size_t)n, (size_t)g)),
+                       _mm256_loadu_ps(mf_act_q8_0_f(a1, (size_t)n, (size_t)g)));
 }
 
 MF_ALWAYS_INLINE __m512 mf_q_grp_step2(int kind, const mf_q_wgrp *G, const mf_q_agrp2 *A,
@@ -846,10 +828,8 @@ static inline void mf_q8_tile_kq(int dt, const void *const *vw, const char *xq, 
                 __m512i q0 = _mm512_setzero_si512(), q1 = q0, q2 = q0, q3 = q0;
                 MF_Q_NO_UNROLL
                 for (int c = 0; c < 4; c++) {
-                    const __m512i x = _mm512_inserti64x4(_mm512_castsi256_si512(
-                        mf_q_loadu256(a0[s].qs + 64 * c)), mf_q_loadu256(a1[s].qs + 64 * c), 1);
-                    const __m512i y = _mm512_inserti64x4(_mm512_castsi256_si512(
-                        mf_q_loadu256(a0[s].qs + 64 * c + 32)), mf_q_loadu256(a1[s].qs + 64 * c + 32), 1);
+                    const __m512i x = mf_q_loadu2x256(a0[s].qs + 64 * c, a1[s].qs + 64 * c);
+                    const __m512i y = mf_q_loadu2x256(a0[s].qs + 64 * c + 32, a1[s].qs + 64 * c + 32);
                     const __m512i AL = _mm512_unpacklo_epi16(x, y), AH = _mm512_unpackhi_epi16(x, y);
 #define MF_Q_KQ_ROW(r, pr)                                                                     \
                     {                                                                          \

@@ -223,6 +223,26 @@ static inline __m256i mf_q_dot_u8s8(__m256i acc, __m256i u, __m256i s)
 #endif
 }
 
+#if defined(MF_SIMD_AVX512)
+/* [lo | hi]: two 256-bit registers as the halves of one 512-bit register (the avx512 level runs
+ * two weight rows, or two tokens, side by side this way: each half the 256-bit sequence). */
+static inline __m512i mf_q_join_i(__m256i lo, __m256i hi)
+{
+    return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+}
+
+static inline __m512 mf_q_join_f(__m256 lo, __m256 hi)
+{
+    return _mm512_insertf32x8(_mm512_castps256_ps512(lo), hi, 1);
+}
+
+/* [32 bytes at pa | 32 bytes at pb]. */
+static inline __m512i mf_q_loadu2x256(const void *pa, const void *pb)
+{
+    return mf_q_join_i(mf_q_loadu256(pa), mf_q_loadu256(pb));
+}
+#endif
+
 #endif /* MF_Q_AVX2 */
 
 /* ============================================================================================ */
@@ -287,13 +307,10 @@ static inline void mf_q6k_codes(const block_q6_K *b, int h, __m256i q[4])
 /* mf_q6k_codes of two super-blocks side by side: q[k] = [a's q[k] | b's q[k]]. */
 static inline void mf_q6k_codes2(const block_q6_K *ba, const block_q6_K *bb, int h, __m512i q[4])
 {
-#define MF_Q6K_JOIN(pa, pb) _mm512_inserti64x4(_mm512_castsi256_si512(mf_q_loadu256(pa)), \
-                                               mf_q_loadu256(pb), 1)
     const __m512i m4 = _mm512_set1_epi8(0x0F);
-    const __m512i ql0 = MF_Q6K_JOIN(ba->ql + 64 * h, bb->ql + 64 * h);
-    const __m512i ql1 = MF_Q6K_JOIN(ba->ql + 64 * h + 32, bb->ql + 64 * h + 32);
-    const __m512i qh = MF_Q6K_JOIN(ba->qh + 32 * h, bb->qh + 32 * h);
-#undef MF_Q6K_JOIN
+    const __m512i ql0 = mf_q_loadu2x256(ba->ql + 64 * h, bb->ql + 64 * h);
+    const __m512i ql1 = mf_q_loadu2x256(ba->ql + 64 * h + 32, bb->ql + 64 * h + 32);
+    const __m512i qh = mf_q_loadu2x256(ba->qh + 32 * h, bb->qh + 32 * h);
     q[0] = _mm512_or_si512(_mm512_and_si512(ql0, m4),
                            _mm512_slli_epi16(_mm512_and_si512(qh, _mm512_set1_epi8(0x03)), 4));
     q[1] = _mm512_or_si512(_mm512_and_si512(ql1, m4),
