@@ -338,8 +338,17 @@ MF_ALWAYS_INLINE void mf__attend_range(
             if (alpha[i] != 1.0f)
                 mf_scale_f32(out + i * ldo, alpha[i], D);
         }
-        /* out += P^T . V_tile: 6 queries x 16 dims a register block, V rows in place */
-        for (ptrdiff_t d0 = 0; d0 < d16; d0 += 16)
+        /* out += P^T . V_tile: 6 queries x 16 dims a register block (32 at avx512), V rows in
+         * place */
+        ptrdiff_t d0 = 0;
+#if defined(MF_SIMD_AVX512)
+        for (; d0 + 32 <= d16; d0 += 32)
+            for (int i0 = 0; i0 < nq; i0 += MF_GEMM_MR) {
+                int mr = nq - i0 < MF_GEMM_MR ? nq - i0 : MF_GEMM_MR;
+                mf_gemm_xt32_f32(mr, st + i0, W, vb + d0, Da, n, out + i0 * ldo + d0, ldo);
+            }
+#endif
+        for (; d0 < d16; d0 += 16)
             for (int i0 = 0; i0 < nq; i0 += MF_GEMM_MR) {
                 int mr = nq - i0 < MF_GEMM_MR ? nq - i0 : MF_GEMM_MR;
                 mf_gemm_xt_f32(mr, st + i0, W, vb + d0, Da, n, out + i0 * ldo + d0, ldo);

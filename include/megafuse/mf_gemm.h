@@ -18,8 +18,11 @@
  * 0, then added to the total of the earlier panels.  (Chains of at most 256 terms plus K/256 of
  * those: float32 error ~ (256 + K/256) ulp at worst, less than a single long chain.)
  *
- * The avx512 level uses these AVX2 bodies (a 512-bit register block was not tuned: the machine
- * this was written on has no AVX-512).
+ * The avx512 level runs the 16-column blocks on 512-bit registers (one a token; P.V also 32
+ * columns, two a query): the same chain per element, so the same bits as AVX2, at up to twice
+ * its FMA width on cores with 512-bit pipes (Zen 5: FP32 prefill rows 1.4-1.6x, paired).  The
+ * 8-wide blocks (decode's panel of up to 8 queries) stay 256-bit.  A 12-token 512-bit block
+ * was 2-3x slower (GCC spilled the accumulators).
  */
 #ifndef MEGAFUSE_MF_GEMM_H
 #define MEGAFUSE_MF_GEMM_H
@@ -103,7 +106,8 @@ static inline void mf_pack_panel_f32(const float *const rows[MF_PANEL_ROWS], ptr
 }
 
 /*
- * The register block, general form: for i < MR, j < 8 * NV (NV = 2: 16 columns; 1: 8)
+ * The register block, general form: for i < MR, j < 8 * NV (NV = 2: 16 columns; 1: 8; 4: 32,
+ * avx512 only)
  *     c[i * ldc + j] = (first ? 0 : c[i * ldc + j]) + sum_{k < kc} x[i * xi + k * xk] * p[k * ldp + j]
  * where the sum is one chain in k order, added to c at the end.  The callers below fix the
  * strides (constants after inlining): projections read x rows (xi = ldx, xk = 1) against a packed
@@ -116,6 +120,39 @@ MF_ALWAYS_INLINE void mf__gemm_block(
     const int MR, const int NV, const float *x, ptrdiff_t xi, ptrdiff_t xk, const float *p,
     ptrdiff_t ldp, ptrdiff_t kc, float *c, ptrdiff_t ldc, int first)
 {
+#if defined(MF_SIMD_AVX512)
+    if (NV > 1) {              /* the same chains, 16 columns a 512-bit register */
+        const int NZ = NV / 2;
+        __m512 acc16[MF_GEMM_MR][2];
+        MF__UNROLL
+        for (int i = 0; i < MR; i++)
+            acc16[i][0] = acc16[i][1] = _mm512_setzero_ps();
+        for (ptrdiff_t k = 0; k < kc; k++) {
+            const __m512 w0 = _mm512_loadu_ps(p + k * ldp);
+            const __m512 w1 = NZ > 1 ? _mm512_loadu_ps(p + k * ldp + 16) : w0;
+            MF__UNROLL
+            for (int i = 0; i < MR; i++) {
+                const __m512 xb = _mm512_set1_ps(x[i * xi + k * xk]);
+                acc16[i][0] = _mm512_fmadd_ps(xb, w0, acc16[i][0]);
+                if (NZ > 1)
+                    acc16[i][1] = _mm512_fmadd_ps(xb, w1, acc16[i][1]);
+            }
+        }
+        MF__UNROLL
+        for (int i = 0; i < MR; i++) {
+            float *ci = c + i * ldc;
+            MF__UNROLL
+            for (int h = 0; h < NZ; h++) {
+                if (first)
+                    _mm512_storeu_ps(ci + 16 * h, acc16[i][h]);
+                else
+                    _mm512_storeu_ps(ci + 16 * h,
+                                     _mm512_add_ps(_mm512_loadu_ps(ci + 16 * h), acc16[i][h]));
+            }
+        }
+        return;
+    }
+#endif
     __m256 acc[MF_GEMM_MR][2];
     MF__UNROLL
     for (int i = 0; i < MR; i++)
@@ -218,6 +255,20 @@ MF_ALWAYS_INLINE void mf_gemm_panel8x12_f32(const float *x, ptrdiff_t ldx, const
     mf_gemm_panel8_f32(6, x + 6 * ldx, ldx, panel, kc, c + 6 * 8);
 #endif
 }
+
+#if defined(MF_SIMD_AVX512)
+/* Attention's P.V 32 columns wide (two 512-bit registers a query: twice the chains of the 16-wide
+ * block for decode's 1-4 queries), each column the chain of mf_gemm_xt_f32. */
+MF_ALWAYS_INLINE void mf_gemm_xt32_f32(int mr, const float *xt, ptrdiff_t ldxt, const float *p,
+                                       ptrdiff_t ldp, ptrdiff_t kc, float *c, ptrdiff_t ldc)
+{
+    if (ldxt == 8) {
+        MF__GEMM_SWITCH(mr, 4, xt, 1, 8, p, ldp, kc, c, ldc, 0)
+    } else {
+        MF__GEMM_SWITCH(mr, 4, xt, 1, MF_PANEL_ROWS, p, ldp, kc, c, ldc, 0)
+    }
+}
+#endif
 
 /* Attention's P.V: c[i * ldc + j] += sum_k xt[k * ldxt + i] * p[k * ldp + j], i < mr, j < 16
  * (xt: rows stored transposed, ldxt = 16 or 8: the probabilities of the block's queries for kc
