@@ -134,14 +134,29 @@ cdef inline void dot_row_group(const char *w, Py_ssize_t RB, Py_ssize_t nr, int 
         out[r] = res[r]
 
 
+cdef inline void float_row_group(const char *w, Py_ssize_t RB, Py_ssize_t nr, int dt,
+                                 const float *x, Py_ssize_t cols, float *out) noexcept nogil:
+    """out[r] = float-path dot of weight row w + r * RB with x, r < nr <= 4: four rows by the
+    4-row dot (as a one-token projection takes them), fewer one by one."""
+    cdef const void *rows[4]
+    cdef Py_ssize_t r
+    if nr < 4:
+        for r in range(nr):
+            out[r] = weight_row_dot_f32(w + r * RB, dt, x, cols)
+        return
+    for r in range(4):
+        rows[r] = w + r * RB
+    rows_dot_f32(rows, dt, x, cols, out)
+
+
 cdef void rows_dot_kernel(const void *w, int dt, const float *x, Py_ssize_t rows,
                           Py_ssize_t cols, int quantized, void *act_scratch, float *out,
                           int num_threads) noexcept nogil:
     """out[r] = w[r] . x for r < R: weight rows w [R, RB] (format dt) against x [C], by the float
-    path (quantized = 0: one dot per row) or the int8 path (x quantized once into act_scratch
-    [AB]; rows in groups of 4, as the projections take them).  Rows spread over threads.  One row
-    (R = 1) on the int8 path: the one-row dot itself (weight_row_dot_q8), which the multi-row
-    kernels must reproduce."""
+    path (quantized = 0) or the int8 path (x quantized once into act_scratch [AB]); rows in
+    groups of 4, as the projections take them (FP32 on the float path: one dot per row).  Rows
+    spread over threads.  One row (R = 1): the one-row dot itself (weight_row_dot_q8 /
+    weight_row_dot_f32), which the multi-row kernels must reproduce."""
     cdef Py_ssize_t RB = <Py_ssize_t>ck_dtype_row_bytes(dt, <size_t>cols)
     cdef Py_ssize_t r, g, n_groups = (rows + 3) // 4
     cdef int nt
@@ -154,6 +169,11 @@ cdef void rows_dot_kernel(const void *w, int dt, const float *x, Py_ssize_t rows
         for g in prange(n_groups, num_threads=nt, schedule='static', nogil=True):
             dot_row_group(<const char *>w + 4 * g * RB, RB, min(<Py_ssize_t>4, rows - 4 * g), dt,
                           act_scratch, cols, out + 4 * g)
+    elif dt != CK_DT_FP32:
+        nt = team_size(n_groups, num_threads)
+        for g in prange(n_groups, num_threads=nt, schedule='static', nogil=True):
+            float_row_group(<const char *>w + 4 * g * RB, RB, min(<Py_ssize_t>4, rows - 4 * g),
+                            dt, x, cols, out + 4 * g)
     else:
         nt = team_size(rows, num_threads)
         for r in prange(rows, num_threads=nt, schedule='static', nogil=True):

@@ -516,6 +516,33 @@ def test_float_multirow_dot_is_the_one_row_dot(simd_level, dt):
             assert same_bits(many, one), (n, rows)
 
 
+def test_float_dot_of_block_formats_across_levels():
+    """The float path of the block formats gives the same bits at avx2 and avx512: the 512-bit
+    kernel runs two rows in the halves of a register, each half the 256-bit operations.  One row
+    and six (a group of 4 side by side, then 2), rows of 1, 9 and 64 blocks."""
+    levels = [lv for lv in ("avx2", "avx512") if lv in _simd.supported_levels()]
+    if len(levels) < 2:
+        pytest.skip("needs both the avx2 and the avx512 level")
+    rng = np.random.default_rng(73)
+    cases = []
+    for dt in BLOCK_FORMATS:
+        for blocks in (1, 9, 64):
+            n = blocks * block_size(dt)
+            cases.append((dt, random_blocks(rng, dt, 6, n),
+                          rng.standard_normal(n).astype(np.float32)))
+    before = mf.simd_level()
+    results = {}
+    try:
+        for level in levels:
+            _kernels._load_level(level)
+            results[level] = [(_kernels._row_dot(w[0], dt, x, False),
+                               _kernels._rows_dot(w, dt, x, False)) for dt, w, x in cases]
+    finally:
+        _kernels._load_level(before)
+    for (dt, _, x), a, b in zip(cases, *results.values()):
+        assert a[0] == b[0] and same_bits(a[1], b[1]), (dt.name, x.size)
+
+
 @pytest.mark.parametrize("dt", BLOCK_FORMATS)
 def test_int8_dot_extreme_codes_are_exact(simd_level, dt):
     """Every code at its largest (all code bits set), scales 1 (Q6_K: its int8 scales 127),

@@ -270,6 +270,122 @@ static inline __m256 mf_q_fblk_q8_0(const block_q8_0 *b, const float *x, __m256 
     return _mm256_fmadd_ps(_mm256_set1_ps(mf_q_fp16(b->d)), s, acc);
 }
 
+#if defined(MF_SIMD_AVX512)
+/* The avx512 level's float path runs two weight rows side by side, row a in the low half of a
+ * 512-bit register and row b in the high half: each half goes through the operations of the
+ * 256-bit block functions above, lane for lane (same codes, same products, same chains), so a
+ * row's result has the avx2 level's bits. */
+
+/* x[0..7] in both halves. */
+static inline __m512 mf_q_x8x2(const float *x)
+{
+    return _mm512_broadcast_f32x8(_mm256_loadu_ps(x));
+}
+
+/* [8 bytes at pa | 8 bytes at pb], each zero-extended to 8 dwords. */
+static inline __m512i mf_q_u8x8x2_epi32(const uint8_t *pa, const uint8_t *pb)
+{
+    return _mm512_cvtepu8_epi32(_mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i *)(const void *)pa),
+                                                   _mm_loadl_epi64((const __m128i *)(const void *)pb)));
+}
+
+static inline __m512 mf_q_code_off_ps2(__m512i c, __m512 bias /* 2^23 + off */)
+{
+    return _mm512_sub_ps(_mm512_castsi512_ps(_mm512_or_si512(c, _mm512_set1_epi32(0x4B000000))),
+                         bias);
+}
+
+/* mf_q_nib32_dot of rows a and b. */
+static inline __m512 mf_q_nib32_dot2(const uint8_t *qa, const uint8_t *qb, float off,
+                                     const float *x)
+{
+    const __m512i m4 = _mm512_set1_epi32(0x0F);
+    const __m512 bias = _mm512_set1_ps(8388608.0f + off);                /* exact */
+    const __m512i v0 = mf_q_u8x8x2_epi32(qa, qb), v1 = mf_q_u8x8x2_epi32(qa + 8, qb + 8);
+    __m512 s = _mm512_mul_ps(mf_q_code_off_ps2(_mm512_and_si512(v0, m4), bias), mf_q_x8x2(x));
+    s = _mm512_fmadd_ps(mf_q_code_off_ps2(_mm512_and_si512(v1, m4), bias), mf_q_x8x2(x + 8), s);
+    s = _mm512_fmadd_ps(mf_q_code_off_ps2(_mm512_srli_epi32(v0, 4), bias), mf_q_x8x2(x + 16), s);
+    return _mm512_fmadd_ps(mf_q_code_off_ps2(_mm512_srli_epi32(v1, 4), bias), mf_q_x8x2(x + 24), s);
+}
+
+/* mf_q_u8x32_dot of rows a and b: lo, hi hold row a's registers in the low half, row b's in the
+ * high half. */
+static inline __m512 mf_q_u8x32_dot_rows2(__m512i lo, __m512i hi, __m512 off, const float *x)
+{
+    const __m512i s0 = _mm512_broadcast_i64x4(_mm256_setr_epi8(
+        0, -1, -1, -1, 1, -1, -1, -1, 2, -1, -1, -1, 3, -1, -1, -1,
+        4, -1, -1, -1, 5, -1, -1, -1, 6, -1, -1, -1, 7, -1, -1, -1));
+    const __m512i s1 = _mm512_add_epi8(s0, _mm512_set1_epi32(8));
+    const __m512i magic = _mm512_set1_epi32(0x4B000000);
+    const __m512 bias = _mm512_add_ps(_mm512_set1_ps(8388608.0f), off);     /* exact */
+    __m512 f0 = _mm512_sub_ps(_mm512_castsi512_ps(_mm512_or_si512(_mm512_shuffle_epi8(lo, s0), magic)), bias);
+    __m512 f1 = _mm512_sub_ps(_mm512_castsi512_ps(_mm512_or_si512(_mm512_shuffle_epi8(lo, s1), magic)), bias);
+    __m512 f2 = _mm512_sub_ps(_mm512_castsi512_ps(_mm512_or_si512(_mm512_shuffle_epi8(hi, s0), magic)), bias);
+    __m512 f3 = _mm512_sub_ps(_mm512_castsi512_ps(_mm512_or_si512(_mm512_shuffle_epi8(hi, s1), magic)), bias);
+    __m512 sa = _mm512_fmadd_ps(f1, mf_q_x8x2(x + 8), _mm512_mul_ps(f0, mf_q_x8x2(x)));
+    __m512 sb = _mm512_fmadd_ps(f3, mf_q_x8x2(x + 24), _mm512_mul_ps(f2, mf_q_x8x2(x + 16)));
+    return _mm512_add_ps(sa, sb);
+}
+
+/* A block's factor of rows a and b: [d_a x 8 | d_b x 8]. */
+static inline __m512 mf_q_f2(float da, float db)
+{
+    return mf_q_join_f(_mm256_set1_ps(da), _mm256_set1_ps(db));
+}
+
+static inline __m512 mf_q_fblk_q4_0_rows2(const block_q4_0 *a, const block_q4_0 *b, const float *x,
+                                     __m512 acc)
+{
+    return _mm512_fmadd_ps(mf_q_f2(mf_q_fp16(a->d), mf_q_fp16(b->d)),
+                           mf_q_nib32_dot2(a->qs, b->qs, 8.0f, x), acc);
+}
+static inline __m512 mf_q_fblk_q4_1_rows2(const block_q4_1 *a, const block_q4_1 *b, const float *x,
+                                     __m512 acc)
+{
+    const __m256 sx = mf_q_sum32(x);
+    __m512 r = _mm512_fmadd_ps(mf_q_f2(mf_q_fp16(a->d), mf_q_fp16(b->d)),
+                               mf_q_nib32_dot2(a->qs, b->qs, 0.0f, x), acc);
+    return _mm512_fmadd_ps(mf_q_f2(mf_q_fp16(a->m), mf_q_fp16(b->m)), mf_q_join_f(sx, sx), r);
+}
+/* A Q5_0 / Q5_1 block pair's lo / hi code registers (5th bits OR-ed in), rows a | b. */
+#define MF_Q_Q5_CODES2(a, b, lo, hi)                                                           \
+    const __m512i m4_ = _mm512_set1_epi8(0x0F);                                                \
+    const __m512i v_ = mf_q_join_i(mf_q_bcast16((a)->qs), mf_q_bcast16((b)->qs));              \
+    const __m512i lo = _mm512_or_si512(_mm512_and_si512(v_, m4_),                              \
+        mf_q_join_i(mf_q_bits16_x10((a)->qh, 0), mf_q_bits16_x10((b)->qh, 0)));               \
+    const __m512i hi = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(v_, 4), m4_),        \
+        mf_q_join_i(mf_q_bits16_x10((a)->qh, 1), mf_q_bits16_x10((b)->qh, 1)))
+static inline __m512 mf_q_fblk_q5_0_rows2(const block_q5_0 *a, const block_q5_0 *b, const float *x,
+                                     __m512 acc)
+{
+    MF_Q_Q5_CODES2(a, b, lo, hi);
+    return _mm512_fmadd_ps(mf_q_f2(mf_q_fp16(a->d), mf_q_fp16(b->d)),
+                           mf_q_u8x32_dot_rows2(lo, hi, _mm512_set1_ps(16.0f), x), acc);
+}
+static inline __m512 mf_q_fblk_q5_1_rows2(const block_q5_1 *a, const block_q5_1 *b, const float *x,
+                                     __m512 acc)
+{
+    MF_Q_Q5_CODES2(a, b, lo, hi);
+    const __m256 sx = mf_q_sum32(x);
+    __m512 r = _mm512_fmadd_ps(mf_q_f2(mf_q_fp16(a->d), mf_q_fp16(b->d)),
+                               mf_q_u8x32_dot_rows2(lo, hi, _mm512_setzero_ps(), x), acc);
+    return _mm512_fmadd_ps(mf_q_f2(mf_q_fp16(a->m), mf_q_fp16(b->m)), mf_q_join_f(sx, sx), r);
+}
+#undef MF_Q_Q5_CODES2
+static inline __m512 mf_q_fblk_q8_0_rows2(const block_q8_0 *a, const block_q8_0 *b, const float *x,
+                                     __m512 acc)
+{
+#define MF_Q_Q8x2(k) _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_unpacklo_epi64(                 \
+        _mm_loadl_epi64((const __m128i *)(const void *)(a->qs + 8 * (k))),                      \
+        _mm_loadl_epi64((const __m128i *)(const void *)(b->qs + 8 * (k))))))
+    __m512 s = _mm512_mul_ps(MF_Q_Q8x2(0), mf_q_x8x2(x));
+    for (int k = 1; k < 4; k++)
+        s = _mm512_fmadd_ps(MF_Q_Q8x2(k), mf_q_x8x2(x + 8 * k), s);
+#undef MF_Q_Q8x2
+    return _mm512_fmadd_ps(mf_q_f2(mf_q_fp16(a->d), mf_q_fp16(b->d)), s, acc);
+}
+#endif /* MF_SIMD_AVX512 */
+
 /* Blocks alternate between two accumulators (register-resident, independent chains). */
 #define MF_Q_FDOT_LOOP(BLOCK_FN, QK)                                                           \
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();                             \
@@ -598,7 +714,39 @@ static inline float mf_dot_q6_K_f32(const void *MF_RESTRICT vw, const float *MF_
 
 typedef void (*mf_dot4_f32_fn)(const void *const *w, const float *x, ptrdiff_t n, float *out);
 
-#if defined(MF_Q_AVX2)
+#if defined(MF_Q_AVX2) && defined(MF_SIMD_AVX512)
+/* 32-weight formats at avx512: rows 0 | 1 and 2 | 3 in the halves of 512-bit registers
+ * (mf_q_fblk_*_rows2), each half's accumulators and sums those of MF_Q_FDOT_LOOP. */
+#define MF_DOT4_F32_32(NAME, BLOCK, BLOCK_FN)                                                  \
+static inline void NAME(const void *const *vw, const float *MF_RESTRICT x, ptrdiff_t n,       \
+                        float *out)                                                            \
+{                                                                                              \
+    const BLOCK *w0 = (const BLOCK *)vw[0], *w1 = (const BLOCK *)vw[1];   /* [n / 32] each */  \
+    const BLOCK *w2 = (const BLOCK *)vw[2], *w3 = (const BLOCK *)vw[3];                        \
+    const ptrdiff_t nb = n / 32;                                                               \
+    const ptrdiff_t pf = mf_q_pf_dist(nb * (ptrdiff_t)sizeof(BLOCK));                          \
+    const ptrdiff_t pb = 2 * (ptrdiff_t)sizeof(BLOCK);                                         \
+    __m512 a010 = _mm512_setzero_ps(), a011 = a010, a230 = a010, a231 = a010;                  \
+    ptrdiff_t ib = 0;                                                                          \
+    for (; ib + 2 <= nb; ib += 2) {                                                            \
+        const float *xb = x + ib * 32;                                                         \
+        mf_q_prefetch4(w0, nb * (ptrdiff_t)sizeof(BLOCK), ib * (ptrdiff_t)sizeof(BLOCK), pb, pf); \
+        a010 = BLOCK_FN##_rows2(&w0[ib], &w1[ib], xb, a010);                                        \
+        a230 = BLOCK_FN##_rows2(&w2[ib], &w3[ib], xb, a230);                                        \
+        a011 = BLOCK_FN##_rows2(&w0[ib + 1], &w1[ib + 1], xb + 32, a011);                           \
+        a231 = BLOCK_FN##_rows2(&w2[ib + 1], &w3[ib + 1], xb + 32, a231);                           \
+    }                                                                                          \
+    if (ib < nb) {                                                                             \
+        a010 = BLOCK_FN##_rows2(&w0[ib], &w1[ib], x + ib * 32, a010);                               \
+        a230 = BLOCK_FN##_rows2(&w2[ib], &w3[ib], x + ib * 32, a230);                               \
+    }                                                                                          \
+    const __m512 s01 = _mm512_add_ps(a010, a011), s23 = _mm512_add_ps(a230, a231);             \
+    out[0] = mf_q_hsum_ps(_mm512_castps512_ps256(s01));                                        \
+    out[1] = mf_q_hsum_ps(_mm512_extractf32x8_ps(s01, 1));                                     \
+    out[2] = mf_q_hsum_ps(_mm512_castps512_ps256(s23));                                        \
+    out[3] = mf_q_hsum_ps(_mm512_extractf32x8_ps(s23, 1));                                     \
+}
+#elif defined(MF_Q_AVX2)
 /* 32-weight formats: block ib of each row into accumulator (ib % 2) of that row, as
  * MF_Q_FDOT_LOOP. */
 #define MF_DOT4_F32_32(NAME, BLOCK, BLOCK_FN)                                                  \
@@ -636,6 +784,9 @@ static inline void NAME(const void *const *vw, const float *MF_RESTRICT x, ptrdi
     out[2] = mf_q_hsum_ps(_mm256_add_ps(a20, a21));                                            \
     out[3] = mf_q_hsum_ps(_mm256_add_ps(a30, a31));                                            \
 }
+#endif
+
+#if defined(MF_Q_AVX2)
 MF_DOT4_F32_32(mf_dot4_q4_0_f32, block_q4_0, mf_q_fblk_q4_0)
 MF_DOT4_F32_32(mf_dot4_q4_1_f32, block_q4_1, mf_q_fblk_q4_1)
 MF_DOT4_F32_32(mf_dot4_q5_0_f32, block_q5_0, mf_q_fblk_q5_0)
