@@ -308,9 +308,10 @@ static inline __m512 mf_q_nib32_dot2(const uint8_t *qa, const uint8_t *qb, float
     return _mm512_fmadd_ps(mf_q_code_off_ps2(_mm512_srli_epi32(v1, 4), bias), mf_q_x8x2(x + 24), s);
 }
 
-/* mf_q_u8x32_dot of rows a and b: lo, hi hold row a's registers in the low half, row b's in the
- * high half. */
-static inline __m512 mf_q_u8x32_dot_rows2(__m512i lo, __m512i hi, __m512 off, const float *x)
+/* mf_q_u8x32_dot2 of rows a and b: lo, hi hold row a's registers in the low half, row b's in
+ * the high half. */
+static inline void mf_q_u8x32_dot2_rows2(__m512i lo, __m512i hi, __m512 off, const float *x,
+                                         __m512 *psa, __m512 *psb)
 {
     const __m512i s0 = _mm512_broadcast_i64x4(_mm256_setr_epi8(
         0, -1, -1, -1, 1, -1, -1, -1, 2, -1, -1, -1, 3, -1, -1, -1,
@@ -322,9 +323,22 @@ static inline __m512 mf_q_u8x32_dot_rows2(__m512i lo, __m512i hi, __m512 off, co
     __m512 f1 = _mm512_sub_ps(_mm512_castsi512_ps(_mm512_or_si512(_mm512_shuffle_epi8(lo, s1), magic)), bias);
     __m512 f2 = _mm512_sub_ps(_mm512_castsi512_ps(_mm512_or_si512(_mm512_shuffle_epi8(hi, s0), magic)), bias);
     __m512 f3 = _mm512_sub_ps(_mm512_castsi512_ps(_mm512_or_si512(_mm512_shuffle_epi8(hi, s1), magic)), bias);
-    __m512 sa = _mm512_fmadd_ps(f1, mf_q_x8x2(x + 8), _mm512_mul_ps(f0, mf_q_x8x2(x)));
-    __m512 sb = _mm512_fmadd_ps(f3, mf_q_x8x2(x + 24), _mm512_mul_ps(f2, mf_q_x8x2(x + 16)));
+    *psa = _mm512_fmadd_ps(f1, mf_q_x8x2(x + 8), _mm512_mul_ps(f0, mf_q_x8x2(x)));
+    *psb = _mm512_fmadd_ps(f3, mf_q_x8x2(x + 24), _mm512_mul_ps(f2, mf_q_x8x2(x + 16)));
+}
+
+/* mf_q_u8x32_dot of rows a and b. */
+static inline __m512 mf_q_u8x32_dot_rows2(__m512i lo, __m512i hi, __m512 off, const float *x)
+{
+    __m512 sa, sb;
+    mf_q_u8x32_dot2_rows2(lo, hi, off, x, &sa, &sb);
     return _mm512_add_ps(sa, sb);
+}
+
+/* [16 bytes at pa, twice | 16 bytes at pb, twice]: mf_q_bcast16 of rows a and b. */
+static inline __m512i mf_q_bcast16_rows2(const uint8_t *pa, const uint8_t *pb)
+{
+    return mf_q_join_i(mf_q_bcast16(pa), mf_q_bcast16(pb));
 }
 
 /* A block's factor of rows a and b: [d_a x 8 | d_b x 8]. */
@@ -350,7 +364,7 @@ static inline __m512 mf_q_fblk_q4_1_rows2(const block_q4_1 *a, const block_q4_1 
 /* A Q5_0 / Q5_1 block pair's lo / hi code registers (5th bits OR-ed in), rows a | b. */
 #define MF_Q_Q5_CODES2(a, b, lo, hi)                                                           \
     const __m512i m4_ = _mm512_set1_epi8(0x0F);                                                \
-    const __m512i v_ = mf_q_join_i(mf_q_bcast16((a)->qs), mf_q_bcast16((b)->qs));              \
+    const __m512i v_ = mf_q_bcast16_rows2((a)->qs, (b)->qs);                                   \
     const __m512i lo = _mm512_or_si512(_mm512_and_si512(v_, m4_),                              \
         mf_q_join_i(mf_q_bits16_x10((a)->qh, 0), mf_q_bits16_x10((b)->qh, 0)));               \
     const __m512i hi = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(v_, 4), m4_),        \
@@ -610,6 +624,107 @@ static inline void mf_q_fsb_q6_K(const block_q6_K *b, const float *xb, __m256 ac
     }
 }
 
+#if defined(MF_SIMD_AVX512)
+/* mf_q_fsb_q4_K / q5_K / q6_K of rows a | b in the halves of 512-bit registers (see
+ * mf_q_fblk_q4_0_rows2): each half the 256-bit function's operations, so the same bits. */
+static inline void mf_q_fsb_q4_K_rows2(const block_q4_K *a, const block_q4_K *b, const float *xb,
+                                       __m512 acc[2])
+{
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    const __m512 zero = _mm512_setzero_ps();
+    float dsa[8], dma[8], dsb[8], dmb[8];
+    mf_kquant_scales(a->scales, a->d, a->dmin, dsa, dma);
+    mf_kquant_scales(b->scales, b->d, b->dmin, dsb, dmb);
+    for (int c = 0; c < 4; c++) {
+        const __m512i v0 = mf_q_bcast16_rows2(a->qs + 32 * c, b->qs + 32 * c);
+        const __m512i v1 = mf_q_bcast16_rows2(a->qs + 32 * c + 16, b->qs + 32 * c + 16);
+        const float *x1 = xb + 64 * c, *x2 = x1 + 32;
+        const __m256 sx1 = mf_q_sum32(x1), sx2 = mf_q_sum32(x2);
+        __m512 s1 = mf_q_u8x32_dot_rows2(_mm512_and_si512(v0, m4), _mm512_and_si512(v1, m4),
+                                         zero, x1);
+        __m512 s2 = mf_q_u8x32_dot_rows2(_mm512_and_si512(_mm512_srli_epi16(v0, 4), m4),
+                                         _mm512_and_si512(_mm512_srli_epi16(v1, 4), m4), zero, x2);
+        __m512 t0 = _mm512_fmadd_ps(mf_q_f2(dsa[2 * c], dsb[2 * c]), s1, acc[0]);
+        acc[0] = _mm512_fnmadd_ps(mf_q_f2(dma[2 * c], dmb[2 * c]), mf_q_join_f(sx1, sx1), t0);
+        __m512 t1 = _mm512_fmadd_ps(mf_q_f2(dsa[2 * c + 1], dsb[2 * c + 1]), s2, acc[1]);
+        acc[1] = _mm512_fnmadd_ps(mf_q_f2(dma[2 * c + 1], dmb[2 * c + 1]), mf_q_join_f(sx2, sx2),
+                                  t1);
+    }
+}
+
+static inline void mf_q_fsb_q5_K_rows2(const block_q5_K *a, const block_q5_K *b, const float *xb,
+                                       __m512 acc[2])
+{
+    const __m512i m4 = _mm512_set1_epi8(0x0F), x10 = _mm512_set1_epi8(0x10);
+    const __m512 zero = _mm512_setzero_ps();
+    float dsa[8], dma[8], dsb[8], dmb[8];
+    mf_kquant_scales(a->scales, a->d, a->dmin, dsa, dma);
+    mf_kquant_scales(b->scales, b->d, b->dmin, dsb, dmb);
+    const __m512i h0 = mf_q_bcast16_rows2(a->qh, b->qh);
+    const __m512i h1 = mf_q_bcast16_rows2(a->qh + 16, b->qh + 16);
+    for (int c = 0; c < 4; c++) {
+        const __m512i b1 = _mm512_set1_epi8((char)(1 << (2 * c)));
+        const __m512i b2 = _mm512_set1_epi8((char)(1 << (2 * c + 1)));
+        const __m512i v0 = mf_q_bcast16_rows2(a->qs + 32 * c, b->qs + 32 * c);
+        const __m512i v1 = mf_q_bcast16_rows2(a->qs + 32 * c + 16, b->qs + 32 * c + 16);
+#define MF_Q_BIT5(h, bit) _mm512_and_si512(                                                      \
+        _mm512_movm_epi8(_mm512_cmpeq_epi8_mask(_mm512_and_si512(h, bit), bit)), x10)
+        __m512i lo1 = _mm512_or_si512(_mm512_and_si512(v0, m4), MF_Q_BIT5(h0, b1));
+        __m512i hi1 = _mm512_or_si512(_mm512_and_si512(v1, m4), MF_Q_BIT5(h1, b1));
+        __m512i lo2 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(v0, 4), m4),
+                                      MF_Q_BIT5(h0, b2));
+        __m512i hi2 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(v1, 4), m4),
+                                      MF_Q_BIT5(h1, b2));
+#undef MF_Q_BIT5
+        const float *x1 = xb + 64 * c, *x2 = x1 + 32;
+        const __m256 sx1 = mf_q_sum32(x1), sx2 = mf_q_sum32(x2);
+        __m512 t0 = _mm512_fmadd_ps(mf_q_f2(dsa[2 * c], dsb[2 * c]),
+                                    mf_q_u8x32_dot_rows2(lo1, hi1, zero, x1), acc[0]);
+        acc[0] = _mm512_fnmadd_ps(mf_q_f2(dma[2 * c], dmb[2 * c]), mf_q_join_f(sx1, sx1), t0);
+        __m512 t1 = _mm512_fmadd_ps(mf_q_f2(dsa[2 * c + 1], dsb[2 * c + 1]),
+                                    mf_q_u8x32_dot_rows2(lo2, hi2, zero, x2), acc[1]);
+        acc[1] = _mm512_fnmadd_ps(mf_q_f2(dma[2 * c + 1], dmb[2 * c + 1]), mf_q_join_f(sx2, sx2),
+                                  t1);
+    }
+}
+
+static inline void mf_q_fsb_q6_K_rows2(const block_q6_K *a, const block_q6_K *b, const float *xb,
+                                       __m512 acc[2])
+{
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m2 = _mm512_set1_epi8(0x03);
+    const __m512 off = _mm512_set1_ps(32.0f);
+    const float da = mf_q_fp16(a->d), db = mf_q_fp16(b->d);
+    for (int h = 0; h < 2; h++) {
+        const uint8_t *qla = a->ql + 64 * h, *qlb = b->ql + 64 * h;
+        const uint8_t *qha = a->qh + 32 * h, *qhb = b->qh + 32 * h;
+        const __m512i a0 = mf_q_bcast16_rows2(qla, qlb), a1 = mf_q_bcast16_rows2(qla + 16, qlb + 16);
+        const __m512i b0 = mf_q_bcast16_rows2(qla + 32, qlb + 32);
+        const __m512i b1 = mf_q_bcast16_rows2(qla + 48, qlb + 48);
+        const __m512i h0 = mf_q_bcast16_rows2(qha, qhb), h1 = mf_q_bcast16_rows2(qha + 16, qhb + 16);
+#define MF_Q_HI2(hh, sh) _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(hh, sh), m2), 4)
+        __m512i lo[4], hi[4];
+        lo[0] = _mm512_or_si512(_mm512_and_si512(a0, m4), _mm512_slli_epi16(_mm512_and_si512(h0, m2), 4));
+        hi[0] = _mm512_or_si512(_mm512_and_si512(a1, m4), _mm512_slli_epi16(_mm512_and_si512(h1, m2), 4));
+        lo[1] = _mm512_or_si512(_mm512_and_si512(b0, m4), MF_Q_HI2(h0, 2));
+        hi[1] = _mm512_or_si512(_mm512_and_si512(b1, m4), MF_Q_HI2(h1, 2));
+        lo[2] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(a0, 4), m4), MF_Q_HI2(h0, 4));
+        hi[2] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(a1, 4), m4), MF_Q_HI2(h1, 4));
+        lo[3] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(b0, 4), m4), MF_Q_HI2(h0, 6));
+        hi[3] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(b1, 4), m4), MF_Q_HI2(h1, 6));
+#undef MF_Q_HI2
+        for (int k = 0; k < 4; k++) {
+            const int j = 8 * h + 2 * k;         /* sub-blocks j (codes 0..15), j+1 (16..31) */
+            __m512 sa, sb;
+            mf_q_u8x32_dot2_rows2(lo[k], hi[k], off, xb + 128 * h + 32 * k, &sa, &sb);
+            acc[0] = _mm512_fmadd_ps(mf_q_f2(da * (float)a->scales[j], db * (float)b->scales[j]),
+                                     sa, acc[0]);
+            acc[1] = _mm512_fmadd_ps(mf_q_f2(da * (float)a->scales[j + 1],
+                                             db * (float)b->scales[j + 1]), sb, acc[1]);
+        }
+    }
+}
+#endif /* MF_SIMD_AVX512 */
+
 #endif /* MF_Q_AVX2 */
 
 #if !defined(MF_Q_AVX2)
@@ -793,7 +908,33 @@ MF_DOT4_F32_32(mf_dot4_q5_0_f32, block_q5_0, mf_q_fblk_q5_0)
 MF_DOT4_F32_32(mf_dot4_q5_1_f32, block_q5_1, mf_q_fblk_q5_1)
 MF_DOT4_F32_32(mf_dot4_q8_0_f32, block_q8_0, mf_q_fblk_q8_0)
 
-/* K-quants: super-block by super-block, each row's two accumulators as in its one-row dot. */
+/* K-quants: super-block by super-block, each row's two accumulators as in its one-row dot
+ * (avx512: rows 0 | 1 and 2 | 3 in the halves of 512-bit registers, SB_FN##_rows2). */
+#if defined(MF_SIMD_AVX512)
+#define MF_DOT4_F32_K(NAME, BLOCK, SB_FN)                                                      \
+static inline void NAME(const void *const *vw, const float *MF_RESTRICT x, ptrdiff_t n,       \
+                        float *out)                                                            \
+{                                                                                              \
+    const BLOCK *w[4] = {(const BLOCK *)vw[0], (const BLOCK *)vw[1], (const BLOCK *)vw[2],     \
+                         (const BLOCK *)vw[3]};                         /* [n / 256] each */   \
+    const ptrdiff_t nb = n / QK_K;                                                             \
+    const ptrdiff_t pf = mf_q_pf_dist(nb * (ptrdiff_t)sizeof(BLOCK));                          \
+    __m512 acc[2][2];                                                                          \
+    for (int r = 0; r < 2; r++)                                                                \
+        acc[r][0] = acc[r][1] = _mm512_setzero_ps();                                           \
+    for (ptrdiff_t ib = 0; ib < nb; ib++) {                                                    \
+        mf_q_prefetch4(w[0], nb * (ptrdiff_t)sizeof(BLOCK), ib * (ptrdiff_t)sizeof(BLOCK),        \
+                       (ptrdiff_t)sizeof(BLOCK), pf);                                          \
+        SB_FN##_rows2(&w[0][ib], &w[1][ib], x + ib * QK_K, acc[0]);                            \
+        SB_FN##_rows2(&w[2][ib], &w[3][ib], x + ib * QK_K, acc[1]);                            \
+    }                                                                                          \
+    for (int r = 0; r < 2; r++) {                                                              \
+        const __m512 t = _mm512_add_ps(acc[r][0], acc[r][1]);                                  \
+        out[2 * r] = mf_q_hsum_ps(_mm512_castps512_ps256(t));                                  \
+        out[2 * r + 1] = mf_q_hsum_ps(_mm512_extractf32x8_ps(t, 1));                           \
+    }                                                                                          \
+}
+#else
 #define MF_DOT4_F32_K(NAME, BLOCK, SB_FN)                                                      \
 static inline void NAME(const void *const *vw, const float *MF_RESTRICT x, ptrdiff_t n,       \
                         float *out)                                                            \
@@ -814,6 +955,7 @@ static inline void NAME(const void *const *vw, const float *MF_RESTRICT x, ptrdi
     for (int r = 0; r < 4; r++)                                                                \
         out[r] = mf_q_hsum_ps(_mm256_add_ps(acc[r][0], acc[r][1]));                            \
 }
+#endif
 MF_DOT4_F32_K(mf_dot4_q4_K_f32, block_q4_K, mf_q_fsb_q4_K)
 MF_DOT4_F32_K(mf_dot4_q5_K_f32, block_q5_K, mf_q_fsb_q5_K)
 MF_DOT4_F32_K(mf_dot4_q6_K_f32, block_q6_K, mf_q_fsb_q6_K)
