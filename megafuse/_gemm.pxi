@@ -27,6 +27,8 @@ cdef extern from "megafuse/mf_gemm.h" nogil:
     void mf_prefetch_l2(const void *p, Py_ssize_t nbytes)
     void mf_gemm_panel_f32(int mr, const float *x, Py_ssize_t ldx, const float *panel,
                            Py_ssize_t kc, float *c, int first)
+    void mf_gemm_panel2_f32(int mr, const float *x, Py_ssize_t ldx, const float *pa,
+                            const float *pb, Py_ssize_t kc, float *ca, float *cb, int first)
 
 cdef enum:
     GEMM_ROWS = 64            # weight rows a block (one task of a parallel loop): 4 panels
@@ -137,18 +139,19 @@ cdef void block_gemm_packed_f32(
         const RowBlock *b, int dt, Py_ssize_t K,
         const float *x,        # [T, ldx] token rows, K values each
         Py_ssize_t ldx, Py_ssize_t T, Py_ssize_t ld) noexcept nogil:
-    """All rows of the block by packed panels of 16 rows (include/megafuse/mf_gemm.h).
+    """All rows of the block by packed panels of 16 rows (include/megafuse/mf_gemm.h), two panels
+    through each register block (mf_gemm_panel2_f32) while two remain.
 
     Loop order: token tiles, then 256-column slices, then the block's panels: a slice of the
     tile's activations (PACK_TOKEN_TILE x 256 floats, 128 KiB) stays in L2 while all the block's
-    panels (each packed into L1) go through it."""
-    cdef float panel_mem[MF_PANEL_K * MF_PANEL_ROWS + 16]   # [256, 16] packed, 64-byte aligned
-    cdef float stage[MF_PANEL_ROWS * MF_PANEL_K]   # [16, 256] dequantized rows (not FP32)
+    panels (each pair packed into L1) go through it."""
+    cdef float panel_mem[2 * MF_PANEL_K * MF_PANEL_ROWS + 16]   # 2 x [256, 16] packed, aligned
+    cdef float stage[2 * MF_PANEL_ROWS * MF_PANEL_K]   # 2 x [16, 256] dequantized rows (not FP32)
     cdef float acc[GEMM_ROWS * PACK_TOKEN_TILE]    # [panel][tile][16] sums of the slices so far
     cdef const float *rows[MF_PANEL_ROWS]
     cdef float *panel = <float *>((<size_t>panel_mem + 63) & ~(<size_t>63))
     cdef float *acc_p
-    cdef Py_ssize_t t0, nt, i, mr, j, k0, kc, p0, np_rows, last
+    cdef Py_ssize_t t0, nt, i, mr, j, k0, kc, p0, np_rows, last, q, pq, n_pan
     cdef Py_ssize_t pn, kn, n_next, next_off, next_bytes, per_call, g
     cdef float value
     cdef bint direct = dt == CK_DT_FP32
@@ -159,24 +162,28 @@ cdef void block_gemm_packed_f32(
         while k0 < K:
             kc = min(<Py_ssize_t>MF_PANEL_K, K - k0)
             p0 = 0
-            while p0 < b.n:                      # the block's panels: rows p0 .. p0+15
-                np_rows = min(<Py_ssize_t>MF_PANEL_ROWS, b.n - p0)
-                last = p0 + np_rows - 1          # rows past the block repeat it (results unused)
-                for j in range(MF_PANEL_ROWS):
-                    if direct:
-                        rows[j] = <const float *>b.w[min(p0 + j, last)] + k0
-                    else:
-                        if j < np_rows:
-                            dequantize_row(b.w[p0 + j] + ck_dtype_row_bytes(dt, k0),
-                                           stage + j * MF_PANEL_K, kc, dt)
-                        rows[j] = stage + min(j, np_rows - 1) * MF_PANEL_K
-                mf_pack_panel_f32(rows, kc, panel)
-                # the next panel's rows (this slice's next panel, or the next slice's first),
-                # prefetched a few rows per register block while this panel computes
-                pn, kn = p0 + MF_PANEL_ROWS, k0
+            while p0 < b.n:                      # panels q: rows p0 + 16q .. p0 + 16q + 15
+                n_pan = 2 if p0 + MF_PANEL_ROWS < b.n else 1
+                for q in range(n_pan):
+                    pq = p0 + q * MF_PANEL_ROWS
+                    np_rows = min(<Py_ssize_t>MF_PANEL_ROWS, b.n - pq)
+                    last = pq + np_rows - 1      # rows past the block repeat it (results unused)
+                    for j in range(MF_PANEL_ROWS):
+                        if direct:
+                            rows[j] = <const float *>b.w[min(pq + j, last)] + k0
+                        else:
+                            if j < np_rows:
+                                dequantize_row(b.w[pq + j] + ck_dtype_row_bytes(dt, k0),
+                                               stage + (q * MF_PANEL_ROWS + j) * MF_PANEL_K,
+                                               kc, dt)
+                            rows[j] = stage + (q * MF_PANEL_ROWS + min(j, np_rows - 1)) * MF_PANEL_K
+                    mf_pack_panel_f32(rows, kc, panel + q * MF_PANEL_K * MF_PANEL_ROWS)
+                # the next panels' rows (this slice's next pair, or the next slice's first),
+                # prefetched a few rows per register block while these panels compute
+                pn, kn = p0 + n_pan * MF_PANEL_ROWS, k0
                 if pn >= b.n:
                     pn, kn = 0, k0 + kc
-                n_next = min(<Py_ssize_t>MF_PANEL_ROWS, b.n - pn) if kn < K else 0
+                n_next = min(<Py_ssize_t>(2 * MF_PANEL_ROWS), b.n - pn) if kn < K else 0
                 if n_next > 0:
                     next_off = ck_dtype_row_bytes(dt, kn)
                     next_bytes = ck_dtype_row_bytes(dt, min(<Py_ssize_t>MF_PANEL_K, K - kn))
@@ -189,10 +196,17 @@ cdef void block_gemm_packed_f32(
                     for j in range(g, min(g + per_call, n_next)):
                         mf_prefetch_l2(b.w[pn + j] + next_off, next_bytes)
                     g += per_call
-                    mf_gemm_panel_f32(<int>mr, x + (t0 + i) * ldx + k0, ldx, panel, kc,
-                                      acc_p + i * MF_PANEL_ROWS, k0 == 0)
+                    if n_pan == 2:
+                        mf_gemm_panel2_f32(<int>mr, x + (t0 + i) * ldx + k0, ldx, panel,
+                                           panel + MF_PANEL_K * MF_PANEL_ROWS, kc,
+                                           acc_p + i * MF_PANEL_ROWS,
+                                           acc_p + MF_PANEL_ROWS * PACK_TOKEN_TILE
+                                           + i * MF_PANEL_ROWS, k0 == 0)
+                    else:
+                        mf_gemm_panel_f32(<int>mr, x + (t0 + i) * ldx + k0, ldx, panel, kc,
+                                          acc_p + i * MF_PANEL_ROWS, k0 == 0)
                     i += mr
-                p0 += MF_PANEL_ROWS
+                p0 += n_pan * MF_PANEL_ROWS
             k0 += kc
         for i in range(nt):          # token by token: a token's results are contiguous in out
             for j in range(b.n):

@@ -20,9 +20,10 @@
  *
  * The avx512 level runs the 16-column blocks on 512-bit registers (one a token; P.V also 32
  * columns, two a query): the same chain per element, so the same bits as AVX2, at up to twice
- * its FMA width on cores with 512-bit pipes (Zen 5: FP32 prefill rows 1.4-1.6x, paired).  The
- * 8-wide blocks (decode's panel of up to 8 queries) stay 256-bit.  A 12-token 512-bit block
- * was 2-3x slower (GCC spilled the accumulators).
+ * its FMA width on cores with 512-bit pipes.  The projections run two panels through each
+ * block (mf_gemm_panel2_f32: 12 chains; Zen 5, FP32 prefill rows 0.57-0.60x the AVX2 block's
+ * time, paired).  The 8-wide blocks (decode's panel of up to 8 queries) stay 256-bit.  A
+ * 12-token block of one panel was 2-3x slower (GCC spilled the accumulators).
  */
 #ifndef MEGAFUSE_MF_GEMM_H
 #define MEGAFUSE_MF_GEMM_H
@@ -220,6 +221,56 @@ static inline void mf_gemm_panel_f32(int mr, const float *x, ptrdiff_t ldx, cons
                                      ptrdiff_t kc, float *c, int first)
 {
     MF__GEMM_SWITCH(mr, 2, x, ldx, 1, panel, MF_PANEL_ROWS, kc, c, MF_PANEL_ROWS, first)
+}
+
+/* Two panels through one register block: mf_gemm_panel_f32 of panel a into ca and of panel b
+ * into cb (each ca / cb element the same chain).  At avx512 a token's two registers give 12
+ * chains where one panel gives 6. */
+static inline void mf_gemm_panel2_f32(int mr, const float *x, ptrdiff_t ldx, const float *pa,
+                                      const float *pb, ptrdiff_t kc, float *ca, float *cb,
+                                      int first)
+{
+#if defined(MF_SIMD_AVX512)
+#define MF__PANEL2(MR)                                                                           \
+    do {                                                                                         \
+        __m512 acc[MR][2];                                                                       \
+        MF__UNROLL                                                                               \
+        for (int i = 0; i < (MR); i++)                                                           \
+            acc[i][0] = acc[i][1] = _mm512_setzero_ps();                                         \
+        for (ptrdiff_t k = 0; k < kc; k++) {                                                     \
+            const __m512 wa = _mm512_loadu_ps(pa + k * MF_PANEL_ROWS);                           \
+            const __m512 wb = _mm512_loadu_ps(pb + k * MF_PANEL_ROWS);                           \
+            MF__UNROLL                                                                           \
+            for (int i = 0; i < (MR); i++) {                                                     \
+                const __m512 xb = _mm512_set1_ps(x[i * ldx + k]);                                \
+                acc[i][0] = _mm512_fmadd_ps(xb, wa, acc[i][0]);                                  \
+                acc[i][1] = _mm512_fmadd_ps(xb, wb, acc[i][1]);                                  \
+            }                                                                                    \
+        }                                                                                        \
+        MF__UNROLL                                                                               \
+        for (int i = 0; i < (MR); i++) {                                                         \
+            float *da = ca + i * MF_PANEL_ROWS, *db = cb + i * MF_PANEL_ROWS;                    \
+            if (!first) {                                                                        \
+                acc[i][0] = _mm512_add_ps(_mm512_loadu_ps(da), acc[i][0]);                       \
+                acc[i][1] = _mm512_add_ps(_mm512_loadu_ps(db), acc[i][1]);                       \
+            }                                                                                    \
+            _mm512_storeu_ps(da, acc[i][0]);                                                     \
+            _mm512_storeu_ps(db, acc[i][1]);                                                     \
+        }                                                                                        \
+    } while (0)
+    switch (mr) {
+    case 6: MF__PANEL2(6); break;
+    case 5: MF__PANEL2(5); break;
+    case 4: MF__PANEL2(4); break;
+    case 3: MF__PANEL2(3); break;
+    case 2: MF__PANEL2(2); break;
+    default: MF__PANEL2(1); break;
+    }
+#undef MF__PANEL2
+#else
+    mf_gemm_panel_f32(mr, x, ldx, pa, kc, ca, first);
+    mf_gemm_panel_f32(mr, x, ldx, pb, kc, cb, first);
+#endif
 }
 
 /* The same for a panel 8 columns wide: c[i * 8 + j] = sum_k x[i * ldx + k] * panel[k * 8 + j]
