@@ -195,6 +195,10 @@ static inline void mf__touch_tile(const void *k, const void *v, ptrdiff_t bytes)
 static inline void mf__f16_to_f32(const uint16_t *h, float *y, ptrdiff_t n)
 {
     ptrdiff_t i = 0;
+#if defined(MF_SIMD_AVX512)
+    for (; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(y + i, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(h + i))));
+#endif
 #if defined(__F16C__) && defined(__AVX__)
     for (; i + 8 <= n; i += 8)
         _mm256_storeu_ps(y + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(h + i))));
