@@ -106,6 +106,41 @@ static inline void mf_pack_panel_f32(const float *const rows[MF_PANEL_ROWS], ptr
             panel[k * MF_PANEL_ROWS + j] = rows[j][k];
 }
 
+#if defined(MF_SIMD_AVX512)
+/* The block on 512-bit registers: 16 columns of pa into ca (and, NZ = 2, 16 of pb into cb), one
+ * register a token and 16 columns, each column the chain of the 256-bit block. */
+MF_ALWAYS_INLINE void mf__gemm_block_zmm(
+    const int MR, const int NZ, const float *x, ptrdiff_t xi, ptrdiff_t xk, const float *pa,
+    const float *pb, ptrdiff_t ldp, ptrdiff_t kc, float *ca, float *cb, ptrdiff_t ldc, int first)
+{
+    __m512 acc[MF_GEMM_MR][2];
+    MF__UNROLL
+    for (int i = 0; i < MR; i++)
+        acc[i][0] = acc[i][1] = _mm512_setzero_ps();
+    for (ptrdiff_t k = 0; k < kc; k++) {
+        const __m512 w0 = _mm512_loadu_ps(pa + k * ldp);
+        const __m512 w1 = NZ > 1 ? _mm512_loadu_ps(pb + k * ldp) : w0;
+        MF__UNROLL
+        for (int i = 0; i < MR; i++) {
+            const __m512 xb = _mm512_set1_ps(x[i * xi + k * xk]);
+            acc[i][0] = _mm512_fmadd_ps(xb, w0, acc[i][0]);
+            if (NZ > 1)
+                acc[i][1] = _mm512_fmadd_ps(xb, w1, acc[i][1]);
+        }
+    }
+    MF__UNROLL
+    for (int i = 0; i < MR; i++) {
+        MF__UNROLL
+        for (int h = 0; h < NZ; h++) {
+            float *ci = (h ? cb : ca) + i * ldc;
+            if (!first)
+                acc[i][h] = _mm512_add_ps(_mm512_loadu_ps(ci), acc[i][h]);
+            _mm512_storeu_ps(ci, acc[i][h]);
+        }
+    }
+}
+#endif
+
 /*
  * The register block, general form: for i < MR, j < 8 * NV (NV = 2: 16 columns; 1: 8; 4: 32,
  * avx512 only)
@@ -123,34 +158,7 @@ MF_ALWAYS_INLINE void mf__gemm_block(
 {
 #if defined(MF_SIMD_AVX512)
     if (NV > 1) {              /* the same chains, 16 columns a 512-bit register */
-        const int NZ = NV / 2;
-        __m512 acc16[MF_GEMM_MR][2];
-        MF__UNROLL
-        for (int i = 0; i < MR; i++)
-            acc16[i][0] = acc16[i][1] = _mm512_setzero_ps();
-        for (ptrdiff_t k = 0; k < kc; k++) {
-            const __m512 w0 = _mm512_loadu_ps(p + k * ldp);
-            const __m512 w1 = NZ > 1 ? _mm512_loadu_ps(p + k * ldp + 16) : w0;
-            MF__UNROLL
-            for (int i = 0; i < MR; i++) {
-                const __m512 xb = _mm512_set1_ps(x[i * xi + k * xk]);
-                acc16[i][0] = _mm512_fmadd_ps(xb, w0, acc16[i][0]);
-                if (NZ > 1)
-                    acc16[i][1] = _mm512_fmadd_ps(xb, w1, acc16[i][1]);
-            }
-        }
-        MF__UNROLL
-        for (int i = 0; i < MR; i++) {
-            float *ci = c + i * ldc;
-            MF__UNROLL
-            for (int h = 0; h < NZ; h++) {
-                if (first)
-                    _mm512_storeu_ps(ci + 16 * h, acc16[i][h]);
-                else
-                    _mm512_storeu_ps(ci + 16 * h,
-                                     _mm512_add_ps(_mm512_loadu_ps(ci + 16 * h), acc16[i][h]));
-            }
-        }
+        mf__gemm_block_zmm(MR, NV / 2, x, xi, xk, p, p + 16, ldp, kc, c, c + 16, ldc, first);
         return;
     }
 #endif
@@ -232,32 +240,7 @@ static inline void mf_gemm_panel2_f32(int mr, const float *x, ptrdiff_t ldx, con
 {
 #if defined(MF_SIMD_AVX512)
 #define MF__PANEL2(MR)                                                                           \
-    do {                                                                                         \
-        __m512 acc[MR][2];                                                                       \
-        MF__UNROLL                                                                               \
-        for (int i = 0; i < (MR); i++)                                                           \
-            acc[i][0] = acc[i][1] = _mm512_setzero_ps();                                         \
-        for (ptrdiff_t k = 0; k < kc; k++) {                                                     \
-            const __m512 wa = _mm512_loadu_ps(pa + k * MF_PANEL_ROWS);                           \
-            const __m512 wb = _mm512_loadu_ps(pb + k * MF_PANEL_ROWS);                           \
-            MF__UNROLL                                                                           \
-            for (int i = 0; i < (MR); i++) {                                                     \
-                const __m512 xb = _mm512_set1_ps(x[i * ldx + k]);                                \
-                acc[i][0] = _mm512_fmadd_ps(xb, wa, acc[i][0]);                                  \
-                acc[i][1] = _mm512_fmadd_ps(xb, wb, acc[i][1]);                                  \
-            }                                                                                    \
-        }                                                                                        \
-        MF__UNROLL                                                                               \
-        for (int i = 0; i < (MR); i++) {                                                         \
-            float *da = ca + i * MF_PANEL_ROWS, *db = cb + i * MF_PANEL_ROWS;                    \
-            if (!first) {                                                                        \
-                acc[i][0] = _mm512_add_ps(_mm512_loadu_ps(da), acc[i][0]);                       \
-                acc[i][1] = _mm512_add_ps(_mm512_loadu_ps(db), acc[i][1]);                       \
-            }                                                                                    \
-            _mm512_storeu_ps(da, acc[i][0]);                                                     \
-            _mm512_storeu_ps(db, acc[i][1]);                                                     \
-        }                                                                                        \
-    } while (0)
+    mf__gemm_block_zmm(MR, 2, x, ldx, 1, pa, pb, MF_PANEL_ROWS, kc, ca, cb, MF_PANEL_ROWS, first)
     switch (mr) {
     case 6: MF__PANEL2(6); break;
     case 5: MF__PANEL2(5); break;
@@ -307,31 +290,35 @@ MF_ALWAYS_INLINE void mf_gemm_panel8x12_f32(const float *x, ptrdiff_t ldx, const
 #endif
 }
 
-#if defined(MF_SIMD_AVX512)
-/* Attention's P.V 32 columns wide (two 512-bit registers a query: twice the chains of the 16-wide
- * block for decode's 1-4 queries), each column the chain of mf_gemm_xt_f32. */
-MF_ALWAYS_INLINE void mf_gemm_xt32_f32(int mr, const float *xt, ptrdiff_t ldxt, const float *p,
-                                       ptrdiff_t ldp, ptrdiff_t kc, float *c, ptrdiff_t ldc)
-{
-    if (ldxt == 8) {
-        MF__GEMM_SWITCH(mr, 4, xt, 1, 8, p, ldp, kc, c, ldc, 0)
-    } else {
-        MF__GEMM_SWITCH(mr, 4, xt, 1, MF_PANEL_ROWS, p, ldp, kc, c, ldc, 0)
-    }
-}
-#endif
-
-/* Attention's P.V: c[i * ldc + j] += sum_k xt[k * ldxt + i] * p[k * ldp + j], i < mr, j < 16
+/* Attention's P.V: c[i * ldc + j] += sum_k xt[k * ldxt + i] * p[k * ldp + j], i < mr, j < 8 * NV
  * (xt: rows stored transposed, ldxt = 16 or 8: the probabilities of the block's queries for kc
  * keys). */
+MF_ALWAYS_INLINE void mf__gemm_xt(const int NV, int mr, const float *xt, ptrdiff_t ldxt,
+                                  const float *p, ptrdiff_t ldp, ptrdiff_t kc, float *c,
+                                  ptrdiff_t ldc)
+{
+    if (ldxt == 8) {
+        MF__GEMM_SWITCH(mr, NV, xt, 1, 8, p, ldp, kc, c, ldc, 0)
+    } else {
+        MF__GEMM_SWITCH(mr, NV, xt, 1, MF_PANEL_ROWS, p, ldp, kc, c, ldc, 0)
+    }
+}
+
+/* P.V, 16 columns (j < 16). */
 MF_ALWAYS_INLINE void mf_gemm_xt_f32(int mr, const float *xt, ptrdiff_t ldxt, const float *p,
                                   ptrdiff_t ldp, ptrdiff_t kc, float *c, ptrdiff_t ldc)
 {
-    if (ldxt == 8) {
-        MF__GEMM_SWITCH(mr, 2, xt, 1, 8, p, ldp, kc, c, ldc, 0)
-    } else {
-        MF__GEMM_SWITCH(mr, 2, xt, 1, MF_PANEL_ROWS, p, ldp, kc, c, ldc, 0)
-    }
+    mf__gemm_xt(2, mr, xt, ldxt, p, ldp, kc, c, ldc);
 }
+
+#if defined(MF_SIMD_AVX512)
+/* P.V 32 columns wide (two 512-bit registers a query: twice the chains of the 16-wide block for
+ * decode's 1-4 queries), each column the chain of mf_gemm_xt_f32. */
+MF_ALWAYS_INLINE void mf_gemm_xt32_f32(int mr, const float *xt, ptrdiff_t ldxt, const float *p,
+                                       ptrdiff_t ldp, ptrdiff_t kc, float *c, ptrdiff_t ldc)
+{
+    mf__gemm_xt(4, mr, xt, ldxt, p, ldp, kc, c, ldc);
+}
+#endif
 
 #endif /* MEGAFUSE_MF_GEMM_H */
