@@ -226,13 +226,13 @@ cdef void one_token_task(
         Py_ssize_t P, Py_ssize_t H, Py_ssize_t G, Py_ssize_t D, Py_ssize_t Da, Py_ssize_t C,
         float scale, Py_ssize_t kv_tile,
         float *attn,           # [H, Da] out (ONE_TOKEN_BLOCKS / TILES)
-        float *parts) noexcept nogil:   # [max_seg, H, Da] sums, then m, l (ONE_TOKEN_SPLIT)
+        float *parts) noexcept nogil:   # [max_seg, H, Da] sums, then m, l (split-KV; else NULL)
     """Task `task` (< p.tasks) of one token's attention."""
     cdef Py_ssize_t s, nh, k0 = 0, k1 = P + 1
     cdef Py_ssize_t h = one_token_task_heads(p, task, H, G, &nh)
     cdef Py_ssize_t g = h // (H // G)
-    cdef float *part_m = parts + p.max_seg * H * Da        # [max_seg, H]
-    cdef float *part_l = part_m + p.max_seg * H            # [max_seg, H]
+    cdef float *part_m           # [max_seg, H] (split-KV: after the parts' sums)
+    cdef float *part_l           # [max_seg, H]
     cdef const void *k_g = kv_rows(kv_cache_k, kv_f16, g * C * Da)
     cdef const void *v_g = kv_rows(kv_cache_v, kv_f16, g * C * Da)
     cdef float *out = attn + h * Da
@@ -244,6 +244,8 @@ cdef void one_token_task(
                           Da, scale, kv_tile, out, ldo)
         return
     if p.kind == ONE_TOKEN_SPLIT:
+        part_m = parts + p.max_seg * H * Da
+        part_l = part_m + p.max_seg * H
         s = task % p.n_seg
         k0, k1 = s * p.seg_len, min(P + 1, (s + 1) * p.seg_len)
         out, m_out, l_out = parts + (s * H + h) * Da, part_m + s * H + h, part_l + s * H + h

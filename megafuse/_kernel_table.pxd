@@ -27,6 +27,8 @@ cdef extern from "megafuse/mf_team.h" nogil:
     ctypedef void (*mf_team_fn)(void *ctx, mf_team *team, int thread_id,
                                 uint32_t gen) noexcept nogil
     uint32_t mf_atomic_load32(uint32_t *p)
+    void mf_atomic_store32(uint32_t *p, uint32_t v)
+    void MF_TEAM_PAUSE()
     uint32_t mf_atomic_add32(uint32_t *p, uint32_t v)
     mf_team *mf_team_create(int n_threads)
     void mf_team_destroy(mf_team *t)

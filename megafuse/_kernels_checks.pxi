@@ -47,11 +47,12 @@ cdef Py_ssize_t _ACT_BYTES = max(_bytes_per_value(ckdt.CK_DT_Q8_0),
 cdef Py_ssize_t _prefill_scratch_bound(Py_ssize_t T, Py_ssize_t Ea, Py_ssize_t HDa) noexcept nogil:
     """A bound of mf_prefill_scratch_layout(T, Ea, H, Da, *).total for HDa = H * Da, or -1 when
     the bound passes PY_SSIZE_T_MAX.  The layout (include/megafuse/mf_scratch.h): regions A
-    [T, H*Da] and B [T, max(Ea, H*Da)] of float32 and region C, a Q8_0 and a Q8_K row of Ea values
-    a token, each starting at a multiple of 64; every size it computes on the way is at most its
-    total, so when this bound fits its size_t arithmetic cannot wrap."""
+    [T, H*Da] and B [T, max(Ea, H*Da)] of float32, region C, a Q8_0 and a Q8_K row of Ea values
+    a token, and (T = 1) region D, [H*Da] float32, each starting at a multiple of 64; every size
+    it computes on the way is at most its total, so when this bound fits its size_t arithmetic
+    cannot wrap."""
     cdef Py_ssize_t widest = Ea if Ea > HDa else HDa
-    cdef Py_ssize_t n = _mul(_mul(T, widest), 2 * <Py_ssize_t>sizeof(float) + 2 * _ACT_BYTES)
+    cdef Py_ssize_t n = _mul(_mul(T, widest), 3 * <Py_ssize_t>sizeof(float) + 2 * _ACT_BYTES)
     return -1 if n < 0 or n > PY_SSIZE_T_MAX - 256 else n + 256
 
 

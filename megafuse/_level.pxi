@@ -13,6 +13,7 @@ from libc.stdint cimport int32_t, int64_t, uint16_t, uint32_t
 from megafuse._kernel_table cimport (
     KernelTable, KERNEL_TABLE_VERSION, MF_ATT_MAX_KV_TILE, MF_MAX_Q_TILE, MF_SIMD_NAME,
     mf_team, mf_team_claim_gen, mf_team_wait_done, mf_team_chunk_done, mf_team_run,
+    mf_atomic_load32, mf_atomic_store32, MF_TEAM_PAUSE,
     mf_model, mf_model_layer, mf_step, mf_phase, mf_phase_cut_lanes, mf_phase_take,
     MF_STEP_TOKENS)
 from megafuse._ckernel_dtype cimport (

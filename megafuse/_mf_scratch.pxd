@@ -10,7 +10,7 @@ cdef extern from "megafuse/mf_scratch.h" nogil:
     enum: MF_MLP_TOKEN_TILE          # tokens a tile of the MLP kernels
 
     ctypedef struct mf_prefill_scratch:
-        size_t a, b, c_q8_0, c_q8_k, q8_0_row, q8_k_row, total
+        size_t a, b, c_q8_0, c_q8_k, d, q8_0_row, q8_k_row, total
     mf_prefill_scratch mf_prefill_scratch_layout(size_t T, size_t Ea, size_t H, size_t Da,
                                                  int int8_path)
 

@@ -9,6 +9,7 @@
 
 cdef enum:
     PREFILL_TOKEN_TILE = PACK_TOKEN_TILE   # tokens a pass of the weight rows
+    ONE_TOKEN_MAX_GROUPS = 256   # kv groups one token's queue takes (its flags on the stack)
 
 
 cdef inline void rmsnorm_row(const float *x, const float *gamma, Py_ssize_t E, Py_ssize_t Ea,
@@ -26,6 +27,20 @@ cdef inline int activation_format(int weight_dt) noexcept nogil:
     """Q8_0 for the 32-weight block formats, Q8_K for the K-quants (the format layer's
     choice, include/megafuse/mf_quant.h)."""
     return mf_activation_dtype(weight_dt)
+
+
+cdef inline const char *activation_rows(
+        int dt, const char *xq0, Py_ssize_t q8_0_row, const char *xqk, Py_ssize_t q8_k_row,
+        Py_ssize_t *row) noexcept nogil:
+    """The quantized rows weights of format dt read (Q8_0 or Q8_K), or NULL (float rows)."""
+    row[0] = 0
+    if not uses_q8_activations(dt):
+        return NULL
+    if activation_format(dt) == CK_DT_Q8_0:
+        row[0] = q8_0_row
+        return xq0
+    row[0] = q8_k_row
+    return xqk
 
 
 cdef void qkv_block(
@@ -50,8 +65,8 @@ cdef void qkv_block(
     cdef float *cache
     cdef int dt
     cdef Py_ssize_t r0, n_rows, row, r, ld, w_row
-    cdef const char *xq = NULL
-    cdef Py_ssize_t xq_row = 0
+    cdef const char *xq
+    cdef Py_ssize_t xq_row
     if blk < n_bq:
         w, b, dt, r0, n_rows, ld = <const char *>wq, bq, wq_dt, blk * GEMM_ROWS, H * Da, H * Da
     elif blk < n_bq + n_bkv:
@@ -62,11 +77,7 @@ cdef void qkv_block(
                                     G * Da, Da)
         cache = kv_cache_v
     w_row = ck_dtype_row_bytes(dt, Ea)
-    if uses_q8_activations(dt):
-        if activation_format(dt) == CK_DT_Q8_0:
-            xq, xq_row = xq0, q8_0_row
-        else:
-            xq, xq_row = xqk, q8_k_row
+    xq = activation_rows(dt, xq0, q8_0_row, xqk, q8_k_row, &xq_row)
     rb.n = 0
     for r in range(GEMM_ROWS):
         row = r0 + r
@@ -84,6 +95,88 @@ cdef void qkv_block(
     for r in range(rb.n):
         if (r0 + r) % Da >= D:
             zero_column(rb.out[r], ld, T)
+
+
+cdef void project_one_token(
+        const char *w, int dt, const float *b,   # [rows, Ea] in dt, [rows] or NULL
+        Py_ssize_t r0, Py_ssize_t r1,
+        float *out,            # [r1 - r0]: out[r - r0] = w[r] . xn + b[r]; 0 where r % Da >= D
+        const float *xn,       # [Ea] the normalised input
+        const char *xq0, Py_ssize_t q8_0_row, const char *xqk, Py_ssize_t q8_k_row,
+        Py_ssize_t Ea, Py_ssize_t D, Py_ssize_t Da) noexcept nogil:
+    """Rows r0 .. r1-1 of one projection against one token, GEMM_ROWS rows a block: each row's
+    bits are those qkv_block gives it (a row's dot depends on no other row)."""
+    cdef RowBlock rb
+    cdef Py_ssize_t w_row = ck_dtype_row_bytes(dt, Ea), xq_row, row = r0
+    cdef const char *xq = activation_rows(dt, xq0, q8_0_row, xqk, q8_k_row, &xq_row)
+    while row < r1:
+        rb.n = 0
+        while rb.n < GEMM_ROWS and row < r1:
+            rb.w[rb.n] = w + row * w_row
+            rb.bias[rb.n] = b[row] if b != NULL else 0.0
+            rb.add[rb.n] = NULL
+            rb.out[rb.n] = out + (row - r0)
+            rb.n += 1
+            row += 1
+        block_dot_tokens(&rb, dt, Ea, xn, Ea, xq, xq_row, 1, 1)
+    for row in range(r0, r1):
+        if row % Da >= D:
+            out[row - r0] = 0.0
+
+
+cdef void one_token_queue_task(
+        Py_ssize_t i, Py_ssize_t ahead, const OneTokenPlan *plan, uint32_t *ready,
+        const void *wq, const float *bq, int wq_dt,
+        const void *wk, const float *bk, int wk_dt,
+        const void *wv, const float *bv, int wv_dt,
+        float *q,              # [H, Da]
+        float *kv_cache_k,     # [G, C, Da]: row S receives k
+        float *kv_cache_v,     # [G, C, Da]: row S receives v
+        const float *xn,       # [Ea]
+        const char *xq0, Py_ssize_t q8_0_row, const char *xqk, Py_ssize_t q8_k_row,
+        const float *cos_p, const float *sin_p,   # [D/2] the rows of position S, or NULL
+        Py_ssize_t S, Py_ssize_t C, Py_ssize_t Ea, Py_ssize_t H, Py_ssize_t G, Py_ssize_t D,
+        Py_ssize_t Da, float scale, Py_ssize_t kv_tile,
+        float *attn) noexcept nogil:     # [H, Da] out
+    """Item i of one token's queue (fused_prefill, T = 1).  The queue is the `ahead` first
+    groups' projections, then for each later group g its projections followed by the attention
+    tasks of group g - ahead, then the attention of the last `ahead` groups.  Projecting group g
+    (its query heads, k and v rows; RoPE; k, v into the cache at row S) sets ready[g]; an
+    attention task of group g (one_token_task) waits for it.  Items are taken in order, and a
+    group's projections come before its attention, so a wait always ends."""
+    cdef Py_ssize_t n_att = plan.n_chunks, group = H // G, j, g, r, a, hq
+    cdef bint project
+    a = ahead
+    if i < a:
+        project, g = True, i
+    elif i < a + (G - a) * (1 + n_att):
+        j = i - a
+        r = j % (1 + n_att)
+        project = r == 0
+        g = a + j // (1 + n_att) if project else j // (1 + n_att)
+        r -= 1
+    else:
+        j = i - a - (G - a) * (1 + n_att)
+        project, g, r = False, G - a + j // n_att, j % n_att
+    if project:
+        hq = g * group * Da
+        project_one_token(<const char *>wq, wq_dt, bq, hq, hq + group * Da, q + hq, xn, xq0,
+                          q8_0_row, xqk, q8_k_row, Ea, D, Da)
+        project_one_token(<const char *>wk, wk_dt, bk, g * Da, (g + 1) * Da,
+                          kv_cache_k + (g * C + S) * Da, xn, xq0, q8_0_row, xqk, q8_k_row,
+                          Ea, D, Da)
+        project_one_token(<const char *>wv, wv_dt, bv, g * Da, (g + 1) * Da,
+                          kv_cache_v + (g * C + S) * Da, xn, xq0, q8_0_row, xqk, q8_k_row,
+                          Ea, D, Da)
+        if cos_p != NULL:
+            rope_rotate_heads(q + hq, group, D, Da, cos_p, sin_p)
+            rope_rotate_heads(kv_cache_k + (g * C + S) * Da, 1, D, Da, cos_p, sin_p)
+        mf_atomic_store32(&ready[g], 1)
+        return
+    while mf_atomic_load32(&ready[g]) == 0:
+        MF_TEAM_PAUSE()
+    one_token_task(plan, g * n_att + r, q, kv_cache_k, kv_cache_v, False, S, H, G, D, Da, C,
+                   scale, kv_tile, attn, NULL)
 
 
 cdef void fused_prefill(
@@ -114,7 +207,7 @@ cdef void fused_prefill(
     cdef float *q = <float *>(base + layout.a)        # [T, H*Da]   phases 1-2
     cdef char *attn_q8 = base + layout.a              # [T, q8 row of H*Da]  phase 3
     cdef float *xn = <float *>(base + layout.b)       # [T, Ea]     phase 1
-    cdef float *attn = <float *>(base + layout.b)     # [T, H*Da]   phases 2-3
+    cdef float *attn = <float *>(base + layout.b)     # [T, H*Da]   phases 2-3 (T = 1: region D)
     cdef char *xq0 = base + layout.c_q8_0             # [T, Q8_0 row of Ea]  phase 1
     cdef char *xqk = base + layout.c_q8_k             # [T, Q8_K row of Ea]  phase 1
     cdef Py_ssize_t wo_row = ck_dtype_row_bytes(wo_dt, HDa)
@@ -122,15 +215,12 @@ cdef void fused_prefill(
     cdef bint need_q8_0 = False, need_q8_k = False
     cdef float scale = 1.0 / sqrtf(<float>D)
     cdef Py_ssize_t t, g, r, row, d, e, t0, nt, task, h, qt, n_qt, i0, nq, blk, n_bq, n_bkv
-    cdef const char *w
-    cdef const float *b
-    cdef float *dst
-    cdef Py_ssize_t ld, w_row_bytes
     cdef int dt, fmt
+    cdef OneTokenPlan plan
+    cdef bint queue = False         # one token: phases 1-2 as one queue of kv groups
+    cdef uint32_t ready[ONE_TOKEN_MAX_GROUPS]   # [G] the queue's groups projected
+    cdef Py_ssize_t ahead, i
 
-    # ---- phase 1: RMSNorm, (int8 path) quantized copies, Q/K/V, RoPE ----------------------------
-    for t in prange(T, num_threads=num_threads, schedule='static', nogil=True):
-        rmsnorm_row(input + t * Ea, ln1_gamma, E, Ea, eps, xn + t * Ea)
     if int8_path:
         for dt in range(3):                 # which activation formats do wq, wk, wv need?
             fmt = wq_dt if dt == 0 else (wk_dt if dt == 1 else wv_dt)
@@ -139,58 +229,97 @@ cdef void fused_prefill(
                     need_q8_0 = True
                 else:
                     need_q8_k = True
-        for t in prange(T, num_threads=num_threads, schedule='static', nogil=True):
-            if need_q8_0:
-                quantize_activation_row(xn + t * Ea, xq0 + t * layout.q8_0_row, Ea, CK_DT_Q8_0)
-            if need_q8_k:
-                quantize_activation_row(xn + t * Ea, xqk + t * layout.q8_k_row, Ea, CK_DT_Q8_K)
-
-    n_bq = (HDa + GEMM_ROWS - 1) // GEMM_ROWS
-    n_bkv = (GDa + GEMM_ROWS - 1) // GEMM_ROWS
-    t0 = 0
-    while t0 < T:       # a tile of tokens stays in L2 while every weight row streams past it
-        nt = min(<Py_ssize_t>PREFILL_TOKEN_TILE, T - t0)
-        for blk in prange(n_bq + 2 * n_bkv, num_threads=num_threads, schedule='guided',
-                          nogil=True):
-            qkv_block(blk, n_bq, n_bkv, wq, bq, wq_dt, wk, bk, wk_dt, wv, bv, wv_dt,
-                      q + t0 * HDa, kv_cache_k, kv_cache_v, xn + t0 * Ea,
-                      xq0 + t0 * layout.q8_0_row if need_q8_0 else NULL, layout.q8_0_row,
-                      xqk + t0 * layout.q8_k_row if need_q8_k else NULL, layout.q8_k_row,
-                      nt, S + t0, C, Ea, H, G, D, Da)
-        t0 += nt
-
-    if rope_cos != NULL:
-        for t in prange(T, num_threads=num_threads, schedule='static', nogil=True):
-            rope_rotate_heads(q + t * HDa, H, D, Da, rope_cos + (S + t) * (D // 2),
-                              rope_sin + (S + t) * (D // 2))
-            for g in range(G):
-                rope_rotate_heads(kv_cache_k + (g * C + S + t) * Da, 1, D, Da,
-                                  rope_cos + (S + t) * (D // 2), rope_sin + (S + t) * (D // 2))
-
-    # ---- phase 2: causal flash attention, one task per (head, query tile) -----------------------
-    # (one token: decode's attention, _attention.pxi -- the query heads of a kv group in one block,
-    # split-KV over long contexts)
     if T == 1:
-        attend_one_token(q, kv_cache_k, kv_cache_v, S, H, G, D, Da, C, scale, kv_tile, attn,
-                         num_threads)
-        n_qt = 0                   # the per-head tasks below: none
+        plan = one_token_plan(S, H, G, D, Da)
+        # (a few groups -- Qwen2's 2, SmolLM2's 3 on 2 threads -- would leave a thread idle
+        # through the projections, which the phases below share row block by row block)
+        queue = (plan.kind != ONE_TOKEN_SPLIT and G >= 2 * num_threads
+                 and G <= ONE_TOKEN_MAX_GROUPS)
+
+    if queue:
+        # ---- one token, phases 1-2 as one queue of kv groups (one_token_queue_task) ----------
+        # The attention of a group needs only that group's projections: while one thread
+        # attends (KV rows from the caches, no weights), the others stream the next groups'
+        # weight rows, where phase-by-phase the DRAM would idle through the attention.
+        attn = <float *>(base + layout.d)
+        rmsnorm_row(input, ln1_gamma, E, Ea, eps, xn)
+        if need_q8_0:
+            quantize_activation_row(xn, xq0, Ea, CK_DT_Q8_0)
+        if need_q8_k:
+            quantize_activation_row(xn, xqk, Ea, CK_DT_Q8_K)
+        memset(ready, 0, G * sizeof(uint32_t))
+        ahead = min(<Py_ssize_t>max(num_threads, 1), G)
+        for i in prange(G * (1 + plan.n_chunks), num_threads=num_threads, schedule='dynamic',
+                        nogil=True):
+            one_token_queue_task(
+                i, ahead, &plan, ready, wq, bq, wq_dt, wk, bk, wk_dt, wv, bv, wv_dt, q,
+                kv_cache_k, kv_cache_v, xn, xq0 if need_q8_0 else NULL, layout.q8_0_row,
+                xqk if need_q8_k else NULL, layout.q8_k_row,
+                rope_cos + S * (D // 2) if rope_cos != NULL else NULL,
+                rope_sin + S * (D // 2) if rope_cos != NULL else NULL,
+                S, C, Ea, H, G, D, Da, scale, kv_tile, attn)
     else:
-        n_qt = (T + q_tile - 1) // q_tile
-    for task in prange(H * n_qt, num_threads=num_threads, schedule='dynamic', nogil=True):
-        h = task // n_qt
-        qt = task % n_qt
-        i0 = qt * q_tile
-        nq = min(<Py_ssize_t>q_tile, T - i0)
-        attend_query_rows(q + i0 * HDa + h * Da, HDa, kv_cache_k + (h // group) * C * Da,
-                          kv_cache_v + (h // group) * C * Da, False, S + i0, nq, D, Da, scale,
-                          kv_tile, attn + i0 * HDa + h * Da, HDa)
+        # ---- phase 1: RMSNorm, (int8 path) quantized copies, Q/K/V, RoPE -------------------------
+        for t in prange(T, num_threads=num_threads, schedule='static', nogil=True):
+            rmsnorm_row(input + t * Ea, ln1_gamma, E, Ea, eps, xn + t * Ea)
+        if need_q8_0 or need_q8_k:
+            for t in prange(T, num_threads=num_threads, schedule='static', nogil=True):
+                if need_q8_0:
+                    quantize_activation_row(xn + t * Ea, xq0 + t * layout.q8_0_row, Ea,
+                                            CK_DT_Q8_0)
+                if need_q8_k:
+                    quantize_activation_row(xn + t * Ea, xqk + t * layout.q8_k_row, Ea,
+                                            CK_DT_Q8_K)
+
+        n_bq = (HDa + GEMM_ROWS - 1) // GEMM_ROWS
+        n_bkv = (GDa + GEMM_ROWS - 1) // GEMM_ROWS
+        t0 = 0
+        while t0 < T:   # a tile of tokens stays in L2 while every weight row streams past it
+            nt = min(<Py_ssize_t>PREFILL_TOKEN_TILE, T - t0)
+            for blk in prange(n_bq + 2 * n_bkv, num_threads=num_threads, schedule='guided',
+                              nogil=True):
+                qkv_block(blk, n_bq, n_bkv, wq, bq, wq_dt, wk, bk, wk_dt, wv, bv, wv_dt,
+                          q + t0 * HDa, kv_cache_k, kv_cache_v, xn + t0 * Ea,
+                          xq0 + t0 * layout.q8_0_row if need_q8_0 else NULL, layout.q8_0_row,
+                          xqk + t0 * layout.q8_k_row if need_q8_k else NULL, layout.q8_k_row,
+                          nt, S + t0, C, Ea, H, G, D, Da)
+            t0 += nt
+
+        if rope_cos != NULL:
+            for t in prange(T, num_threads=num_threads, schedule='static', nogil=True):
+                rope_rotate_heads(q + t * HDa, H, D, Da, rope_cos + (S + t) * (D // 2),
+                                  rope_sin + (S + t) * (D // 2))
+                for g in range(G):
+                    rope_rotate_heads(kv_cache_k + (g * C + S + t) * Da, 1, D, Da,
+                                      rope_cos + (S + t) * (D // 2),
+                                      rope_sin + (S + t) * (D // 2))
+
+        # ---- phase 2: causal flash attention, one task per (head, query tile) -------------------
+        # (one token over a long context: decode's split-KV attention, _attention.pxi)
+        if T == 1:
+            attend_one_token(q, kv_cache_k, kv_cache_v, S, H, G, D, Da, C, scale, kv_tile, attn,
+                             num_threads)
+            n_qt = 0                   # the per-head tasks below: none
+        else:
+            n_qt = (T + q_tile - 1) // q_tile
+        for task in prange(H * n_qt, num_threads=num_threads, schedule='dynamic', nogil=True):
+            h = task // n_qt
+            qt = task % n_qt
+            i0 = qt * q_tile
+            nq = min(<Py_ssize_t>q_tile, T - i0)
+            attend_query_rows(q + i0 * HDa + h * Da, HDa, kv_cache_k + (h // group) * C * Da,
+                              kv_cache_v + (h // group) * C * Da, False, S + i0, nq, D, Da,
+                              scale, kv_tile, attn + i0 * HDa + h * Da, HDa)
 
     # ---- phase 3: out-projection + bias + residual -----------------------------------------------
     if int8_path and uses_q8_activations(wo_dt):
         fmt = activation_format(wo_dt)
         attn_q8_row = activation_row_bytes(fmt, HDa)
-        for t in prange(T, num_threads=num_threads, schedule='static', nogil=True):
-            quantize_activation_row(attn + t * HDa, attn_q8 + t * attn_q8_row, HDa, fmt)
+        if T == 1:              # (one row: no parallel region)
+            quantize_activation_row(attn, attn_q8, HDa, fmt)
+        else:
+            for t in prange(T, num_threads=num_threads, schedule='static', nogil=True):
+                quantize_activation_row(attn + t * HDa, attn_q8 + t * attn_q8_row, HDa, fmt)
     t0 = 0
     while t0 < T:
         nt = min(<Py_ssize_t>PREFILL_TOKEN_TILE, T - t0)

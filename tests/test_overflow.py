@@ -121,11 +121,15 @@ def prefill_scratch_bytes(T, Ea, H, Da, int8):
     widest = max(Ea, hda)
     b = _round64(T * hda * 4)
     if not int8:
-        return b + T * widest * 4
-    q8_0 = _q8_0_act_row(Ea) if Ea % 32 == 0 else 0
-    q8_k = Ea // 256 * block_bytes(DT.Q8_K) if Ea % 256 == 0 else 0
-    c_q8_k = _round64(_round64(b + T * widest * 4) + T * q8_0)
-    return c_q8_k + T * q8_k
+        total = b + T * widest * 4
+    else:
+        q8_0 = _q8_0_act_row(Ea) if Ea % 32 == 0 else 0
+        q8_k = Ea // 256 * block_bytes(DT.Q8_K) if Ea % 256 == 0 else 0
+        c_q8_k = _round64(_round64(b + T * widest * 4) + T * q8_0)
+        total = c_q8_k + T * q8_k
+    # one token: region D, the attention output (the projections of one kv group overlap the
+    # attention of another, so it cannot share region B with the normalised input)
+    return _round64(total) + hda * 4 if T == 1 else total
 
 
 def mlp_scratch_bytes(T, Ea, hda, Ia):

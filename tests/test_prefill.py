@@ -163,14 +163,16 @@ def test_output_may_be_input_or_residual(alias, int8):
     assert np.array_equal(in_place[alias], out_of_place["output"])
 
 
+@pytest.mark.parametrize("T", [1, 33])
 @pytest.mark.parametrize("int8", [False, True], ids=["float", "int8"])
-@pytest.mark.parametrize("shape", [QWEN2_05B, SMALL_256, PADDED], ids=lambda s: s[0])
-def test_scratch_guard_bytes_and_prior_content(int8, shape):
+@pytest.mark.parametrize("shape", [QWEN2_05B, SMALL_256, PADDED, LLAMA_STYLE],
+                         ids=lambda s: s[0])
+def test_scratch_guard_bytes_and_prior_content(int8, shape, T):
     formats = {"wq": "Q8_0", "wk": "Q4_K", "wv": "Q8_0", "wo": "Q4_K"} if shape is SMALL_256 \
         else {"wq": "Q8_0", "wo": "Q8_0"}
     if shape is PADDED:
         formats = {}
-    args = prefill_case(shape, 33, formats=formats, int8=int8)
+    args = prefill_case(shape, T, start_pos=40, formats=formats, int8=int8)
     need = args["scratch"].nbytes
     results = []
     for fill in (0x00, 0xFF, 0x7F):
@@ -208,6 +210,38 @@ def test_one_and_two_threads_bitwise_equal(simd_level, threads, int8):
         results.append(r)
     for name in ("output", "kv_cache_k", "kv_cache_v"):
         assert np.array_equal(results[0][name], results[1][name])
+
+
+# One token with at least 2 kv groups a thread runs projections and attention as one queue of kv
+# groups (fused_prefill); fewer groups, or split-KV positions (>= 512), run phase by phase.  Both
+# must give the same bits, whichever the thread count picks.
+@pytest.mark.parametrize("int8", [False, True], ids=["float", "int8"])
+@pytest.mark.parametrize("shape, formats", [
+    (("gqa-8", 256, 256, 16, 8, 32, 32), {"wq": "Q4_0", "wk": "Q5_1", "wv": "FP16", "wo": "Q8_0"}),
+    (("mha-6-padded", 200, 224, 6, 6, 40, 48), {}),
+    (("gqa-4-kquant", 512, 512, 8, 4, 64, 64), {"wq": "Q4_K", "wk": "Q6_K", "wv": "BF16",
+                                                "wo": "Q5_K"}),
+], ids=lambda v: v[0] if isinstance(v, tuple) else None)
+@pytest.mark.parametrize("pos", [0, 37, 511, 700])
+def test_one_token_group_queue_gives_the_phase_by_phase_bits(threads, int8, shape, formats, pos):
+    args = prefill_case(shape, 1, start_pos=pos, formats=formats, int8=int8)
+    kernel = (megafuse.mega_fused_attention_prefill_q8_0 if int8
+              else megafuse.mega_fused_attention_prefill)
+    results = []
+    for n in (1, 2, 3, 4, 8):     # the queue where kv groups >= 2 x threads
+        megafuse.set_num_threads(n)
+        r = copy_args(args)
+        kernel(**r)
+        results.append(r)
+    for r in results[1:]:
+        for name in ("output", "kv_cache_k", "kv_cache_v"):
+            assert np.array_equal(results[0][name], r[name]), name
+    if pos == 37:                 # and the reference's numbers
+        want = copy_args(args)
+        (reference.mega_fused_attention_prefill_q8_0 if int8
+         else reference.mega_fused_attention_prefill)(**want)
+        for name in ("output", "kv_cache_k", "kv_cache_v"):
+            assert rel_err(results[0][name], want[name]) < 1e-4, name
 
 
 def test_cache_rows_outside_the_call_are_untouched():

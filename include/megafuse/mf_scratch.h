@@ -15,6 +15,10 @@
  *   region C  [T] x (Q8_0 row of Ea, if Ea % 32 == 0) then [T] x (Q8_K row of Ea, if Ea % 256
  *             == 0); the int8 variant only (the size helpers take no dtypes, so room is made for
  *             both activation formats any mix of weight formats can need)
+ *   region D  T = 1 only: [H*Da] float32, the attention output.  One token runs phases 1 and 2
+ *             as one queue of kv groups (a group's projections, then its attention, while the
+ *             other threads project the next groups), so the attention output cannot reuse the
+ *             normalised input's region B
  * Each region starts at a multiple of 64 bytes from the start of scratch.  Nothing in the
  * kernels depends on the previous content of scratch; nothing past the total is touched.
  */
@@ -31,6 +35,7 @@ typedef struct {
     size_t b;          /* offset of region B */
     size_t c_q8_0;     /* offset of the Q8_0 rows of region C (int8 variant) */
     size_t c_q8_k;     /* offset of the Q8_K rows of region C (int8 variant) */
+    size_t d;          /* offset of region D (T = 1; 0 otherwise) */
     size_t q8_0_row;   /* bytes of one Q8_0 row of Ea values, 0 if Ea % 32 */
     size_t q8_k_row;   /* bytes of one Q8_K row of Ea values, 0 if Ea % 256 */
     size_t total;      /* bytes of scratch the kernel uses */
@@ -73,6 +78,11 @@ static inline mf_prefill_scratch mf_prefill_scratch_layout(size_t T, size_t Ea, 
     s.q8_k_row = int8_path ? mf_q8_K_row_bytes(Ea) : 0;
     s.c_q8_k = mf_round_up_64(s.c_q8_0 + T * s.q8_0_row);
     s.total = int8_path ? s.c_q8_k + T * s.q8_k_row : s.b + T * widest * sizeof(float);
+    s.d = 0;
+    if (T == 1) {
+        s.d = mf_round_up_64(s.total);
+        s.total = s.d + hda * sizeof(float);
+    }
     return s;
 }
 
