@@ -510,9 +510,50 @@ static inline void mf_q_codes2_q5_K(const block_q5_K *ba, const block_q5_K *bb, 
     }
 #define MF_Q_K45_PASS_LEVEL(CODES, CODES2, HBITS, ba, msa, sa, bb, msb, sb)                         \
     MF_Q_K45_PASS2(CODES2, HBITS, ba, msa, sa, bb, msb, sb)
+/* Both pairs of rows in one loop: chunk c's activation registers loaded once for the four rows,
+ * and the two pairs' chains side by side; each pair's sums are MF_Q_K45_PASS2's, in its order. */
+#define MF_Q_K45_CHUNK2(CODES2, ba, bb, hs, msab, idx, alo, ahi, sab)                          \
+    {                                                                                          \
+        __m512i lo, hi;                                                                        \
+        CODES2(ba, bb, c, hs, &lo, &hi);                                                       \
+        const __m512i p1 = _mm512_maddubs_epi16(lo, alo), p2 = _mm512_maddubs_epi16(hi, ahi); \
+        const __m512i scv = _mm512_permutexvar_epi32(idx, msab);                               \
+        sab = _mm512_add_epi32(sab, _mm512_madd_epi16(                                         \
+            _mm512_add_epi16(_mm512_unpacklo_epi16(p1, p2), _mm512_unpackhi_epi16(p1, p2)), scv)); \
+    }
+#define MF_Q_K45_PASS4(CODES2, HBITS, b0, ms0, s0, b1, ms1, s1, b2, ms2, s2, b3, ms3, s3)      \
+    {                                                                                          \
+        __m512i idx = _mm512_set_epi32(8, 8, 8, 8, 8, 8, 8, 8, 0, 0, 0, 0, 0, 0, 0, 0);          \
+        __m512i hs01 = mf_q_join_i(HBITS(b0), HBITS(b1)), hs23 = mf_q_join_i(HBITS(b2), HBITS(b3)); \
+        __m512i s01 = _mm512_setzero_si512(), s23 = _mm512_setzero_si512();                    \
+        const __m512i ms01 = mf_q_join_i(ms0, ms1), ms23 = mf_q_join_i(ms2, ms3);              \
+        MF_Q_NO_UNROLL                                                                         \
+        for (int c = 0; c < 4; c++) {                                                          \
+            const __m512i alo = _mm512_broadcast_i64x4(mf_q_loadu256(ab->qs + 64 * c));        \
+            const __m512i ahi = _mm512_broadcast_i64x4(mf_q_loadu256(ab->qs + 64 * c + 32));   \
+            MF_Q_K45_CHUNK2(CODES2, b0, b1, hs01, ms01, idx, alo, ahi, s01)                    \
+            MF_Q_K45_CHUNK2(CODES2, b2, b3, hs23, ms23, idx, alo, ahi, s23)                    \
+            idx = _mm512_add_epi32(idx, _mm512_set1_epi32(1));                                 \
+            hs01 = _mm512_srli_epi16(hs01, 2);                                                 \
+            hs23 = _mm512_srli_epi16(hs23, 2);                                                 \
+        }                                                                                      \
+        s0 = _mm512_castsi512_si256(s01);                                                      \
+        s1 = _mm512_extracti64x4_epi64(s01, 1);                                                \
+        s2 = _mm512_castsi512_si256(s23);                                                      \
+        s3 = _mm512_extracti64x4_epi64(s23, 1);                                                \
+    }
 #else
 #define MF_Q_K45_PASS_LEVEL(CODES, CODES2, HBITS, ba, msa, sa, bb, msb, sb)                         \
     MF_Q_K45_PASS(CODES, HBITS, ba, msa, sa, bb, msb, sb)
+#endif
+
+#if defined(MF_SIMD_AVX512) && !defined(MF_K45_OLD)
+#define MF_Q_K45_PASS_ALL(CODES, CODES2, HBITS, b0, ms0, s0, b1, ms1, s1, b2, ms2, s2, b3, ms3, s3) \
+    MF_Q_K45_PASS4(CODES2, HBITS, b0, ms0, s0, b1, ms1, s1, b2, ms2, s2, b3, ms3, s3)
+#else
+#define MF_Q_K45_PASS_ALL(CODES, CODES2, HBITS, b0, ms0, s0, b1, ms1, s1, b2, ms2, s2, b3, ms3, s3) \
+    MF_Q_K45_PASS_LEVEL(CODES, CODES2, HBITS, b0, ms0, s0, b1, ms1, s1)                        \
+    MF_Q_K45_PASS_LEVEL(CODES, CODES2, HBITS, b2, ms2, s2, b3, ms3, s3)
 #endif
 
 #define MF_DOT4_K45(NAME, BLOCK, CODES, CODES2, HBITS)                                         \
@@ -540,8 +581,8 @@ static inline void NAME(const void *const *vw, const void *va, ptrdiff_t n, floa
             _mm_hadd_epi32(_mm_madd_epi16(_mm256_extracti128_si256(ms2, 1), ps),               \
                            _mm_madd_epi16(_mm256_extracti128_si256(ms3, 1), ps)));             \
         __m256i s0 = _mm256_setzero_si256(), s1 = s0, s2 = s0, s3 = s0;                        \
-        MF_Q_K45_PASS_LEVEL(CODES, CODES2, HBITS, &w0[ib], ms0, s0, &w1[ib], ms1, s1)               \
-        MF_Q_K45_PASS_LEVEL(CODES, CODES2, HBITS, &w2[ib], ms2, s2, &w3[ib], ms3, s3)               \
+        MF_Q_K45_PASS_ALL(CODES, CODES2, HBITS, &w0[ib], ms0, s0, &w1[ib], ms1, s1,               \
+                          &w2[ib], ms2, s2, &w3[ib], ms3, s3)                                  \
         const __m128i sumi = mf_q_hsum4_epi32(s0, s1, s2, s3);                                 \
         const __m256d da = _mm256_set1_pd((double)ab->d);                                      \
         const __m256d dd = _mm256_mul_pd(_mm256_cvtps_pd(mf_q_fp16x4(                          \
