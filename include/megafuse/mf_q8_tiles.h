@@ -487,31 +487,10 @@ static inline void mf_q_codes2_q5_K(const block_q5_K *ba, const block_q5_K *bb, 
     *lo = _mm512_or_si512(*lo, _mm512_slli_epi16(_mm512_and_si512(hs, _mm512_set1_epi8(1)), 4));
     *hi = _mm512_or_si512(*hi, _mm512_slli_epi16(_mm512_and_si512(hs, _mm512_set1_epi8(2)), 3));
 }
-#define MF_Q_K45_PASS2(CODES2, HBITS, ba, msa, sa, bb, msb, sb)                                \
-    {                                                                                          \
-        __m512i idx = _mm512_set_epi32(8, 8, 8, 8, 8, 8, 8, 8, 0, 0, 0, 0, 0, 0, 0, 0);          \
-        __m512i hs = mf_q_join_i(HBITS(ba), HBITS(bb)), sab = _mm512_setzero_si512();          \
-        const __m512i msab = mf_q_join_i(msa, msb);                                             \
-        MF_Q_NO_UNROLL                                                                         \
-        for (int c = 0; c < 4; c++) {                                                          \
-            const __m512i alo = _mm512_broadcast_i64x4(mf_q_loadu256(ab->qs + 64 * c));        \
-            const __m512i ahi = _mm512_broadcast_i64x4(mf_q_loadu256(ab->qs + 64 * c + 32));   \
-            __m512i lo, hi;                                                                    \
-            CODES2(ba, bb, c, hs, &lo, &hi);                                                   \
-            const __m512i p1 = _mm512_maddubs_epi16(lo, alo), p2 = _mm512_maddubs_epi16(hi, ahi); \
-            const __m512i scv = _mm512_permutexvar_epi32(idx, msab);                           \
-            sab = _mm512_add_epi32(sab, _mm512_madd_epi16(                                     \
-                _mm512_add_epi16(_mm512_unpacklo_epi16(p1, p2), _mm512_unpackhi_epi16(p1, p2)), scv)); \
-            idx = _mm512_add_epi32(idx, _mm512_set1_epi32(1));                                 \
-            hs = _mm512_srli_epi16(hs, 2);                                                     \
-        }                                                                                      \
-        sa = _mm512_castsi512_si256(sab);                                                      \
-        sb = _mm512_extracti64x4_epi64(sab, 1);                                                \
-    }
-#define MF_Q_K45_PASS_LEVEL(CODES, CODES2, HBITS, ba, msa, sa, bb, msb, sb)                         \
-    MF_Q_K45_PASS2(CODES2, HBITS, ba, msa, sa, bb, msb, sb)
-/* Both pairs of rows in one loop: chunk c's activation registers loaded once for the four rows,
- * and the two pairs' chains side by side; each pair's sums are MF_Q_K45_PASS2's, in its order. */
+/* Chunk c of rows a and b side by side (their codes | the activation broadcast to both halves,
+ * scales by vpermd within each half): lane for lane the operations of MF_Q_K45_ROW, the same
+ * integer sums.  MF_Q_K45_PASS4 runs both pairs of rows in one loop: chunk c's activation
+ * registers loaded once for the four rows, and the two pairs' chains side by side. */
 #define MF_Q_K45_CHUNK2(CODES2, ba, bb, hs, msab, idx, alo, ahi, sab)                          \
     {                                                                                          \
         __m512i lo, hi;                                                                        \
@@ -542,18 +521,12 @@ static inline void mf_q_codes2_q5_K(const block_q5_K *ba, const block_q5_K *bb, 
         s2 = _mm512_castsi512_si256(s23);                                                      \
         s3 = _mm512_extracti64x4_epi64(s23, 1);                                                \
     }
-#else
-#define MF_Q_K45_PASS_LEVEL(CODES, CODES2, HBITS, ba, msa, sa, bb, msb, sb)                         \
-    MF_Q_K45_PASS(CODES, HBITS, ba, msa, sa, bb, msb, sb)
-#endif
-
-#if defined(MF_SIMD_AVX512) && !defined(MF_K45_OLD)
 #define MF_Q_K45_PASS_ALL(CODES, CODES2, HBITS, b0, ms0, s0, b1, ms1, s1, b2, ms2, s2, b3, ms3, s3) \
     MF_Q_K45_PASS4(CODES2, HBITS, b0, ms0, s0, b1, ms1, s1, b2, ms2, s2, b3, ms3, s3)
 #else
 #define MF_Q_K45_PASS_ALL(CODES, CODES2, HBITS, b0, ms0, s0, b1, ms1, s1, b2, ms2, s2, b3, ms3, s3) \
-    MF_Q_K45_PASS_LEVEL(CODES, CODES2, HBITS, b0, ms0, s0, b1, ms1, s1)                        \
-    MF_Q_K45_PASS_LEVEL(CODES, CODES2, HBITS, b2, ms2, s2, b3, ms3, s3)
+    MF_Q_K45_PASS(CODES, HBITS, b0, ms0, s0, b1, ms1, s1)                                      \
+    MF_Q_K45_PASS(CODES, HBITS, b2, ms2, s2, b3, ms3, s3)
 #endif
 
 #define MF_DOT4_K45(NAME, BLOCK, CODES, CODES2, HBITS)                                         \
