@@ -364,9 +364,11 @@ static inline __m256i mf_q_k4_scales_mins(const uint8_t *scales /* [12] */)
 
 /* mf_q_k4_scales_mins of four blocks at once, in vector registers: the same bits (the 32-bit
  * shifts and masks of the scalar unpacking, applied to the four rows side by side; reads the 16
- * bytes from each scales, whose last 4 are the block's next field). */
-static inline void mf_q_k4_scales_mins4(const uint8_t *s0, const uint8_t *s1, const uint8_t *s2,
-                                        const uint8_t *s3, __m256i out[4])
+ * bytes from each scales, whose last 4 are the block's next field).  As bytes: sc01 = [sc of row 0
+ * | sc of row 1] (8 each), mn01 the mins of rows 0 and 1, sc23 / mn23 those of rows 2 and 3. */
+static inline void mf_q_k4_scale_bytes4(const uint8_t *s0, const uint8_t *s1, const uint8_t *s2,
+                                        const uint8_t *s3, __m128i *sc01, __m128i *mn01,
+                                        __m128i *sc23, __m128i *mn23)
 {
     const __m128i r0 = _mm_loadu_si128((const __m128i *)(const void *)s0);   /* u0 u1 u2 - */
     const __m128i r1 = _mm_loadu_si128((const __m128i *)(const void *)s1);
@@ -384,8 +386,18 @@ static inline void mf_q_k4_scales_mins4(const uint8_t *s0, const uint8_t *s1, co
     const __m128i V1 = _mm_or_si128(_mm_and_si128(U2, k2),
                                     _mm_slli_epi32(_mm_and_si128(_mm_srli_epi32(U0, 6), k3), 4));
     const __m128i V2 = _mm_and_si128(U1, k1), V0 = _mm_and_si128(U0, k1);
-    const __m128i a = _mm_unpacklo_epi32(V0, V1), b = _mm_unpacklo_epi32(V2, V3);
-    const __m128i c = _mm_unpackhi_epi32(V0, V1), d = _mm_unpackhi_epi32(V2, V3);
+    *sc01 = _mm_unpacklo_epi32(V0, V1);
+    *mn01 = _mm_unpacklo_epi32(V2, V3);
+    *sc23 = _mm_unpackhi_epi32(V0, V1);
+    *mn23 = _mm_unpackhi_epi32(V2, V3);
+}
+
+/* As int16, one register a row: out[r] = mf_q_k4_scales_mins(row r's scales). */
+static inline void mf_q_k4_scales_mins4(const uint8_t *s0, const uint8_t *s1, const uint8_t *s2,
+                                        const uint8_t *s3, __m256i out[4])
+{
+    __m128i a, b, c, d;
+    mf_q_k4_scale_bytes4(s0, s1, s2, s3, &a, &b, &c, &d);
     out[0] = _mm256_cvtepu8_epi16(_mm_unpacklo_epi64(a, b));
     out[1] = _mm256_cvtepu8_epi16(_mm_unpackhi_epi64(a, b));
     out[2] = _mm256_cvtepu8_epi16(_mm_unpacklo_epi64(c, d));
@@ -488,47 +500,86 @@ static inline void mf_q_codes2_q5_K(const block_q5_K *ba, const block_q5_K *bb, 
     *hi = _mm512_or_si512(*hi, _mm512_slli_epi16(_mm512_and_si512(hs, _mm512_set1_epi8(2)), 3));
 }
 /* Chunk c of rows a and b side by side (their codes | the activation broadcast to both halves,
- * scales by vpermd within each half): lane for lane the operations of MF_Q_K45_ROW, the same
- * integer sums.  MF_Q_K45_PASS4 runs both pairs of rows in one loop: chunk c's activation
- * registers loaded once for the four rows, and the two pairs' chains side by side. */
-#define MF_Q_K45_CHUNK2(CODES2, ba, bb, hs, msab, idx, alo, ahi, sab)                          \
+ * scales by vpermd): lane for lane the operations of MF_Q_K45_ROW, the same integer sums. */
+#define MF_Q_K45_CHUNK2(CODES2, ba, bb, hs, sc, idx, alo, ahi, sab)                            \
     {                                                                                          \
         __m512i lo, hi;                                                                        \
         CODES2(ba, bb, c, hs, &lo, &hi);                                                       \
         const __m512i p1 = _mm512_maddubs_epi16(lo, alo), p2 = _mm512_maddubs_epi16(hi, ahi); \
-        const __m512i scv = _mm512_permutexvar_epi32(idx, msab);                               \
+        const __m512i scv = _mm512_permutexvar_epi32(idx, sc);                                 \
         sab = _mm512_add_epi32(sab, _mm512_madd_epi16(                                         \
             _mm512_add_epi16(_mm512_unpacklo_epi16(p1, p2), _mm512_unpackhi_epi16(p1, p2)), scv)); \
     }
-#define MF_Q_K45_PASS4(CODES2, HBITS, b0, ms0, s0, b1, ms1, s1, b2, ms2, s2, b3, ms3, s3)      \
-    {                                                                                          \
-        __m512i idx = _mm512_set_epi32(8, 8, 8, 8, 8, 8, 8, 8, 0, 0, 0, 0, 0, 0, 0, 0);          \
-        __m512i hs01 = mf_q_join_i(HBITS(b0), HBITS(b1)), hs23 = mf_q_join_i(HBITS(b2), HBITS(b3)); \
+
+/* 4 rows, the avx512 level: acc_r += (d_r d_a) sumi_r - (dmin_r d_a) summ_r per super-block in
+ * double, as MF_DOT4_K45 below, with the same integer sums and the same double operations.
+ * - Chunk c's activation registers are loaded once for the four rows; rows 0|1 and 2|3 run side
+ *   by side in the halves of two accumulators (MF_Q_K45_CHUNK2).
+ * - The four rows' scales are one register (sc: [row 0 | 1 | 2 | 3] x 8 int16, each row's pair
+ *   (sc_2c, sc_2c+1) is its 32-bit element 4r + c, picked by vpermd), their mins another (mn).
+ * - The mins term is one pmaddwd of mn with the pair sums of bsums in every 128-bit lane, and
+ *   sumi and summ are reduced together: per lane r, [sumi_r, summ_r] as int32, then as double
+ *   beside [d_r, dmin_r] (the block's first 4 bytes, converted as one fp16 vector): the product's
+ *   odd lanes are subtracted from its even lanes, and the sum of each row is acc's lane 2r.
+ *   (The super-block's fixed work, not the codes, was a third of this dot's time.) */
+#define MF_DOT4_K45(NAME, BLOCK, CODES, CODES2, HBITS)                                         \
+static inline void NAME(const void *const *vw, const void *va, ptrdiff_t n, float *out)       \
+{                                                                                              \
+    const BLOCK *w0 = (const BLOCK *)vw[0], *w1 = (const BLOCK *)vw[1];                        \
+    const BLOCK *w2 = (const BLOCK *)vw[2], *w3 = (const BLOCK *)vw[3];                        \
+    const block_q8_K *a = (const block_q8_K *)va;   /* [n / 256] */                            \
+    const ptrdiff_t nb = n / QK_K;                                                             \
+    const ptrdiff_t pf = mf_q_pf_dist(nb * (ptrdiff_t)sizeof(BLOCK));                          \
+    __m512d acc = _mm512_setzero_pd();                 /* [row 0, -, row 1, -, ...] */          \
+    for (ptrdiff_t ib = 0; ib < nb; ib++) {                                                    \
+        const block_q8_K *ab = &a[ib];                                                         \
+        mf_q_prefetch4(w0, nb * (ptrdiff_t)sizeof(BLOCK), ib * (ptrdiff_t)sizeof(BLOCK),            \
+                       (ptrdiff_t)sizeof(BLOCK), pf);                                          \
+        __m128i sc01, mn01, sc23, mn23;                                                        \
+        mf_q_k4_scale_bytes4(w0[ib].scales, w1[ib].scales, w2[ib].scales, w3[ib].scales,        \
+                             &sc01, &mn01, &sc23, &mn23);                                      \
+        const __m512i sc = _mm512_cvtepu8_epi16(_mm256_set_m128i(sc23, sc01));  /* [4 x 8] */ \
+        const __m512i mn = _mm512_cvtepu8_epi16(_mm256_set_m128i(mn23, mn01));                 \
+        const __m512i ps = _mm512_broadcast_i32x4(_mm_hadd_epi16(                              \
+            _mm_loadu_si128((const __m128i *)(const void *)ab->bsums),                         \
+            _mm_loadu_si128((const __m128i *)(const void *)(ab->bsums + 8))));                 \
+        const __m512i summ4 = _mm512_madd_epi16(mn, ps);        /* [4 x 4] partial summ */    \
+        __m512i idx01 = _mm512_set_epi32(4, 4, 4, 4, 4, 4, 4, 4, 0, 0, 0, 0, 0, 0, 0, 0);        \
+        __m512i idx23 = _mm512_add_epi32(idx01, _mm512_set1_epi32(8));                         \
+        __m512i hs01 = mf_q_join_i(HBITS(&w0[ib]), HBITS(&w1[ib]));                            \
+        __m512i hs23 = mf_q_join_i(HBITS(&w2[ib]), HBITS(&w3[ib]));                            \
         __m512i s01 = _mm512_setzero_si512(), s23 = _mm512_setzero_si512();                    \
-        const __m512i ms01 = mf_q_join_i(ms0, ms1), ms23 = mf_q_join_i(ms2, ms3);              \
         MF_Q_NO_UNROLL                                                                         \
         for (int c = 0; c < 4; c++) {                                                          \
             const __m512i alo = _mm512_broadcast_i64x4(mf_q_loadu256(ab->qs + 64 * c));        \
             const __m512i ahi = _mm512_broadcast_i64x4(mf_q_loadu256(ab->qs + 64 * c + 32));   \
-            MF_Q_K45_CHUNK2(CODES2, b0, b1, hs01, ms01, idx, alo, ahi, s01)                    \
-            MF_Q_K45_CHUNK2(CODES2, b2, b3, hs23, ms23, idx, alo, ahi, s23)                    \
-            idx = _mm512_add_epi32(idx, _mm512_set1_epi32(1));                                 \
+            MF_Q_K45_CHUNK2(CODES2, &w0[ib], &w1[ib], hs01, sc, idx01, alo, ahi, s01)          \
+            MF_Q_K45_CHUNK2(CODES2, &w2[ib], &w3[ib], hs23, sc, idx23, alo, ahi, s23)          \
+            idx01 = _mm512_add_epi32(idx01, _mm512_set1_epi32(1));                             \
+            idx23 = _mm512_add_epi32(idx23, _mm512_set1_epi32(1));                             \
             hs01 = _mm512_srli_epi16(hs01, 2);                                                 \
             hs23 = _mm512_srli_epi16(hs23, 2);                                                 \
         }                                                                                      \
-        s0 = _mm512_castsi512_si256(s01);                                                      \
-        s1 = _mm512_extracti64x4_epi64(s01, 1);                                                \
-        s2 = _mm512_castsi512_si256(s23);                                                      \
-        s3 = _mm512_extracti64x4_epi64(s23, 1);                                                \
-    }
-#define MF_Q_K45_PASS_ALL(CODES, CODES2, HBITS, b0, ms0, s0, b1, ms1, s1, b2, ms2, s2, b3, ms3, s3) \
-    MF_Q_K45_PASS4(CODES2, HBITS, b0, ms0, s0, b1, ms1, s1, b2, ms2, s2, b3, ms3, s3)
+        /* lane r: 4 partial sumi of row r, beside summ4's 4 partial summ */                  \
+        const __m512i sumi4 = _mm512_add_epi32(_mm512_shuffle_i32x4(s01, s23, 0x88),           \
+                                               _mm512_shuffle_i32x4(s01, s23, 0xDD));          \
+        __m512i z = _mm512_add_epi32(_mm512_unpacklo_epi32(sumi4, summ4),                      \
+                                     _mm512_unpackhi_epi32(sumi4, summ4));                     \
+        z = _mm512_add_epi32(z, _mm512_shuffle_epi32(z, _MM_PERM_BADC)); /* [sumi, summ] x 2 */ \
+        const __m256i sm = _mm512_castsi512_si256(_mm512_permutexvar_epi64(                    \
+            _mm512_set_epi64(6, 4, 2, 0, 6, 4, 2, 0), z));    /* [sumi_r, summ_r] r = 0..3 */ \
+        const __m512d dd = _mm512_mul_pd(_mm512_cvtps_pd(_mm256_cvtph_ps(_mm_setr_epi32(       \
+            (int)mf_q_ld32(&w0[ib].d), (int)mf_q_ld32(&w1[ib].d), (int)mf_q_ld32(&w2[ib].d),       \
+            (int)mf_q_ld32(&w3[ib].d)))), _mm512_set1_pd((double)ab->d)); /* [d_r, dmin_r] d_a */ \
+        const __m512d p = _mm512_mul_pd(dd, _mm512_cvtepi32_pd(sm));                           \
+        acc = _mm512_add_pd(acc, _mm512_sub_pd(p, _mm512_permute_pd(p, 0x55)));                \
+    }                                                                                          \
+    double r8[8];                                                                              \
+    _mm512_storeu_pd(r8, acc);                                                                 \
+    for (int r = 0; r < 4; r++)                                                                \
+        out[r] = (float)r8[2 * r];                                                             \
+}
 #else
-#define MF_Q_K45_PASS_ALL(CODES, CODES2, HBITS, b0, ms0, s0, b1, ms1, s1, b2, ms2, s2, b3, ms3, s3) \
-    MF_Q_K45_PASS(CODES, HBITS, b0, ms0, s0, b1, ms1, s1)                                      \
-    MF_Q_K45_PASS(CODES, HBITS, b2, ms2, s2, b3, ms3, s3)
-#endif
-
 #define MF_DOT4_K45(NAME, BLOCK, CODES, CODES2, HBITS)                                         \
 static inline void NAME(const void *const *vw, const void *va, ptrdiff_t n, float *out)       \
 {                                                                                              \
@@ -554,8 +605,8 @@ static inline void NAME(const void *const *vw, const void *va, ptrdiff_t n, floa
             _mm_hadd_epi32(_mm_madd_epi16(_mm256_extracti128_si256(ms2, 1), ps),               \
                            _mm_madd_epi16(_mm256_extracti128_si256(ms3, 1), ps)));             \
         __m256i s0 = _mm256_setzero_si256(), s1 = s0, s2 = s0, s3 = s0;                        \
-        MF_Q_K45_PASS_ALL(CODES, CODES2, HBITS, &w0[ib], ms0, s0, &w1[ib], ms1, s1,               \
-                          &w2[ib], ms2, s2, &w3[ib], ms3, s3)                                  \
+        MF_Q_K45_PASS(CODES, HBITS, &w0[ib], ms0, s0, &w1[ib], ms1, s1)                      \
+        MF_Q_K45_PASS(CODES, HBITS, &w2[ib], ms2, s2, &w3[ib], ms3, s3)                      \
         const __m128i sumi = mf_q_hsum4_epi32(s0, s1, s2, s3);                                 \
         const __m256d da = _mm256_set1_pd((double)ab->d);                                      \
         const __m256d dd = _mm256_mul_pd(_mm256_cvtps_pd(mf_q_fp16x4(                          \
@@ -570,6 +621,8 @@ static inline void NAME(const void *const *vw, const void *va, ptrdiff_t n, floa
     for (int r = 0; r < 4; r++)                                                                \
         out[r] = (float)r4[r];                                                                 \
 }
+
+#endif
 
 MF_DOT4_K45(mf_dot4_q4_K_q8_K, block_q4_K, mf_q_codes_q4_Kh, mf_q_codes2_q4_K, mf_q_hbits_q4_K)
 MF_DOT4_K45(mf_dot4_q5_K_q8_K, block_q5_K, mf_q_codes_q5_Kh, mf_q_codes2_q5_K, mf_q_hbits_q5_K)
