@@ -519,9 +519,11 @@ static inline void mf_q_codes2_q5_K(const block_q5_K *ba, const block_q5_K *bb, 
  *   (sc_2c, sc_2c+1) is its 32-bit element 4r + c, picked by vpermd), their mins another (mn).
  * - The mins term is one pmaddwd of mn with the pair sums of bsums in every 128-bit lane, and
  *   sumi and summ are reduced together: per lane r, [sumi_r, summ_r] as int32, then as double
- *   beside [d_r, dmin_r] (the block's first 4 bytes, converted as one fp16 vector): the product's
- *   odd lanes are subtracted from its even lanes, and the sum of each row is acc's lane 2r.
+ *   beside [d_r, dmin_r] (adjacent fields: 4 bytes a row, converted as one fp16 vector): the
+ *   product's odd lanes are subtracted from its even lanes, and row r's sum is acc's lane 2r.
  *   (The super-block's fixed work, not the codes, was a third of this dot's time.) */
+MF_STATIC_ASSERT(offsetof(block_q4_K, dmin) == offsetof(block_q4_K, d) + 2, q4_K_dmin_after_d);
+MF_STATIC_ASSERT(offsetof(block_q5_K, dmin) == offsetof(block_q5_K, d) + 2, q5_K_dmin_after_d);
 #define MF_DOT4_K45(NAME, BLOCK, CODES, CODES2, HBITS)                                         \
 static inline void NAME(const void *const *vw, const void *va, ptrdiff_t n, float *out)       \
 {                                                                                              \
