@@ -62,6 +62,23 @@ static inline __m256 mf_q_u8x32_dot(__m256i lo, __m256i hi, __m256 off, const fl
     return _mm256_add_ps(sa, sb);
 }
 
+/* mf_q_u8x32_dot with no offset, each code made a float by vcvtdq2ps (exact, the same floats as
+ * 2^23 + c - 2^23): one instruction a register less. */
+static inline __m256 mf_q_u8x32_dot0(__m256i lo, __m256i hi, const float *x)
+{
+    const __m256i s0 = _mm256_setr_epi8(0, -1, -1, -1, 1, -1, -1, -1, 2, -1, -1, -1, 3, -1, -1, -1,
+                                        4, -1, -1, -1, 5, -1, -1, -1, 6, -1, -1, -1, 7, -1, -1, -1);
+    const __m256i s1 = _mm256_add_epi8(s0, _mm256_setr_epi8(
+        8, 0, 0, 0, 8, 0, 0, 0, 8, 0, 0, 0, 8, 0, 0, 0, 8, 0, 0, 0, 8, 0, 0, 0, 8, 0, 0, 0, 8, 0, 0, 0));
+    const __m256 f0 = _mm256_cvtepi32_ps(_mm256_shuffle_epi8(lo, s0));
+    const __m256 f1 = _mm256_cvtepi32_ps(_mm256_shuffle_epi8(lo, s1));
+    const __m256 f2 = _mm256_cvtepi32_ps(_mm256_shuffle_epi8(hi, s0));
+    const __m256 f3 = _mm256_cvtepi32_ps(_mm256_shuffle_epi8(hi, s1));
+    const __m256 sa = _mm256_fmadd_ps(f1, _mm256_loadu_ps(x + 8), _mm256_mul_ps(f0, _mm256_loadu_ps(x)));
+    const __m256 sb = _mm256_fmadd_ps(f3, _mm256_loadu_ps(x + 24), _mm256_mul_ps(f2, _mm256_loadu_ps(x + 16)));
+    return _mm256_add_ps(sa, sb);
+}
+
 /* 16 bytes at p repeated in both 128-bit lanes. */
 static inline __m256i mf_q_bcast16(const uint8_t *p)
 {
@@ -86,6 +103,14 @@ static inline __m256 mf_q_sum32(const float *x)
 {
     return _mm256_add_ps(_mm256_add_ps(_mm256_loadu_ps(x), _mm256_loadu_ps(x + 8)),
                          _mm256_add_ps(_mm256_loadu_ps(x + 16), _mm256_loadu_ps(x + 24)));
+}
+
+/* The 8 sub-block sums of a super-block's x: sx[j] = mf_q_sum32(xb + 32 j).  Q4_K / Q5_K rows
+ * dotted with the same x share them (the 4-row dots form them once for the four rows). */
+static inline void mf_q_sums8(const float *xb /* [256] */, __m256 sx[8])
+{
+    for (int j = 0; j < 8; j++)
+        sx[j] = mf_q_sum32(xb + 32 * j);
 }
 
 #endif /* MF_Q_AVX2 */
@@ -538,34 +563,35 @@ static inline float mf_dot_q8_0_f32(const void *MF_RESTRICT vw, const float *MF_
 }
 
 #if defined(MF_Q_AVX2)
-/* Super-block b of a Q4_K row against xb[0..255]: acc[0] (even sub-blocks), acc[1] (odd) += the
- * sub-blocks' d * sc * (q . x) - dmin * m * sum x.  The one-row and the 4-row dots share it. */
-static inline void mf_q_fsb_q4_K(const block_q4_K *b, const float *xb, __m256 acc[2])
+/* Super-block b of a Q4_K row against xb[0..255] (sx: mf_q_sums8 of xb): acc[0] (even
+ * sub-blocks), acc[1] (odd) += the sub-blocks' d * sc * (q . x) - dmin * m * sum x.  The one-row
+ * and the 4-row dots share it. */
+static inline void mf_q_fsb_q4_K(const block_q4_K *b, const float *xb, const __m256 sx[8],
+                                 __m256 acc[2])
 {
     const __m256i m4 = _mm256_set1_epi8(0x0F);
-    const __m256 zero = _mm256_setzero_ps();
-    float dsc[8], dm[8];
-    mf_kquant_scales(b->scales, b->d, b->dmin, dsc, dm);
+    MF_ALIGNED(32) float dsc[8], dm[8];
+    mf_kquant_scales8(b->scales, b->d, b->dmin, dsc, dm);
     for (int c = 0; c < 4; c++) {
         const __m256i v0 = mf_q_bcast16(b->qs + 32 * c), v1 = mf_q_bcast16(b->qs + 32 * c + 16);
         const float *x1 = xb + 64 * c, *x2 = x1 + 32;
-        __m256 s1 = mf_q_u8x32_dot(_mm256_and_si256(v0, m4), _mm256_and_si256(v1, m4), zero, x1);
-        __m256 s2 = mf_q_u8x32_dot(_mm256_and_si256(_mm256_srli_epi16(v0, 4), m4),
-                                   _mm256_and_si256(_mm256_srli_epi16(v1, 4), m4), zero, x2);
+        __m256 s1 = mf_q_u8x32_dot0(_mm256_and_si256(v0, m4), _mm256_and_si256(v1, m4), x1);
+        __m256 s2 = mf_q_u8x32_dot0(_mm256_and_si256(_mm256_srli_epi16(v0, 4), m4),
+                                    _mm256_and_si256(_mm256_srli_epi16(v1, 4), m4), x2);
         __m256 a = _mm256_fmadd_ps(_mm256_set1_ps(dsc[2 * c]), s1, acc[0]);
-        acc[0] = _mm256_fnmadd_ps(_mm256_set1_ps(dm[2 * c]), mf_q_sum32(x1), a);
+        acc[0] = _mm256_fnmadd_ps(_mm256_set1_ps(dm[2 * c]), sx[2 * c], a);
         __m256 t = _mm256_fmadd_ps(_mm256_set1_ps(dsc[2 * c + 1]), s2, acc[1]);
-        acc[1] = _mm256_fnmadd_ps(_mm256_set1_ps(dm[2 * c + 1]), mf_q_sum32(x2), t);
+        acc[1] = _mm256_fnmadd_ps(_mm256_set1_ps(dm[2 * c + 1]), sx[2 * c + 1], t);
     }
 }
 
 /* The same for Q5_K. */
-static inline void mf_q_fsb_q5_K(const block_q5_K *b, const float *xb, __m256 acc[2])
+static inline void mf_q_fsb_q5_K(const block_q5_K *b, const float *xb, const __m256 sx[8],
+                                 __m256 acc[2])
 {
     const __m256i m4 = _mm256_set1_epi8(0x0F), x10 = _mm256_set1_epi8(0x10);
-    const __m256 zero = _mm256_setzero_ps();
-    float dsc[8], dm[8];
-    mf_kquant_scales(b->scales, b->d, b->dmin, dsc, dm);
+    MF_ALIGNED(32) float dsc[8], dm[8];
+    mf_kquant_scales8(b->scales, b->d, b->dmin, dsc, dm);
     const __m256i h0 = mf_q_bcast16(b->qh), h1 = mf_q_bcast16(b->qh + 16);
     for (int c = 0; c < 4; c++) {
         const __m256i b1 = _mm256_set1_epi8((char)(1 << (2 * c)));
@@ -580,10 +606,10 @@ static inline void mf_q_fsb_q5_K(const block_q5_K *b, const float *xb, __m256 ac
         __m256i hi2 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v1, 4), m4), _mm256_and_si256(
             _mm256_cmpeq_epi8(_mm256_and_si256(h1, b2), b2), x10));
         const float *x1 = xb + 64 * c, *x2 = x1 + 32;
-        __m256 a = _mm256_fmadd_ps(_mm256_set1_ps(dsc[2 * c]), mf_q_u8x32_dot(lo1, hi1, zero, x1), acc[0]);
-        acc[0] = _mm256_fnmadd_ps(_mm256_set1_ps(dm[2 * c]), mf_q_sum32(x1), a);
-        __m256 t = _mm256_fmadd_ps(_mm256_set1_ps(dsc[2 * c + 1]), mf_q_u8x32_dot(lo2, hi2, zero, x2), acc[1]);
-        acc[1] = _mm256_fnmadd_ps(_mm256_set1_ps(dm[2 * c + 1]), mf_q_sum32(x2), t);
+        __m256 a = _mm256_fmadd_ps(_mm256_set1_ps(dsc[2 * c]), mf_q_u8x32_dot0(lo1, hi1, x1), acc[0]);
+        acc[0] = _mm256_fnmadd_ps(_mm256_set1_ps(dm[2 * c]), sx[2 * c], a);
+        __m256 t = _mm256_fmadd_ps(_mm256_set1_ps(dsc[2 * c + 1]), mf_q_u8x32_dot0(lo2, hi2, x2), acc[1]);
+        acc[1] = _mm256_fnmadd_ps(_mm256_set1_ps(dm[2 * c + 1]), sx[2 * c + 1], t);
     }
 }
 
@@ -592,7 +618,12 @@ static inline void mf_q_fsb_q6_K(const block_q6_K *b, const float *xb, __m256 ac
 {
     const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(0x03);
     const __m256 off = _mm256_set1_ps(32.0f);
-    const float d = mf_q_fp16(b->d);
+    const __m256 d = _mm256_set1_ps(mf_q_fp16(b->d));
+    const __m128i sc8 = _mm_loadu_si128((const __m128i *)(const void *)b->scales);
+    MF_ALIGNED(32) float ds[16];      /* d * sc[j]: exact (|sc| <= 128, d an fp16) */
+    _mm256_storeu_ps(ds, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc8))));
+    _mm256_storeu_ps(ds + 8, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
+        _mm_unpackhi_epi64(sc8, sc8)))));
     for (int h = 0; h < 2; h++) {
         const uint8_t *ql = b->ql + 64 * h, *qhp = b->qh + 32 * h;
         /* codes of weights l and l + 16 (l < 16) of each quarter k, in the broadcast layout */
@@ -618,8 +649,8 @@ static inline void mf_q_fsb_q6_K(const block_q6_K *b, const float *xb, __m256 ac
             const int j = 8 * h + 2 * k;         /* sub-blocks j (codes 0..15), j+1 (16..31) */
             __m256 sa, sb;
             mf_q_u8x32_dot2(lo[k], hi[k], off, xb + 128 * h + 32 * k, &sa, &sb);
-            acc[0] = _mm256_fmadd_ps(_mm256_set1_ps(d * (float)b->scales[j]), sa, acc[0]);
-            acc[1] = _mm256_fmadd_ps(_mm256_set1_ps(d * (float)b->scales[j + 1]), sb, acc[1]);
+            acc[0] = _mm256_fmadd_ps(_mm256_set1_ps(ds[j]), sa, acc[0]);
+            acc[1] = _mm256_fmadd_ps(_mm256_set1_ps(ds[j + 1]), sb, acc[1]);
         }
     }
 }
@@ -759,8 +790,11 @@ static inline float mf_dot_q4_K_f32(const void *MF_RESTRICT vw, const float *MF_
     const ptrdiff_t nb = n / QK_K;
 #if defined(MF_Q_AVX2)
     __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
-    for (ptrdiff_t ib = 0; ib < nb; ib++)
-        mf_q_fsb_q4_K(&w[ib], x + ib * QK_K, acc);
+    for (ptrdiff_t ib = 0; ib < nb; ib++) {
+        __m256 sx[8];
+        mf_q_sums8(x + ib * QK_K, sx);
+        mf_q_fsb_q4_K(&w[ib], x + ib * QK_K, sx, acc);
+    }
     return mf_q_hsum_ps(_mm256_add_ps(acc[0], acc[1]));
 #else
     float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
@@ -778,8 +812,11 @@ static inline float mf_dot_q5_K_f32(const void *MF_RESTRICT vw, const float *MF_
     const ptrdiff_t nb = n / QK_K;
 #if defined(MF_Q_AVX2)
     __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
-    for (ptrdiff_t ib = 0; ib < nb; ib++)
-        mf_q_fsb_q5_K(&w[ib], x + ib * QK_K, acc);
+    for (ptrdiff_t ib = 0; ib < nb; ib++) {
+        __m256 sx[8];
+        mf_q_sums8(x + ib * QK_K, sx);
+        mf_q_fsb_q5_K(&w[ib], x + ib * QK_K, sx, acc);
+    }
     return mf_q_hsum_ps(_mm256_add_ps(acc[0], acc[1]));
 #else
     float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
@@ -935,6 +972,27 @@ static inline void NAME(const void *const *vw, const float *MF_RESTRICT x, ptrdi
     }                                                                                          \
 }
 #else
+/* The four rows' super-blocks ib (SB_FN##_rows4 of MF_DOT4_F32_K): each row's SB_FN, the Q4_K /
+ * Q5_K sums of x formed once for the four. */
+#define MF_Q_FSB_K45_ROWS4(NAME, BLOCK, SB_FN)                                                 \
+static inline void NAME(const BLOCK *const w[4], ptrdiff_t ib, const float *xb,                \
+                        __m256 acc[4][2])                                                      \
+{                                                                                              \
+    __m256 sx[8];                                                                              \
+    mf_q_sums8(xb, sx);                                                                        \
+    for (int r = 0; r < 4; r++)                                                                \
+        SB_FN(&w[r][ib], xb, sx, acc[r]);                                                      \
+}
+MF_Q_FSB_K45_ROWS4(mf_q_fsb_q4_K_rows4, block_q4_K, mf_q_fsb_q4_K)
+MF_Q_FSB_K45_ROWS4(mf_q_fsb_q5_K_rows4, block_q5_K, mf_q_fsb_q5_K)
+#undef MF_Q_FSB_K45_ROWS4
+
+static inline void mf_q_fsb_q6_K_rows4(const block_q6_K *const w[4], ptrdiff_t ib,
+                                       const float *xb, __m256 acc[4][2])
+{
+    for (int r = 0; r < 4; r++)
+        mf_q_fsb_q6_K(&w[r][ib], xb, acc[r]);
+}
 #define MF_DOT4_F32_K(NAME, BLOCK, SB_FN)                                                      \
 static inline void NAME(const void *const *vw, const float *MF_RESTRICT x, ptrdiff_t n,       \
                         float *out)                                                            \
@@ -949,8 +1007,7 @@ static inline void NAME(const void *const *vw, const float *MF_RESTRICT x, ptrdi
     for (ptrdiff_t ib = 0; ib < nb; ib++) {                                                    \
         mf_q_prefetch4(w[0], nb * (ptrdiff_t)sizeof(BLOCK), ib * (ptrdiff_t)sizeof(BLOCK),        \
                        (ptrdiff_t)sizeof(BLOCK), pf);                                          \
-        for (int r = 0; r < 4; r++)                                                            \
-            SB_FN(&w[r][ib], x + ib * QK_K, acc[r]);                                           \
+        SB_FN##_rows4(w, ib, x + ib * QK_K, acc);                                              \
     }                                                                                          \
     for (int r = 0; r < 4; r++)                                                                \
         out[r] = mf_q_hsum_ps(_mm256_add_ps(acc[r][0], acc[r][1]));                            \

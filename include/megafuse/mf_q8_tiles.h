@@ -348,20 +348,6 @@ MF_DOT4_ROW32(mf_dot4_q8_0_q8_0, CK_DT_Q8_0)
 
 /* ---- one token: 4 rows of Q4_K / Q5_K / Q6_K -------------------------------------------- */
 
-/* The 8 scales and 8 mins of a Q4_K / Q5_K super-block as int16: [sc0..sc7 | m0..m7]. */
-static inline __m256i mf_q_k4_scales_mins(const uint8_t *scales /* [12] */)
-{
-    const uint32_t kmask1 = 0x3f3f3f3fu, kmask2 = 0x0f0f0f0fu, kmask3 = 0x03030303u;
-    uint32_t u[4];
-    memcpy(u, scales, 12);
-    u[3] = ((u[2] >> 4) & kmask2) | (((u[1] >> 6) & kmask3) << 4);
-    const uint32_t uaux = u[1] & kmask1;
-    u[1] = (u[2] & kmask2) | (((u[0] >> 6) & kmask3) << 4);
-    u[2] = uaux;
-    u[0] &= kmask1;
-    return _mm256_cvtepu8_epi16(_mm_set_epi32((int)u[3], (int)u[2], (int)u[1], (int)u[0]));
-}
-
 /* mf_q_k4_scales_mins of four blocks at once, in vector registers: the same bits (the 32-bit
  * shifts and masks of the scalar unpacking, applied to the four rows side by side; reads the 16
  * bytes from each scales, whose last 4 are the block's next field).  As bytes: sc01 = [sc of row 0

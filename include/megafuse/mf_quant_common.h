@@ -287,6 +287,34 @@ static inline void mf_kquant_scales(const uint8_t *scales /* [12] */, mf_fp16_t 
 }
 
 #if defined(MF_Q_AVX2)
+/* The 8 scales and 8 mins of a Q4_K / Q5_K super-block as int16: [sc0..sc7 | m0..m7]. */
+static inline __m256i mf_q_k4_scales_mins(const uint8_t *scales /* [12] */)
+{
+    const uint32_t kmask1 = 0x3f3f3f3fu, kmask2 = 0x0f0f0f0fu, kmask3 = 0x03030303u;
+    uint32_t u[4];
+    memcpy(u, scales, 12);
+    u[3] = ((u[2] >> 4) & kmask2) | (((u[1] >> 6) & kmask3) << 4);
+    const uint32_t uaux = u[1] & kmask1;
+    u[1] = (u[2] & kmask2) | (((u[0] >> 6) & kmask3) << 4);
+    u[2] = uaux;
+    u[0] &= kmask1;
+    return _mm256_cvtepu8_epi16(_mm_set_epi32((int)u[3], (int)u[2], (int)u[1], (int)u[0]));
+}
+
+/* mf_kquant_scales in vector registers: the same 16 exact products (|sc|, |m| < 64 and d, dmin
+ * fp16 fit in float32's significand), stored to dsc, dm for broadcasts. */
+static inline void mf_kquant_scales8(const uint8_t *scales /* [12] */, mf_fp16_t d16,
+                                     mf_fp16_t dmin16, float dsc[8], float dm[8])
+{
+    const __m256i ms = mf_q_k4_scales_mins(scales);                  /* [sc0..sc7 | m0..m7] */
+    const __m256 sc = _mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(_mm256_castsi256_si128(ms)));
+    const __m256 mn = _mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(_mm256_extracti128_si256(ms, 1)));
+    _mm256_storeu_ps(dsc, _mm256_mul_ps(_mm256_set1_ps(mf_fp16_to_fp32(d16)), sc));
+    _mm256_storeu_ps(dm, _mm256_mul_ps(_mm256_set1_ps(mf_fp16_to_fp32(dmin16)), mn));
+}
+#endif
+
+#if defined(MF_Q_AVX2)
 /* The four 32-byte registers of 6-bit codes (0..63) of half h of a Q6_K super-block:
  * q[k] holds weights 128h + 32k .. 128h + 32k + 31. */
 static inline void mf_q6k_codes(const block_q6_K *b, int h, __m256i q[4])
