@@ -98,6 +98,21 @@ static inline __m256i mf_q_bits16_x10(const uint8_t *qh4, int half)
     return _mm256_and_si256(v, _mm256_set1_epi8(0x10));
 }
 
+/* Both halves of mf_q_bits16_x10 from one broadcast of the block's qh: *lo = half 0 (weights
+ * 0..15), *hi = half 1 (16..31), the same bytes. */
+static inline void mf_q_bits16x2_x10(const uint8_t *qh4, __m256i *lo, __m256i *hi)
+{
+    const __m256i shl = _mm256_set_epi64x(0x0101010101010101LL, 0x0000000000000000LL,
+                                          0x0101010101010101LL, 0x0000000000000000LL);
+    const __m256i shh = _mm256_set_epi64x(0x0303030303030303LL, 0x0202020202020202LL,
+                                          0x0303030303030303LL, 0x0202020202020202LL);
+    const __m256i sel = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+    const __m256i x10 = _mm256_set1_epi8(0x10);
+    const __m256i v = _mm256_set1_epi32((int)mf_le32(qh4));
+    *lo = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(_mm256_shuffle_epi8(v, shl), sel), sel), x10);
+    *hi = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(_mm256_shuffle_epi8(v, shh), sel), sel), x10);
+}
+
 /* x[0..31] summed into 8 lanes. */
 static inline __m256 mf_q_sum32(const float *x)
 {
@@ -248,6 +263,18 @@ static inline __m256 mf_q_nib32_dot(const uint8_t *q, float off, const float *x)
     s = _mm256_fmadd_ps(mf_q_code_off_ps(_mm256_srli_epi32(v0, 4), bias), _mm256_loadu_ps(x + 16), s);
     return _mm256_fmadd_ps(mf_q_code_off_ps(_mm256_srli_epi32(v1, 4), bias), _mm256_loadu_ps(x + 24), s);
 }
+
+/* mf_q_nib32_dot with no offset (Q4_1): each code made a float by vcvtdq2ps, exact, the same
+ * floats. */
+static inline __m256 mf_q_nib32_dot0(const uint8_t *q, const float *x)
+{
+    const __m256i m4 = _mm256_set1_epi32(0x0F);
+    const __m256i v0 = mf_q_u8x8_epi32(q), v1 = mf_q_u8x8_epi32(q + 8);
+    __m256 s = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_and_si256(v0, m4)), _mm256_loadu_ps(x));
+    s = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(v1, m4)), _mm256_loadu_ps(x + 8), s);
+    s = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(v0, 4)), _mm256_loadu_ps(x + 16), s);
+    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(v1, 4)), _mm256_loadu_ps(x + 24), s);
+}
 #endif
 
 #if defined(MF_Q_AVX2)
@@ -259,16 +286,17 @@ static inline __m256 mf_q_fblk_q4_0(const block_q4_0 *b, const float *x, __m256 
 
 static inline __m256 mf_q_fblk_q4_1(const block_q4_1 *b, const float *x, __m256 acc)
 {
-    __m256 a = _mm256_fmadd_ps(_mm256_set1_ps(mf_q_fp16(b->d)), mf_q_nib32_dot(b->qs, 0.0f, x), acc);
+    __m256 a = _mm256_fmadd_ps(_mm256_set1_ps(mf_q_fp16(b->d)), mf_q_nib32_dot0(b->qs, x), acc);
     return _mm256_fmadd_ps(_mm256_set1_ps(mf_q_fp16(b->m)), mf_q_sum32(x), a);
 }
 
 static inline __m256 mf_q_fblk_q5_0(const block_q5_0 *b, const float *x, __m256 acc)
 {
     const __m256i m4 = _mm256_set1_epi8(0x0F), v = mf_q_bcast16(b->qs);
-    __m256i lo = _mm256_or_si256(_mm256_and_si256(v, m4), mf_q_bits16_x10(b->qh, 0));
-    __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), m4),
-                                 mf_q_bits16_x10(b->qh, 1));
+    __m256i blo, bhi;
+    mf_q_bits16x2_x10(b->qh, &blo, &bhi);
+    __m256i lo = _mm256_or_si256(_mm256_and_si256(v, m4), blo);
+    __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), m4), bhi);
     __m256 s = mf_q_u8x32_dot(lo, hi, _mm256_set1_ps(16.0f), x);
     return _mm256_fmadd_ps(_mm256_set1_ps(mf_q_fp16(b->d)), s, acc);
 }
@@ -276,11 +304,11 @@ static inline __m256 mf_q_fblk_q5_0(const block_q5_0 *b, const float *x, __m256 
 static inline __m256 mf_q_fblk_q5_1(const block_q5_1 *b, const float *x, __m256 acc)
 {
     const __m256i m4 = _mm256_set1_epi8(0x0F), v = mf_q_bcast16(b->qs);
-    __m256i lo = _mm256_or_si256(_mm256_and_si256(v, m4), mf_q_bits16_x10(b->qh, 0));
-    __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), m4),
-                                 mf_q_bits16_x10(b->qh, 1));
-    __m256 a = _mm256_fmadd_ps(_mm256_set1_ps(mf_q_fp16(b->d)),
-                               mf_q_u8x32_dot(lo, hi, _mm256_setzero_ps(), x), acc);
+    __m256i blo, bhi;
+    mf_q_bits16x2_x10(b->qh, &blo, &bhi);
+    __m256i lo = _mm256_or_si256(_mm256_and_si256(v, m4), blo);
+    __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), m4), bhi);
+    __m256 a = _mm256_fmadd_ps(_mm256_set1_ps(mf_q_fp16(b->d)), mf_q_u8x32_dot0(lo, hi, x), acc);
     return _mm256_fmadd_ps(_mm256_set1_ps(mf_q_fp16(b->m)), mf_q_sum32(x), a);
 }
 
