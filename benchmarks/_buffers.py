@@ -3,7 +3,7 @@
 - Weights, caches and the bandwidth probe's array sit on 2 MiB pages (``megafuse.empty``), as a
   model loader would place them; ``MEGAFUSE_BENCH_PAGES=4k`` puts them in plain NumPy memory.
 - A decode case (T = 1) cycles through enough distinct copies of its weights (same bytes,
-  separate memory, >= DECODE_MIN_BYTES in all: 3x the 32 MiB L3) that every call streams its
+  separate memory, >= DECODE_MIN_BYTES in all: 3x the L3 the OS reports) that every call streams its
   weights from DRAM.  The copies are packed back to back into one mapping, each weight on a
   cache line, the way a GGUF file lays tensors out.
 - One weight set is alive at a time (the cases are ordered so each set is built once).

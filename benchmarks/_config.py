@@ -29,12 +29,43 @@ MAX_WAIT = _env_float("MEGAFUSE_BENCH_MAX_WAIT", "120")
 # ---- memory -------------------------------------------------------------------------------------
 # "auto" / "huge": megafuse.empty (2 MiB pages); "4k": plain NumPy (4 KiB pages).
 PAGES = os.environ.get("MEGAFUSE_BENCH_PAGES", "auto")
-L3_BYTES = 32 << 20               # the last-level cache of the development machine (Zen 3)
+MIN_L3_BYTES = 32 << 20           # the L3 assumed where the OS reports none (Zen 3's)
+
+
+def _last_level_cache_bytes(root="/sys/devices/system/cpu/cpu0/cache"):
+    """The largest cache of level >= 3 that Linux reports for CPU 0 (sysfs `size`, e.g. "32768K"),
+    or MIN_L3_BYTES where it reports none or less.  On the Intel VMs of this workplace it says
+    480 MiB: a set of weight copies read in turn is served from there at 52-57 GB/s up to ~96 MiB
+    (2 threads), 43 GB/s at 128 MiB, and only from ~256 MiB at the DRAM rate (29-33 GB/s)."""
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    best = 0
+    try:
+        entries = os.listdir(root)
+    except OSError:
+        return MIN_L3_BYTES
+    for entry in entries:
+        try:
+            with open(os.path.join(root, entry, "level")) as f:
+                level = int(f.read())
+            with open(os.path.join(root, entry, "size")) as f:
+                size = f.read().strip()
+        except (OSError, ValueError):
+            continue
+        if level >= 3 and size:
+            mult = units.get(size[-1].upper(), 1)
+            digits = size[:-1] if size[-1].upper() in units else size
+            if digits.isdigit():
+                best = max(best, int(digits) * mult)
+    return max(best, MIN_L3_BYTES)
+
+
+L3_BYTES = _last_level_cache_bytes()  # this machine's last-level cache (sysfs), >= 32 MiB
 DECODE_MIN_BYTES = 3 * L3_BYTES   # decode weight copies cycled per call: the L3 cannot hold them
 WEIGHT_ALIGN = 64                 # bytes: each weight of a packed copy starts on a cache line
-DRAM_PROBE_BYTES = 1 << 30        # the bandwidth probe's array
-NEAR_PROBE_BYTES = 256 << 20      # the probe beside each T=1 row (the shared host's bandwidth
-                                  # swings 37-60 GB/s from one second to the next)
+# The bandwidth probes read arrays the L3 cannot hold either (else they measure the L3).
+DRAM_PROBE_BYTES = max(1 << 30, DECODE_MIN_BYTES)    # the session's probe (start and end)
+NEAR_PROBE_BYTES = max(256 << 20, DECODE_MIN_BYTES)  # the probe beside each T=1 row (the shared
+                                  # host's bandwidth swings 37-60 GB/s from one second to the next)
 PAGE_PROBE_BYTES = 64 << 20       # the array that shows how many huge pages the OS grants
 
 # ---- the cases ----------------------------------------------------------------------------------

@@ -10,7 +10,8 @@ import megafuse as mf
 
 from _buffers import decode_copy_count, page_mode, weight_set
 from _cases import PEERS, format_note, megafuse_variants
-from _config import DECODE_MIN_BYTES, MAX_WAIT, PEER_TOL, QUIET, THREADS
+from _config import (DECODE_MIN_BYTES, L3_BYTES, MAX_WAIT, NEAR_PROBE_BYTES, PEER_TOL, QUIET,
+                     THREADS)
 from _roofline import MACHINE, dram_fraction, roofline
 from _timing import WAITED
 
@@ -157,7 +158,8 @@ def _header_lines():
         lines.append(f"waited {WAITED[0]:.0f} s in all for other processes to quiet down "
                      f"(MEGAFUSE_BENCH_QUIET={QUIET}, MEGAFUSE_BENCH_MAX_WAIT={MAX_WAIT:.0f})")
     lines.append(f"decode (T=1) weights: each call takes the next of >= 2 distinct copies "
-                 f"totalling >= {DECODE_MIN_BYTES >> 20} MiB (the L3 cannot serve them)")
+                 f"totalling >= {DECODE_MIN_BYTES >> 20} MiB (3x the {L3_BYTES >> 20} MiB L3 "
+                 f"the OS reports: it cannot serve them)")
     return lines
 
 
@@ -247,8 +249,8 @@ def table_lines():
     if RESULTS:
         lines.append(
             "ms = median; GB/s = weight bytes / median; %dram = GB/s / DRAM read bandwidth (T=1 "
-            "rows: probe = the better of two 256 MiB reads just before and after the row, GB/s; "
-            "other rows: the session's figure above); "
+            f"rows: probe = the better of two reads of {NEAR_PROBE_BYTES >> 20} MiB just before "
+            "and after the row, GB/s; other rows: the session's figure above); "
             "GFLOP/s = (2 x weight MACs + attention flops) / median; roof = roofline time / "
             "median, roofline time = max(mem: (weights + KV + activations) / DRAM bw, cpu: flops "
             "/ fp32 or int8 peak); xPEER = megafuse speed / peer speed (>1: megafuse faster); "

@@ -85,8 +85,9 @@ def _parallel_best(fn, repeats=REPEATS):
 
 
 def dram_bandwidth(nbytes=DRAM_PROBE_BYTES, a=None, repeats=REPEATS):
-    """Read bandwidth in bytes/s: THREADS threads each read their share of a 1 GiB array (from
-    empty(): the same pages as the weights; or of a, an array from probe_array), best of 5, by
+    """Read bandwidth in bytes/s: THREADS threads each read their share of a DRAM_PROBE_BYTES
+    array (>= 1 GiB and 3x the L3; from empty(): the same pages as the weights; or of a, an
+    array from probe_array), best of 5, by
     two readers, the better one counted: NumPy's int64 sum of the bits (its float32 sum is
     pairwise and compute-bound) and probe.c's 4-accumulator read loop."""
     if a is None:
@@ -121,10 +122,11 @@ _NEAR = {}
 
 
 def dram_bandwidth_near():
-    """The DRAM read bandwidth now: dram_bandwidth over a 256 MiB array (allocated once), best
-    of 3 -- taken just before and just after each T=1 row, whose %dram is against the better of
-    the two (the machine is shared: its bandwidth moves between 37 and 60 GB/s from one second
-    to the next, so the session's start / end figures say little about a row's minute)."""
+    """The DRAM read bandwidth now: dram_bandwidth over a NEAR_PROBE_BYTES array (>= 256 MiB and
+    3x the L3; allocated once), best of 3 -- taken just before and just after each T=1 row,
+    whose %dram is against the better of the two (the machine is shared: its bandwidth moves
+    between 37 and 60 GB/s from one second to the next, so the session's start / end figures
+    say little about a row's minute)."""
     if "a" not in _NEAR:
         _NEAR["a"] = probe_array(NEAR_PROBE_BYTES)
     return dram_bandwidth(a=_NEAR["a"], repeats=3)

@@ -4,9 +4,11 @@
 
 The step is one ``DecoderLayer.decode`` of SmolLM2-135M's layer shape (E 576, 9 / 3 heads,
 D 64, ffn 1536; seeded random weights in the format of the case: Q4_1 is the real model file's).
-Each call decodes the next layer of a ring of distinct layers whose weights total >= 96 MiB, so
-they come from DRAM as a 30-layer model's 66 MB do; each layer decodes positions 0..63 of its
-own cache, then starts over (reset() between rounds, untimed).  Every layer decodes one
+Each call decodes the next layer of a ring of distinct layers whose weights total >= 96 MiB
+(RING_MIN_BYTES: what a SmolLM2 step reads, its 30 layers' 66 MB and its 30 MB head), so they
+come from where a real model's come from: DRAM on a 32 MiB L3, partly the L3 on a larger one;
+each layer decodes positions 0..63 of its own cache, then starts over (reset() between rounds,
+untimed).  Every layer decodes one
 untimed token first, so that the first writes to the caches (page faults) are not timed.
 
 "busy": a Python process spinning ``while True: pass``, pinned to the last CPU this process may
@@ -24,7 +26,7 @@ import pytest
 import megafuse as mf
 
 import _report
-from _buffers import decode_copy_count, packed_copies
+from _buffers import packed_copies
 from _cases import DT, SHAPE
 from _config import DECODE_STEPS, SPIN_SETTLE, THREADS
 from _timing import measure, process_ticks, ticks_per_second, wait_quiet
@@ -33,11 +35,12 @@ SHAPE_NAME = "smollm2-135m"
 FORMATS = ("Q4_1", "FP32")
 MODES = ("quiet", "busy")
 LAYER_WEIGHTS = ("wq", "wk", "wv", "wo", "w1", "w2")
+RING_MIN_BYTES = 96 << 20         # the ring's weights: about what one SmolLM2 step reads
 
 
 class LayerRing:
-    """Distinct DecoderLayers of one shape and format (weights packed on 2 MiB pages, >= 96 MiB
-    in all); step() decodes one token in the next layer."""
+    """Distinct DecoderLayers of one shape and format (weights packed on 2 MiB pages,
+    >= RING_MIN_BYTES in all); step() decodes one token in the next layer."""
 
     def __init__(self, shape, label):
         s = shape
@@ -58,7 +61,7 @@ class LayerRing:
                             num_heads=s.H, num_kv_heads=s.G, head_dim=s.D,
                             intermediate_dim=s.I, eps=s.eps, rope_theta=s.theta,
                             cache_capacity=DECODE_STEPS, max_tokens=1)
-            for ws in packed_copies(first, decode_copy_count(per_layer))]
+            for ws in packed_copies(first, max(2, -(-RING_MIN_BYTES // per_layer)))]
         self.weight_bytes = self.layers[0].weight_bytes
         self.x = rng.standard_normal(s.E, dtype=np.float32)                   # [E]
         self.next = 0

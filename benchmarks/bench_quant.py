@@ -7,7 +7,7 @@
    write bandwidth) and on a [128, 2048] one (256 Ki weights, 1 MiB: cache-resident).  Goal:
    >= 50x faster (gguf's FP32 "dequantize" is a zero-copy view and its FP16 / BF16 ones are single
    NumPy casts, so those three are reference points rather than targets).
-2. The row-dot kernels (decode's inner loop): every row of a weight matrix of >= 96 MiB -- more
+2. The row-dot kernels (decode's inner loop): every row of a weight matrix of >= 3x the L3 -- more
    than the caches, so each pass streams it from DRAM -- dotted with one activation vector, by the
    float path (weights decoded in registers) and by the int8 path (activations quantized to
    Q8_0 / Q8_K once, integer dots; rows in register blocks of 4, as the projections run them:
@@ -55,8 +55,8 @@ RESULTS = {}                        # (what, dt, variant) -> median seconds
 
 def random_weights(dt, rows, cols, seed=0):
     """rows x cols weights of format dt with realistic scales, built directly as bytes (cheap
-    for 96 MiB): normal values for the float formats; random codes and finite scales of about
-    1/64 for the block formats."""
+    for a weight of 3x the L3): normal values for the float formats; random codes and finite
+    scales of about 1/64 for the block formats."""
     rng = np.random.default_rng(seed)
     if dt == DT.FP32:
         return rng.standard_normal((rows, cols), dtype=np.float32)
