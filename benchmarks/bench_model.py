@@ -28,6 +28,7 @@ llama.cpp): the whole model's K-quant and Q8_0 paths.  They skip without llama_c
 """
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -140,9 +141,31 @@ class LlamaPeer:
             raise RuntimeError("llama.cpp peer: did not start")
 
     def run(self, kind, n, depth=0):
-        self.proc.stdin.write(f"{kind} {n} {depth}\n")
-        self.proc.stdin.flush()
-        return float(self.proc.stdout.readline())
+        command = f"{kind} {n} {depth}"
+        try:
+            self.proc.stdin.write(command + "\n")
+            self.proc.stdin.flush()
+            line = self.proc.stdout.readline()
+        except BrokenPipeError:
+            line = ""
+        if not line:            # the process is gone: say how, not "could not convert ''"
+            raise RuntimeError(f"llama.cpp peer: died running '{command}' ({self._death()})")
+        return float(line)
+
+    def _death(self):
+        try:
+            code = self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            return "no answer, still running"
+        if code >= 0:
+            return f"exit status {code}"
+        how = signal.Signals(-code).name if -code in signal.valid_signals() else str(-code)
+        hint = ""
+        if -code in (signal.SIGSEGV, signal.SIGILL):
+            hint = ("; llama-cpp-python 0.3.36 built with -march=native on a CPU with AMX "
+                    "segfaults in its AMX kernels (seen on Intel VMs here): build it without "
+                    "them, benchmarks/README.md, 'Running'")
+        return f"killed by {how}{hint}"
 
     def close(self):
         if self.proc.poll() is None:
