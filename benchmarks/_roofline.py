@@ -87,9 +87,9 @@ def _parallel_best(fn, repeats=REPEATS):
 def dram_bandwidth(nbytes=DRAM_PROBE_BYTES, a=None, repeats=REPEATS):
     """Read bandwidth in bytes/s: THREADS threads each read their share of a DRAM_PROBE_BYTES
     array (>= 1 GiB and 3x the L3; from empty(): the same pages as the weights; or of a, an
-    array from probe_array), best of 5, by
-    two readers, the better one counted: NumPy's int64 sum of the bits (its float32 sum is
-    pairwise and compute-bound) and probe.c's 4-accumulator read loop."""
+    array from probe_array), best of 5, by two readers, the better one counted: NumPy's int64
+    sum of the bits (its float32 sum is pairwise and compute-bound) and probe.c's 4-accumulator
+    read loop."""
     if a is None:
         a = probe_array(nbytes)
     nbytes = a.nbytes
