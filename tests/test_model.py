@@ -199,6 +199,30 @@ def test_solo_bytes_is_checked(tmp_path):
         model._runner.solo_bytes = "many"
 
 
+def test_the_kv_caches_are_one_arena_mapped_at_load(tmp_path):
+    """Every layer's k and v cache are consecutive views of one arena on 2 MiB pages, whose pages
+    the OS maps when the model loads: the first forward maps none (its Rss does not grow)."""
+    from megafuse.memory import HUGE_PAGE_BYTES, _vma_fields
+    E, H, G, D, I = SHAPE
+    path = write_model(tmp_path / "m.gguf", "llama", "Q8_0", n_layers=3)
+    model = Model.from_gguf(path, cache_capacity=40)
+    caches = [a for spec in model._layers for a in (spec["k_cache"], spec["v_cache"])]
+    base = caches[0].ctypes.data
+    assert base % HUGE_PAGE_BYTES == 0 and len(caches) == 6
+    for i, a in enumerate(caches):
+        assert a.shape == (G, 40, D) and a.flags.c_contiguous and a.flags.writeable
+        assert a.ctypes.data == base + i * a.nbytes          # [L, k|v, G, C, D]
+        assert not a.any()
+    fields = _vma_fields(caches[0])
+    if fields is None or "Rss" not in fields:
+        pytest.skip("no /proc/self/smaps here")
+    rss = int(fields["Rss"].split()[0]) * 1024
+    assert rss >= 6 * caches[0].nbytes
+    model.forward(list(range(1, 40)))                         # writes rows 0..38 of every cache
+    assert int(_vma_fields(caches[0])["Rss"].split()[0]) * 1024 == rss
+    assert all(a[:, :39].any() and not a[:, 39:].any() for a in caches)
+
+
 def test_errors_leave_the_model_usable(tmp_path):
     path = write_model(tmp_path / "m.gguf", "llama", "Q8_0")
     model = Model.from_gguf(path, cache_capacity=16)
