@@ -28,6 +28,7 @@ import numpy.typing as npt
 import megafuse as _mf   # the kernels, looked up at call time (this module is imported by
                          # megafuse/__init__.py once they are bound)
 from megafuse._dtype import CKDataType, kv_cache_dtype
+from megafuse.memory import map_zero_pages as _map_zero_pages
 from megafuse.memory import zeros as _huge_page_zeros
 
 F32Array = npt.NDArray[np.float32]
@@ -220,8 +221,11 @@ class DecoderLayer:
         # the caches on 2 MiB pages (megafuse.memory): decode reads them end to end every token;
         # float32, or float16 (kv_dtype: as megafuse.Model's)
         self.kv_dtype = kv_dtype
-        self.kv_cache_k: npt.NDArray[Any] = _huge_page_zeros((G, C, D), cache_dtype)  # [G, C, D]
-        self.kv_cache_v: npt.NDArray[Any] = _huge_page_zeros((G, C, D), cache_dtype)  # [G, C, D]
+        # k and v in one mapping, its pages mapped now (not by the first decode: as Model's)
+        caches = _huge_page_zeros((2, G, C, D), cache_dtype)                    # [k|v, G, C, D]
+        _map_zero_pages(caches)
+        self.kv_cache_k: npt.NDArray[Any] = caches[0]                          # [G, C, D]
+        self.kv_cache_v: npt.NDArray[Any] = caches[1]                          # [G, C, D]
         spec: Dict[str, Any] = {"ln1_gamma": self.ln1_gamma, "ln2_gamma": self.ln2_gamma,
                                 "k_cache": self.kv_cache_k, "v_cache": self.kv_cache_v}
         spec.update(self._weights)

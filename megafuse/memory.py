@@ -18,10 +18,11 @@ import operator as _operator
 
 import numpy as _np
 
-__all__ = ["HUGE_PAGE_BYTES", "empty", "zeros", "empty_like", "huge_pages_requested",
-           "huge_page_bytes"]
+__all__ = ["HUGE_PAGE_BYTES", "empty", "zeros", "empty_like", "map_zero_pages",
+           "huge_pages_requested", "huge_page_bytes"]
 
 HUGE_PAGE_BYTES = 2 << 20        # the x86-64 / aarch64 (4 KiB granule) transparent huge page
+_SMALL_PAGE_BYTES = 4096         # the smallest page the OS may back a mapping with
 
 
 def _shape_tuple(shape):
@@ -75,6 +76,16 @@ def empty(shape, dtype=_np.float32):
 def zeros(shape, dtype=_np.float32):
     """``empty`` filled with zeros (which a fresh mapping already is: no pass over the memory)."""
     return empty(shape, dtype)
+
+
+def map_zero_pages(a):
+    """Have the OS map every page of ``a`` (a C-contiguous array of zeros, e.g. from ``zeros``)
+    now, rather than at its first writes: one zero byte written a 4 KiB page, so no value
+    changes.  For state that is written in scattered places later (KV caches: each head's rows
+    are their own region), so that the cost of mapping it is paid once, up front."""
+    if not (isinstance(a, _np.ndarray) and a.flags.c_contiguous and a.flags.writeable):
+        raise ValueError("map_zero_pages: expected a C-contiguous, writeable NumPy array")
+    a.reshape(-1).view(_np.uint8)[::_SMALL_PAGE_BYTES] = 0
 
 
 def empty_like(a, dtype=None, shape=None):

@@ -62,13 +62,6 @@ class ModelConfig:
 
 
 _STEP_ORDER = ("wq", "wk", "wv", "wo", "w1", "w2")   # a layer's matrices, in the order a step reads
-_PAGE_BYTES = 4096          # the smallest page the OS may back an arena with
-
-
-def _map_pages(a: Any) -> None:
-    """Have the OS map every page of the contiguous array ``a`` now (one zero byte written a
-    4 KiB page; ``a`` is all zeros, so its values do not change)."""
-    a.reshape(-1).view(np.uint8)[::_PAGE_BYTES] = 0
 
 
 def _pack_weights(layers: List[Dict[str, Any]], head: Any) -> Any:
@@ -136,7 +129,7 @@ class Model:
                  rope_freq_factors: Optional[F32Array] = None,
                  kv_dtype: str = "float32") -> None:
         import importlib
-        from megafuse.memory import zeros as huge_page_zeros
+        from megafuse.memory import map_zero_pages, zeros as huge_page_zeros
         kernels: Any = importlib.import_module("megafuse._kernels")  # (private: not in the stubs)
         if activations not in _ACTIVATIONS:
             raise ValueError(f"activations: expected 'int8' or 'float', got {activations!r}")
@@ -156,7 +149,7 @@ class Model:
         # C = 64), and the first forward paid for mapping them (the first 37-token prompt of
         # `megafuse run`: ~200 ms more than the next, 4x its compute, on this workplace's VMs).
         caches = huge_page_zeros((len(layers), 2, G, C, D), cache_dtype)   # [L, k|v, G, C, D]
-        _map_pages(caches)
+        map_zero_pages(caches)
         for i, spec in enumerate(layers):
             spec["k_cache"], spec["v_cache"] = caches[i, 0], caches[i, 1]   # [G, C, D] each
         self._embedding, self._embedding_dt = embedding, CKDataType(embedding_dt)

@@ -103,6 +103,27 @@ def test_huge_pages_are_granted_where_thp_is_enabled():
         f"THP is {setting!r} but {after} bytes of the 8 MiB array are on huge pages")
 
 
+def test_map_zero_pages_maps_every_page_and_changes_no_value():
+    """map_zero_pages maps a fresh array's pages (its mapping's Rss grows to hold it) without
+    changing a value; it refuses what it could only write through a copy."""
+    a = megafuse.zeros((3, 5 << 20), np.uint8)                    # 15 MiB, a whole 8 huge pages
+    fields = memory._vma_fields(a)
+    if fields is None or "Rss" not in fields:
+        pytest.skip("/proc/self/smaps not readable")
+    before = int(fields["Rss"].split()[0]) * 1024
+    memory.map_zero_pages(a)
+    after = int(memory._vma_fields(a)["Rss"].split()[0]) * 1024
+    assert after - before >= a.nbytes - memory.HUGE_PAGE_BYTES
+    assert not a.any()
+    for bad in (a[:, ::2], a.T, [0.0]):
+        with pytest.raises(ValueError, match="C-contiguous, writeable"):
+            memory.map_zero_pages(bad)
+    frozen = megafuse.zeros(8)
+    frozen.flags.writeable = False
+    with pytest.raises(ValueError, match="C-contiguous, writeable"):
+        memory.map_zero_pages(frozen)
+
+
 def test_memory_lives_as_long_as_a_view():
     a = megafuse.empty((1000,), np.float32)
     view = a[10:20]
