@@ -8,8 +8,8 @@ Each call decodes the next layer of a ring of distinct layers whose weights tota
 (RING_MIN_BYTES: what a SmolLM2 step reads, its 30 layers' 66 MB and its 30 MB head), so they
 come from where a real model's come from: DRAM on a 32 MiB L3, partly the L3 on a larger one;
 each layer decodes positions 0..63 of its own cache, then starts over (reset() between rounds,
-untimed).  Every layer decodes one
-untimed token first, so that the first writes to the caches (page faults) are not timed.
+untimed).  Every layer decodes one untimed token first, so that nothing a first step does once
+is timed.
 
 "busy": a Python process spinning ``while True: pass``, pinned to the last CPU this process may
 run on, started before the timing and killed after it.  The table shows both medians and
@@ -65,9 +65,9 @@ class LayerRing:
         self.weight_bytes = self.layers[0].weight_bytes
         self.x = rng.standard_normal(s.E, dtype=np.float32)                   # [E]
         self.next = 0
-        # one untimed token in every layer: the first write to a KV cache maps its pages, which
-        # on a fresh (virtual) machine costs milliseconds a 2 MiB page -- a one-time cost of a
-        # model's first token, not of the steady decode step measured here
+        # one untimed token in every layer: what a layer's first step does once is not the
+        # steady decode step measured here (its KV cache's pages, which on a fresh virtual
+        # machine cost milliseconds each, are mapped when the layer is built)
         for layer in self.layers:
             layer.decode(self.x)
             layer.reset()
