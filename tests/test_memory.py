@@ -106,7 +106,7 @@ def test_huge_pages_are_granted_where_thp_is_enabled():
 def test_map_zero_pages_maps_every_page_and_changes_no_value():
     """map_zero_pages maps a fresh array's pages (its mapping's Rss grows to hold it) without
     changing a value; it refuses what it could only write through a copy."""
-    a = megafuse.zeros((3, 5 << 20), np.uint8)                    # 15 MiB, a whole 8 huge pages
+    a = megafuse.zeros((3, 5 << 20), np.uint8)                    # 15 MiB: 8 huge pages
     fields = memory._vma_fields(a)
     if fields is None or "Rss" not in fields:
         pytest.skip("/proc/self/smaps not readable")
