@@ -294,6 +294,7 @@ MF_ALWAYS_INLINE void mf_dot4_row32(int dt, const void *const *vw, const void *v
             __m512i U[2][2], al[2], ah[2], oo[2];
             __m512 Y;
             mf_q_prefetch4(w0, nb * mf_q_bsz(dt), o, gb, pf);
+            mf_q_prefetch4_near(w0, nb * mf_q_bsz(dt), o, gb, mf_q_pf_near(dt));
             mf_q_agrp_load(va, n, g, mf_q_off(dt), &A);
             for (int p = 0; p < 2; p++) {
                 al[p] = _mm512_broadcast_i64x4(A.lo[p]);
@@ -321,6 +322,7 @@ MF_ALWAYS_INLINE void mf_dot4_row32(int dt, const void *const *vw, const void *v
 #endif
     for (; g < nb / 4; g++) {                              /* whole groups */
         mf_q_prefetch4(w0, nb * mf_q_bsz(dt), g * gb, gb, pf);
+        mf_q_prefetch4_near(w0, nb * mf_q_bsz(dt), g * gb, gb, mf_q_pf_near(dt));
         mf_dot4_group32(dt, w0, w1, w2, w3, va, n, g, 4, acc);
     }
     switch (nb % 4) {                                      /* a last group of 1..3 blocks */
@@ -510,7 +512,7 @@ static inline void mf_q_codes2_q5_K(const block_q5_K *ba, const block_q5_K *bb, 
  *   (The super-block's fixed work, not the codes, was a third of this dot's time.) */
 MF_STATIC_ASSERT(offsetof(block_q4_K, dmin) == offsetof(block_q4_K, d) + 2, q4_K_dmin_after_d);
 MF_STATIC_ASSERT(offsetof(block_q5_K, dmin) == offsetof(block_q5_K, d) + 2, q5_K_dmin_after_d);
-#define MF_DOT4_K45(NAME, BLOCK, CODES, CODES2, HBITS)                                         \
+#define MF_DOT4_K45(NAME, DT, BLOCK, CODES, CODES2, HBITS)                                     \
 static inline void NAME(const void *const *vw, const void *va, ptrdiff_t n, float *out)       \
 {                                                                                              \
     const BLOCK *w0 = (const BLOCK *)vw[0], *w1 = (const BLOCK *)vw[1];                        \
@@ -523,6 +525,8 @@ static inline void NAME(const void *const *vw, const void *va, ptrdiff_t n, floa
         const block_q8_K *ab = &a[ib];                                                         \
         mf_q_prefetch4(w0, nb * (ptrdiff_t)sizeof(BLOCK), ib * (ptrdiff_t)sizeof(BLOCK),            \
                        (ptrdiff_t)sizeof(BLOCK), pf);                                          \
+        mf_q_prefetch4_near(w0, nb * (ptrdiff_t)sizeof(BLOCK), ib * (ptrdiff_t)sizeof(BLOCK),       \
+                            (ptrdiff_t)sizeof(BLOCK), mf_q_pf_near(DT));                       \
         __m128i sc01, mn01, sc23, mn23;                                                        \
         mf_q_k4_scale_bytes4(w0[ib].scales, w1[ib].scales, w2[ib].scales, w3[ib].scales,        \
                              &sc01, &mn01, &sc23, &mn23);                                      \
@@ -568,7 +572,7 @@ static inline void NAME(const void *const *vw, const void *va, ptrdiff_t n, floa
         out[r] = (float)r8[2 * r];                                                             \
 }
 #else
-#define MF_DOT4_K45(NAME, BLOCK, CODES, CODES2, HBITS)                                         \
+#define MF_DOT4_K45(NAME, DT, BLOCK, CODES, CODES2, HBITS)                                     \
 static inline void NAME(const void *const *vw, const void *va, ptrdiff_t n, float *out)       \
 {                                                                                              \
     const BLOCK *w0 = (const BLOCK *)vw[0], *w1 = (const BLOCK *)vw[1];                        \
@@ -581,6 +585,8 @@ static inline void NAME(const void *const *vw, const void *va, ptrdiff_t n, floa
         const block_q8_K *ab = &a[ib];                                                         \
         mf_q_prefetch4(w0, nb * (ptrdiff_t)sizeof(BLOCK), ib * (ptrdiff_t)sizeof(BLOCK),            \
                        (ptrdiff_t)sizeof(BLOCK), pf);                                          \
+        mf_q_prefetch4_near(w0, nb * (ptrdiff_t)sizeof(BLOCK), ib * (ptrdiff_t)sizeof(BLOCK),       \
+                            (ptrdiff_t)sizeof(BLOCK), mf_q_pf_near(DT));                       \
         const __m128i ps = _mm_hadd_epi16(                                                     \
             _mm_loadu_si128((const __m128i *)(const void *)ab->bsums),                         \
             _mm_loadu_si128((const __m128i *)(const void *)(ab->bsums + 8)));                  \
@@ -612,8 +618,8 @@ static inline void NAME(const void *const *vw, const void *va, ptrdiff_t n, floa
 
 #endif
 
-MF_DOT4_K45(mf_dot4_q4_K_q8_K, block_q4_K, mf_q_codes_q4_Kh, mf_q_codes2_q4_K, mf_q_hbits_q4_K)
-MF_DOT4_K45(mf_dot4_q5_K_q8_K, block_q5_K, mf_q_codes_q5_Kh, mf_q_codes2_q5_K, mf_q_hbits_q5_K)
+MF_DOT4_K45(mf_dot4_q4_K_q8_K, CK_DT_Q4_K, block_q4_K, mf_q_codes_q4_Kh, mf_q_codes2_q4_K, mf_q_hbits_q4_K)
+MF_DOT4_K45(mf_dot4_q5_K_q8_K, CK_DT_Q5_K, block_q5_K, mf_q_codes_q5_Kh, mf_q_codes2_q5_K, mf_q_hbits_q5_K)
 
 /* The pmaddwd scales of registers k, k+1 (k even) of half h once their int16 pair sums are
  * interleaved (unpacklo / unpackhi) and added: [s_{8h+2k}, s_{8h+2k+2} | s_{8h+2k+1}, s_{8h+2k+3}]
@@ -703,6 +709,9 @@ static inline void mf_dot4_q6_K_q8_K(const void *const *vw, const void *va, ptrd
         __m256i s[4];
         mf_q_prefetch4(w[0], nb * (ptrdiff_t)sizeof(block_q6_K), ib * (ptrdiff_t)sizeof(block_q6_K),
                        (ptrdiff_t)sizeof(block_q6_K), pf);
+        mf_q_prefetch4_near(w[0], nb * (ptrdiff_t)sizeof(block_q6_K),
+                            ib * (ptrdiff_t)sizeof(block_q6_K), (ptrdiff_t)sizeof(block_q6_K),
+                            mf_q_pf_near(CK_DT_Q6_K));
 #if defined(MF_SIMD_AVX512)
         const __m512i bs2 = _mm512_broadcast_i64x4(bs);
         const __m512i s01 = mf_q_sumi2_q6_K(&w[0][ib], &w[1][ib], ab, bs2);
