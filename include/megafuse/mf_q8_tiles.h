@@ -487,6 +487,32 @@ static inline void mf_q_codes2_q5_K(const block_q5_K *ba, const block_q5_K *bb, 
     *lo = _mm512_or_si512(*lo, _mm512_slli_epi16(_mm512_and_si512(hs, _mm512_set1_epi8(1)), 4));
     *hi = _mm512_or_si512(*hi, _mm512_slli_epi16(_mm512_and_si512(hs, _mm512_set1_epi8(2)), 3));
 }
+#if defined(MF_Q_VNNI)
+/* Chunk c of rows a and b side by side (their codes | the activation broadcast to both halves):
+ * sub-blocks 2c and 2c+1 by one vpdpbusd each (int32 sums of 4 products, |sum| <= 4 * 31 * 127 =
+ * 15748: exact as int16), packed to int16 (per 128-bit lane [2c x 4 | 2c+1 x 4]) and scaled by
+ * one vpdpwssd against [sc_2c x 4 | sc_2c+1 x 4] (vpermw of sc by idx) into sab.  The same
+ * integer sums as the AVX2 pass, 5 vector operations where vpmaddubsw, unpacks, pmaddwd and
+ * adds took 8. */
+#define MF_Q_K45_CHUNK2(CODES2, ba, bb, hs, sc, idx, alo, ahi, sab)                            \
+    {                                                                                          \
+        __m512i lo, hi;                                                                        \
+        CODES2(ba, bb, c, hs, &lo, &hi);                                                       \
+        const __m512i z = _mm512_setzero_si512();                                              \
+        const __m512i pk = _mm512_packs_epi32(_mm512_dpbusd_epi32(z, lo, alo),                 \
+                                              _mm512_dpbusd_epi32(z, hi, ahi));                \
+        sab = _mm512_dpwssd_epi32(sab, pk, _mm512_permutexvar_epi16(idx, sc));                 \
+    }
+/* vpermw indices of chunk 0 for rows r, r + 1: word k -> row r + k / 16, sub-block (k % 8) / 4
+ * (MF_Q_K45_IDX_NEXT: those of the next chunk) */
+#define MF_Q_K45_IDX0(r)                                                                       \
+    _mm512_set_epi16(8 * (r) + 9, 8 * (r) + 9, 8 * (r) + 9, 8 * (r) + 9, 8 * (r) + 8, 8 * (r) + 8, \
+                     8 * (r) + 8, 8 * (r) + 8, 8 * (r) + 9, 8 * (r) + 9, 8 * (r) + 9, 8 * (r) + 9, \
+                     8 * (r) + 8, 8 * (r) + 8, 8 * (r) + 8, 8 * (r) + 8, 8 * (r) + 1, 8 * (r) + 1, \
+                     8 * (r) + 1, 8 * (r) + 1, 8 * (r), 8 * (r), 8 * (r), 8 * (r), 8 * (r) + 1,   \
+                     8 * (r) + 1, 8 * (r) + 1, 8 * (r) + 1, 8 * (r), 8 * (r), 8 * (r), 8 * (r))
+#define MF_Q_K45_IDX_NEXT(i) _mm512_add_epi16(i, _mm512_set1_epi16(2))
+#else
 /* Chunk c of rows a and b side by side (their codes | the activation broadcast to both halves,
  * scales by vpermd): lane for lane the operations of MF_Q_K45_ROW, the same integer sums. */
 #define MF_Q_K45_CHUNK2(CODES2, ba, bb, hs, sc, idx, alo, ahi, sab)                            \
@@ -498,6 +524,14 @@ static inline void mf_q_codes2_q5_K(const block_q5_K *ba, const block_q5_K *bb, 
         sab = _mm512_add_epi32(sab, _mm512_madd_epi16(                                         \
             _mm512_add_epi16(_mm512_unpacklo_epi16(p1, p2), _mm512_unpackhi_epi16(p1, p2)), scv)); \
     }
+/* vpermd indices of chunk 0 for rows r, r + 1: element 4r | 4(r + 1) (MF_Q_K45_IDX_NEXT: those
+ * of the next chunk) */
+#define MF_Q_K45_IDX0(r)                                                                       \
+    _mm512_set_epi32(4 * (r) + 4, 4 * (r) + 4, 4 * (r) + 4, 4 * (r) + 4, 4 * (r) + 4, 4 * (r) + 4, \
+                     4 * (r) + 4, 4 * (r) + 4, 4 * (r), 4 * (r), 4 * (r), 4 * (r), 4 * (r), 4 * (r), \
+                     4 * (r), 4 * (r))
+#define MF_Q_K45_IDX_NEXT(i) _mm512_add_epi32(i, _mm512_set1_epi32(1))
+#endif
 
 /* 4 rows, the avx512 level: acc_r += (d_r d_a) sumi_r - (dmin_r d_a) summ_r per super-block in
  * double, as MF_DOT4_K45 below, with the same integer sums and the same double operations.
@@ -536,8 +570,7 @@ static inline void NAME(const void *const *vw, const void *va, ptrdiff_t n, floa
             _mm_loadu_si128((const __m128i *)(const void *)ab->bsums),                         \
             _mm_loadu_si128((const __m128i *)(const void *)(ab->bsums + 8))));                 \
         const __m512i summ4 = _mm512_madd_epi16(mn, ps);        /* [4 x 4] partial summ */    \
-        __m512i idx01 = _mm512_set_epi32(4, 4, 4, 4, 4, 4, 4, 4, 0, 0, 0, 0, 0, 0, 0, 0);        \
-        __m512i idx23 = _mm512_add_epi32(idx01, _mm512_set1_epi32(8));                         \
+        __m512i idx01 = MF_Q_K45_IDX0(0), idx23 = MF_Q_K45_IDX0(2);                            \
         __m512i hs01 = mf_q_join_i(HBITS(&w0[ib]), HBITS(&w1[ib]));                            \
         __m512i hs23 = mf_q_join_i(HBITS(&w2[ib]), HBITS(&w3[ib]));                            \
         __m512i s01 = _mm512_setzero_si512(), s23 = _mm512_setzero_si512();                    \
@@ -547,8 +580,8 @@ static inline void NAME(const void *const *vw, const void *va, ptrdiff_t n, floa
             const __m512i ahi = _mm512_broadcast_i64x4(mf_q_loadu256(ab->qs + 64 * c + 32));   \
             MF_Q_K45_CHUNK2(CODES2, &w0[ib], &w1[ib], hs01, sc, idx01, alo, ahi, s01)          \
             MF_Q_K45_CHUNK2(CODES2, &w2[ib], &w3[ib], hs23, sc, idx23, alo, ahi, s23)          \
-            idx01 = _mm512_add_epi32(idx01, _mm512_set1_epi32(1));                             \
-            idx23 = _mm512_add_epi32(idx23, _mm512_set1_epi32(1));                             \
+            idx01 = MF_Q_K45_IDX_NEXT(idx01);                                                  \
+            idx23 = MF_Q_K45_IDX_NEXT(idx23);                                                  \
             hs01 = _mm512_srli_epi16(hs01, 2);                                                 \
             hs23 = _mm512_srli_epi16(hs23, 2);                                                 \
         }                                                                                      \
