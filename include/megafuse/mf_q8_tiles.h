@@ -537,8 +537,9 @@ static inline void mf_q_codes2_q5_K(const block_q5_K *ba, const block_q5_K *bb, 
  * double, as MF_DOT4_K45 below, with the same integer sums and the same double operations.
  * - Chunk c's activation registers are loaded once for the four rows; rows 0|1 and 2|3 run side
  *   by side in the halves of two accumulators (MF_Q_K45_CHUNK2).
- * - The four rows' scales are one register (sc: [row 0 | 1 | 2 | 3] x 8 int16, each row's pair
- *   (sc_2c, sc_2c+1) is its 32-bit element 4r + c, picked by vpermd), their mins another (mn).
+ * - The four rows' scales are one register (sc: [row 0 | 1 | 2 | 3] x 8 int16, row r's sc_j
+ *   its word 8r + j, picked by vpermw -- with VNNI -- or as the pair (sc_2c, sc_2c+1), its
+ *   32-bit element 4r + c, by vpermd), their mins another (mn).
  * - The mins term is one pmaddwd of mn with the pair sums of bsums in every 128-bit lane, and
  *   sumi and summ are reduced together: per lane r, [sumi_r, summ_r] as int32, then as double
  *   beside [d_r, dmin_r] (adjacent fields: 4 bytes a row, converted as one fp16 vector): the
