@@ -224,24 +224,32 @@ MF_ALWAYS_INLINE void mf_q_dec2_q8_0(const char *ba, const char *bb, __m512i S[2
 }
 
 /* One token, a whole group of two rows of Q8_0 (kind 2) at the avx512 level, as
- * mf_q_grp_step_rows2: lane for lane mf_q_lanes_s (|s| against a with s's sign, two vpdpbusd)
- * and mf_q_acc_pair, the same bits.  AVX-512 has no vpsignb: a is negated under the mask of the
- * negative codes (where s is 0 the product is 0 either way). */
+ * mf_q_grp_step_rows2: the signed codes s become unsigned s + 128 (s ^ 0x80), and the two
+ * vpdpbusd start from o8 = -128 * (the lane's activation sums) (mf_q_o8), so that L = sum (s +
+ * 128) a - 128 sum a = sum s a: the same exact int32 lanes as mf_q_lanes_s (and mf_q_acc_pair's
+ * float steps), the same bits, in 2 operations a register where the sign of s took 3 (mask,
+ * masked negation of a, |s|). */
 MF_ALWAYS_INLINE __m512 mf_q_grp_step_rows2_s8(const __m512i S[2][2], __m512 Y,
                                                const __m512i al[2], const __m512i ah[2],
-                                               __m512 f, __m512 acc)
+                                               const __m512i o8[2], __m512 f, __m512 acc)
 {
     const __m512 P = _mm512_mul_ps(Y, f);
-    const __m512i z = _mm512_setzero_si512();
+    const __m512i x80 = _mm512_set1_epi8((char)0x80);
     for (int p = 0; p < 2; p++) {
-        const __m512i alo = _mm512_mask_sub_epi8(al[p], _mm512_movepi8_mask(S[p][0]), z, al[p]);
-        const __m512i ahi = _mm512_mask_sub_epi8(ah[p], _mm512_movepi8_mask(S[p][1]), z, ah[p]);
         const __m512i L = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(
-            z, _mm512_abs_epi8(S[p][0]), alo), _mm512_abs_epi8(S[p][1]), ahi);
+            o8[p], _mm512_xor_si512(S[p][0], x80), al[p]), _mm512_xor_si512(S[p][1], x80), ah[p]);
         const __m512 D = p ? _mm512_permute_ps(P, 0xAA) : _mm512_permute_ps(P, 0x00);
         acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(L), D, acc);
     }
     return acc;
+}
+
+/* -128 * the sums of each int32 lane's 4 activation codes, lo and hi together (|sum| <= 8 *
+ * 127: exact), the start of mf_q_grp_step_rows2_s8's lanes. */
+MF_ALWAYS_INLINE __m512i mf_q_o8(__m512i al, __m512i ah)
+{
+    const __m512i x80 = _mm512_set1_epi8((char)0x80), z = _mm512_setzero_si512();
+    return _mm512_sub_epi32(z, _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(z, x80, al), x80, ah));
 }
 
 /* One token, a whole group of two rows of a nibble format (kinds 0, 1) at the avx512 level: the
@@ -303,10 +311,11 @@ MF_ALWAYS_INLINE void mf_dot4_row32(int dt, const void *const *vw, const void *v
             }
             const __m512 f = _mm512_broadcast_f32x8(A.f);
             if (dt == CK_DT_Q8_0) {
+                const __m512i o8[2] = {mf_q_o8(al[0], ah[0]), mf_q_o8(al[1], ah[1])};
                 mf_q_dec2_q8_0(w0 + o, w1 + o, U, &Y);
-                a01 = mf_q_grp_step_rows2_s8(U, Y, al, ah, f, a01);
+                a01 = mf_q_grp_step_rows2_s8(U, Y, al, ah, o8, f, a01);
                 mf_q_dec2_q8_0(w2 + o, w3 + o, U, &Y);
-                a23 = mf_q_grp_step_rows2_s8(U, Y, al, ah, f, a23);
+                a23 = mf_q_grp_step_rows2_s8(U, Y, al, ah, o8, f, a23);
                 continue;
             }
             mf_q_dec2_nib(dt, w0 + o, w1 + o, U, &Y);
