@@ -225,10 +225,10 @@ MF_ALWAYS_INLINE void mf_q_dec2_q8_0(const char *ba, const char *bb, __m512i S[2
 
 /* One token, a whole group of two rows of Q8_0 (kind 2) at the avx512 level, as
  * mf_q_grp_step_rows2: the signed codes s become unsigned s + 128 (s ^ 0x80), and the two
- * vpdpbusd start from o8 = -128 * (the lane's activation sums) (mf_q_o8), so that L = sum (s +
- * 128) a - 128 sum a = sum s a: the same exact int32 lanes as mf_q_lanes_s (and mf_q_acc_pair's
- * float steps), the same bits, in 2 operations a register where the sign of s took 3 (mask,
- * masked negation of a, |s|). */
+ * vpdpbusd start from o8 = -128 * the lane's activation sums (mf_q_offset_lanes), so that L =
+ * sum (s + 128) a - 128 sum a = sum s a: the same exact int32 lanes as mf_q_lanes_s (and
+ * mf_q_acc_pair's float steps), the same bits, in 2 operations a register where the sign of s
+ * took 3 (mask, masked negation of a, |s|). */
 MF_ALWAYS_INLINE __m512 mf_q_grp_step_rows2_s8(const __m512i S[2][2], __m512 Y,
                                                const __m512i al[2], const __m512i ah[2],
                                                const __m512i o8[2], __m512 f, __m512 acc)
@@ -244,12 +244,16 @@ MF_ALWAYS_INLINE __m512 mf_q_grp_step_rows2_s8(const __m512i S[2][2], __m512 Y,
     return acc;
 }
 
-/* -128 * the sums of each int32 lane's 4 activation codes, lo and hi together (|sum| <= 8 *
- * 127: exact), the start of mf_q_grp_step_rows2_s8's lanes. */
-MF_ALWAYS_INLINE __m512i mf_q_o8(__m512i al, __m512i ah)
+/* -off * the sums of each int32 lane's 4 + 4 activation codes of lo and hi (|sum| <= 8 * 127,
+ * off <= 128: exact), where a pair's vpdpbusd start: mf_q_agrp's oo (Q4_0: off 8, Q5_0: 16) and
+ * mf_q_grp_step_rows2_s8's (Q8_0: 128) in 3 operations, where the 256-bit oo and its broadcast
+ * took 6; 0 for off = 0 (Q4_1, Q5_1). */
+MF_ALWAYS_INLINE __m512i mf_q_offset_lanes(int off, __m512i al, __m512i ah)
 {
-    const __m512i x80 = _mm512_set1_epi8((char)0x80), z = _mm512_setzero_si512();
-    return _mm512_sub_epi32(z, _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(z, x80, al), x80, ah));
+    const __m512i o = _mm512_set1_epi8((char)off), z = _mm512_setzero_si512();
+    if (!off)
+        return z;
+    return _mm512_sub_epi32(z, _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(z, o, al), o, ah));
 }
 
 /* One token, a whole group of two rows of a nibble format (kinds 0, 1) at the avx512 level: the
@@ -303,19 +307,18 @@ MF_ALWAYS_INLINE void mf_dot4_row32(int dt, const void *const *vw, const void *v
             __m512 Y;
             mf_q_prefetch4(w0, nb * mf_q_bsz(dt), o, gb, pf);
             mf_q_prefetch4_near(w0, nb * mf_q_bsz(dt), o, gb, mf_q_pf_near(dt));
-            mf_q_agrp_load(va, n, g, mf_q_off(dt), &A);
+            mf_q_agrp_load(va, n, g, 0, &A);      /* the offsets' lanes: below, in 512 bits */
             for (int p = 0; p < 2; p++) {
                 al[p] = _mm512_broadcast_i64x4(A.lo[p]);
                 ah[p] = _mm512_broadcast_i64x4(A.hi[p]);
-                oo[p] = _mm512_broadcast_i64x4(A.oo[p]);
+                oo[p] = mf_q_offset_lanes(dt == CK_DT_Q8_0 ? 128 : mf_q_off(dt), al[p], ah[p]);
             }
             const __m512 f = _mm512_broadcast_f32x8(A.f);
             if (dt == CK_DT_Q8_0) {
-                const __m512i o8[2] = {mf_q_o8(al[0], ah[0]), mf_q_o8(al[1], ah[1])};
                 mf_q_dec2_q8_0(w0 + o, w1 + o, U, &Y);
-                a01 = mf_q_grp_step_rows2_s8(U, Y, al, ah, o8, f, a01);
+                a01 = mf_q_grp_step_rows2_s8(U, Y, al, ah, oo, f, a01);
                 mf_q_dec2_q8_0(w2 + o, w3 + o, U, &Y);
-                a23 = mf_q_grp_step_rows2_s8(U, Y, al, ah, o8, f, a23);
+                a23 = mf_q_grp_step_rows2_s8(U, Y, al, ah, oo, f, a23);
                 continue;
             }
             mf_q_dec2_nib(dt, w0 + o, w1 + o, U, &Y);
