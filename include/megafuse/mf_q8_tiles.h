@@ -250,9 +250,10 @@ MF_ALWAYS_INLINE __m512 mf_q_grp_step_rows2_s8(const __m512i S[2][2], __m512 Y,
  * took 6; 0 for off = 0 (Q4_1, Q5_1). */
 MF_ALWAYS_INLINE __m512i mf_q_offset_lanes(int off, __m512i al, __m512i ah)
 {
-    const __m512i o = _mm512_set1_epi8((char)off), z = _mm512_setzero_si512();
+    const __m512i z = _mm512_setzero_si512();
     if (!off)
         return z;
+    const __m512i o = _mm512_set1_epi8((char)off);
     return _mm512_sub_epi32(z, _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(z, o, al), o, ah));
 }
 
@@ -664,8 +665,10 @@ static inline void NAME(const void *const *vw, const void *va, ptrdiff_t n, floa
 
 #endif
 
-MF_DOT4_K45(mf_dot4_q4_K_q8_K, CK_DT_Q4_K, block_q4_K, mf_q_codes_q4_Kh, mf_q_codes2_q4_K, mf_q_hbits_q4_K)
-MF_DOT4_K45(mf_dot4_q5_K_q8_K, CK_DT_Q5_K, block_q5_K, mf_q_codes_q5_Kh, mf_q_codes2_q5_K, mf_q_hbits_q5_K)
+MF_DOT4_K45(mf_dot4_q4_K_q8_K, CK_DT_Q4_K, block_q4_K, mf_q_codes_q4_Kh, mf_q_codes2_q4_K,
+            mf_q_hbits_q4_K)
+MF_DOT4_K45(mf_dot4_q5_K_q8_K, CK_DT_Q5_K, block_q5_K, mf_q_codes_q5_Kh, mf_q_codes2_q5_K,
+            mf_q_hbits_q5_K)
 
 /* The pmaddwd scales of registers k, k+1 (k even) of half h once their int16 pair sums are
  * interleaved (unpacklo / unpackhi) and added: [s_{8h+2k}, s_{8h+2k+2} | s_{8h+2k+1}, s_{8h+2k+3}]
