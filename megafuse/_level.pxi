@@ -24,7 +24,7 @@ from megafuse._mf_quant cimport (
     mf_quantize_activation_row, mf_quantize_blocks_q8_0_act, mf_q8_0_act_pad,
     mf_activation_row_bytes, mf_activation_dtype, mf_q8_rows_tokens,
     MF_Q8_TILE_TOKENS, mf_q8_tile_tokens, mf_dot4_f32_fn, mf_dot4_f32_for, mf_dot4_q8_fn,
-    mf_dot4_q8_for)
+    mf_dot4_q8_for, mf_q_fp16_table_init)
 from megafuse._mf_scratch cimport (
     mf_prefill_scratch, mf_prefill_scratch_layout, mf_mlp_scratch, mf_mlp_scratch_layout,
     MF_MLP_TOKEN_TILE)
@@ -51,6 +51,8 @@ include "_gemm.pxi"
 include "_prefill.pxi"
 include "_mlp.pxi"
 include "_model_step.pxi"
+
+mf_q_fp16_table_init()      # before any kernel of this level runs (mf_quant_common.h)
 
 # slot <name>: kernel <name>_kernel (megafuse/_kernel_table.pxd)
 cdef KernelTable _TABLE

@@ -314,6 +314,23 @@ static inline float mf_q_fp16(mf_fp16_t h)
 #endif
 }
 
+/* mf_q_fp16 of every float16 bit pattern, for the avx512 level's float dots (mf_dot_f32.h): a
+ * block's scale is then one 4-byte load, which the FMA using it broadcasts itself ({1to16}),
+ * where converting it took three vector operations (vmovd, vcvtph2ps, vbroadcastss) on the
+ * shuffle port that the codes' permutes need.  Filled by mf_q_fp16_table_init() when the level's
+ * module loads (megafuse/_level.pxi), before any kernel runs; 256 KiB, of which the scales of a
+ * model touch a few KiB.  (ggml's CPU backend keeps the same table.) */
+#if defined(MF_SIMD_AVX512)
+static float mf_q_fp16_table[65536];
+#endif
+static inline void mf_q_fp16_table_init(void)
+{
+#if defined(MF_SIMD_AVX512)
+    for (uint32_t h = 0; h < 65536u; h++)
+        mf_q_fp16_table[h] = mf_q_fp16((mf_fp16_t)h);
+#endif
+}
+
 #if defined(MF_Q_AVX2)
 static inline __m128 mf_q_fp16x4(mf_fp16_t h0, mf_fp16_t h1, mf_fp16_t h2, mf_fp16_t h3)
 {
