@@ -324,60 +324,6 @@ static inline __m256 mf_q_fblk_q8_0(const block_q8_0 *b, const float *x, __m256 
 }
 
 #if defined(MF_SIMD_AVX512)
-/* The avx512 level's float path of the K-quants runs two weight rows side by side, row a in the
- * low half of a 512-bit register and row b in the high half: each half goes through the
- * operations of the 256-bit block functions above, lane for lane (same codes, same products,
- * same chains), so a row's result has the avx2 level's bits.  (The 32-weight formats: in 16
- * lanes a row, below.) */
-
-/* x[0..7] in both halves. */
-static inline __m512 mf_q_x8x2(const float *x)
-{
-    return _mm512_broadcast_f32x8(_mm256_loadu_ps(x));
-}
-
-/* mf_q_u8x32_dot2 of rows a and b: lo, hi hold row a's registers in the low half, row b's in
- * the high half. */
-static inline void mf_q_u8x32_dot2_rows2(__m512i lo, __m512i hi, __m512 off, const float *x,
-                                         __m512 *psa, __m512 *psb)
-{
-    const __m512i s0 = _mm512_broadcast_i64x4(_mm256_setr_epi8(
-        0, -1, -1, -1, 1, -1, -1, -1, 2, -1, -1, -1, 3, -1, -1, -1,
-        4, -1, -1, -1, 5, -1, -1, -1, 6, -1, -1, -1, 7, -1, -1, -1));
-    const __m512i s1 = _mm512_add_epi8(s0, _mm512_set1_epi32(8));
-    const __m512i magic = _mm512_set1_epi32(0x4B000000);
-    const __m512 bias = _mm512_add_ps(_mm512_set1_ps(8388608.0f), off);     /* exact */
-    __m512 f0 = _mm512_sub_ps(_mm512_castsi512_ps(_mm512_or_si512(_mm512_shuffle_epi8(lo, s0), magic)), bias);
-    __m512 f1 = _mm512_sub_ps(_mm512_castsi512_ps(_mm512_or_si512(_mm512_shuffle_epi8(lo, s1), magic)), bias);
-    __m512 f2 = _mm512_sub_ps(_mm512_castsi512_ps(_mm512_or_si512(_mm512_shuffle_epi8(hi, s0), magic)), bias);
-    __m512 f3 = _mm512_sub_ps(_mm512_castsi512_ps(_mm512_or_si512(_mm512_shuffle_epi8(hi, s1), magic)), bias);
-    *psa = _mm512_fmadd_ps(f1, mf_q_x8x2(x + 8), _mm512_mul_ps(f0, mf_q_x8x2(x)));
-    *psb = _mm512_fmadd_ps(f3, mf_q_x8x2(x + 24), _mm512_mul_ps(f2, mf_q_x8x2(x + 16)));
-}
-
-/* mf_q_u8x32_dot of rows a and b. */
-static inline __m512 mf_q_u8x32_dot_rows2(__m512i lo, __m512i hi, __m512 off, const float *x)
-{
-    __m512 sa, sb;
-    mf_q_u8x32_dot2_rows2(lo, hi, off, x, &sa, &sb);
-    return _mm512_add_ps(sa, sb);
-}
-
-/* [16 bytes at pa, twice | 16 bytes at pb, twice]: mf_q_bcast16 of rows a and b. */
-static inline __m512i mf_q_bcast16_rows2(const uint8_t *pa, const uint8_t *pb)
-{
-    return mf_q_join_i(mf_q_bcast16(pa), mf_q_bcast16(pb));
-}
-
-/* A block's factor of rows a and b: [d_a x 8 | d_b x 8]. */
-static inline __m512 mf_q_f2(float da, float db)
-{
-    return mf_q_join_f(_mm256_set1_ps(da), _mm256_set1_ps(db));
-}
-
-#endif /* MF_SIMD_AVX512 */
-
-#if defined(MF_SIMD_AVX512)
 /* The avx512 level's float dots of the 32-weight formats: a row's block in 16 lanes.  Weight j
  * of the block (its code c_j) meets x[j] in lane j % 16; per block s = lo * x[0..15] + hi *
  * x[16..31] (lo, hi: the codes of weights 0..15 and 16..31 as floats, c - off), then acc += d *
@@ -498,6 +444,128 @@ MF_ALWAYS_INLINE float mf_q_hsum16(const __m512 acc[2])
         const mf_q_fx16 X = mf_q_fx16_load(x + 32 * ib);                                       \
         BLOCK_FN(&w[ib], &X, T, acc);                                                          \
     }                                                                                          \
+    return mf_q_hsum16(acc);
+
+/* The K-quants in 16 lanes a row, the same way.  Q4_K, Q5_K: each sub-block of 32 gets a
+ * 16-entry table of its weights themselves (mf_q_fsb16_k45), so the mins need no term of their
+ * own; Q6_K: its 6-bit codes c - 32 in bytes, then vpmovsxbd + vcvtdq2ps, each sub-block of 16
+ * scaled once by d * sc (the FMA's broadcast of a float on the stack).  acc[0] / acc[1] take
+ * alternate sub-blocks; the row's result is mf_q_hsum16(acc).  C harness as above: 1 thread
+ * from cache Q4_K 5.4 -> 10.0, Q5_K 5.7 -> 7.4, Q6_K 7.9 -> 11.0; 2 threads from DRAM 10.2 ->
+ * 17.4, 10.5 -> 13.4, 13.6 -> 17.3 GB/s.  (Q5_K's fifth bits, a mask test and a masked add
+ * each 16 weights, keep it the slowest.) */
+
+/* The 8 scales and 8 mins of a Q4_K / Q5_K super-block times d, dmin: out[j] = d * sc_j, out[8 +
+ * j] = dmin * m_j, j < 8 (exact products, as mf_kquant_scales8's), the 6-bit fields unpacked in
+ * one 128-bit register: bytes [sc0..sc3 | sc4..sc7 | m0..m3 | m4..m7] are s[0..3] & 63, (s[8..11]
+ * & 15) | (s[0..3] >> 6) << 4, s[4..7] & 63, (s[8..11] >> 4) | (s[4..7] >> 6) << 4.  Reads the 16
+ * bytes at scales (the 12 of the field and 4 of the codes after it). */
+MF_ALWAYS_INLINE void mf_q_kscales16(const uint8_t *scales, mf_fp16_t d, mf_fp16_t dmin,
+                                     float out[16])
+{
+    const __m128i sv = _mm_loadu_si128((const __m128i *)(const void *)scales);
+    const __m128i p = _mm_shuffle_epi8(sv, _mm_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7,
+                                                         8, 9, 10, 11));
+    const __m128i q = _mm_shuffle_epi8(sv, _mm_setr_epi8(-1, -1, -1, -1, 0, 1, 2, 3, -1, -1, -1, -1,
+                                                         4, 5, 6, 7));
+    const __m128i a = _mm_and_si128(p, _mm_setr_epi8(63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63,
+                                                     0, 0, 0, 0));
+    const __m128i b = _mm_and_si128(_mm_srli_epi16(p, 4), _mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0,
+                                                                        0, 0, 0, 0, 15, 15, 15, 15));
+    const __m128i c = _mm_srli_epi16(_mm_and_si128(q, _mm_set1_epi8((char)0xC0)), 2);
+    const __m128i r = _mm_or_si128(_mm_or_si128(a, b), c);
+    const __m512 f = _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(mf_q_fp16_table[d]),
+                                          _mm512_set1_ps(mf_q_fp16_table[dmin]));
+    _mm512_storeu_ps(out, _mm512_mul_ps(f, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(r))));
+}
+
+/* Q4_K (qh = NULL) and Q5_K: one super-block of a row into acc[0] (low nibbles' sub-blocks) and
+ * acc[1] (high); T = mf_q_ftab16(0).  Each sub-block's 16-entry table holds its weights
+ * themselves, d sc c - dmin m for c < 16 (one FMA: the rounding of GGML's dequantization), so a
+ * permute gives 16 weights and one FMA a register takes them into the sum; Q5_K adds d sc 16
+ * where the fifth bit is set. */
+MF_ALWAYS_INLINE void mf_q_fsb16_k45(const uint8_t *scales, mf_fp16_t d, mf_fp16_t dmin,
+                                     const uint8_t *qs /* [128] */, const uint8_t *qh /* [32] */,
+                                     const float *xb, __m512 T, __m512 acc[2])
+{
+    MF_ALIGNED(64) float ks[24];           /* [d sc_0..7 | dmin m_0..7 | (Q5_K) 16 d sc_0..7] */
+    mf_q_kscales16(scales, d, dmin, ks);
+    __m128i h0 = _mm_setzero_si128(), h1 = _mm_setzero_si128();
+    if (qh) {
+        h0 = _mm_loadu_si128((const __m128i *)(const void *)qh);
+        h1 = _mm_loadu_si128((const __m128i *)(const void *)(qh + 16));
+        _mm256_store_ps(ks + 16, _mm256_mul_ps(_mm256_load_ps(ks), _mm256_set1_ps(16.0f)));
+    }
+    for (int c = 0; c < 4; c++) {          /* sub-blocks 2c (low nibbles), 2c + 1 (high) */
+        const __m512i v0 = mf_q_qs16_epi32(qs + 32 * c), v1 = mf_q_qs16_epi32(qs + 32 * c + 16);
+        const __m512 ta = _mm512_fmsub_ps(T, _mm512_set1_ps(ks[2 * c]),
+                                          _mm512_set1_ps(ks[8 + 2 * c]));
+        const __m512 tb = _mm512_fmsub_ps(T, _mm512_set1_ps(ks[2 * c + 1]),
+                                          _mm512_set1_ps(ks[8 + 2 * c + 1]));
+        __m512 a0 = _mm512_permutexvar_ps(v0, ta), a1 = _mm512_permutexvar_ps(v1, ta);
+        __m512 b0 = _mm512_permutexvar_ps(_mm512_srli_epi32(v0, 4), tb);
+        __m512 b1 = _mm512_permutexvar_ps(_mm512_srli_epi32(v1, 4), tb);
+        if (qh) {
+            const __m128i ba = _mm_set1_epi8((char)(1 << (2 * c)));
+            const __m128i bb = _mm_set1_epi8((char)(1 << (2 * c + 1)));
+            const __m512 ha = _mm512_set1_ps(ks[16 + 2 * c]);            /* exact */
+            const __m512 hb = _mm512_set1_ps(ks[16 + 2 * c + 1]);
+            a0 = _mm512_mask_add_ps(a0, _mm_test_epi8_mask(h0, ba), a0, ha);
+            a1 = _mm512_mask_add_ps(a1, _mm_test_epi8_mask(h1, ba), a1, ha);
+            b0 = _mm512_mask_add_ps(b0, _mm_test_epi8_mask(h0, bb), b0, hb);
+            b1 = _mm512_mask_add_ps(b1, _mm_test_epi8_mask(h1, bb), b1, hb);
+        }
+        const float *xs = xb + 64 * c;
+        acc[0] = _mm512_fmadd_ps(a0, _mm512_loadu_ps(xs), acc[0]);
+        acc[1] = _mm512_fmadd_ps(b0, _mm512_loadu_ps(xs + 32), acc[1]);
+        acc[0] = _mm512_fmadd_ps(a1, _mm512_loadu_ps(xs + 16), acc[0]);
+        acc[1] = _mm512_fmadd_ps(b1, _mm512_loadu_ps(xs + 48), acc[1]);
+    }
+}
+MF_ALWAYS_INLINE void mf_q_fsb16_q4_K(const block_q4_K *b, const float *xb, __m512 T,
+                                      __m512 acc[2])
+{
+    mf_q_fsb16_k45(b->scales, b->d, b->dmin, b->qs, NULL, xb, T, acc);
+}
+MF_ALWAYS_INLINE void mf_q_fsb16_q5_K(const block_q5_K *b, const float *xb, __m512 T,
+                                      __m512 acc[2])
+{
+    mf_q_fsb16_k45(b->scales, b->d, b->dmin, b->qs, b->qh, xb, T, acc);
+}
+
+/* Q6_K: one super-block of a row into acc[0] / acc[1] (its 16 sub-blocks of 16: even / odd). */
+MF_ALWAYS_INLINE void mf_q_fsb16_q6_K(const block_q6_K *b, const float *xb, __m512 T,
+                                      __m512 acc[2])
+{
+    (void)T;
+    const __m128i sc8 = _mm_loadu_si128((const __m128i *)(const void *)b->scales);
+    MF_ALIGNED(64) float ds[16];      /* d * sc[j]: exact (|sc| <= 128, d an fp16) */
+    _mm512_store_ps(ds, _mm512_mul_ps(MF_Q_FS16(b->d), _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(sc8))));
+    const __m256i x20 = _mm256_set1_epi8(32);
+    for (int h = 0; h < 2; h++) {
+        __m256i q[4];
+        mf_q6k_codes(b, h, q);               /* q[k]: weights 128h + 32k .. + 31, codes 0..63 */
+        for (int k = 0; k < 4; k++) {
+            const int j = 8 * h + 2 * k;     /* sub-blocks j (weights 0..15 of q[k]), j + 1 */
+            const __m256i c = _mm256_sub_epi8(q[k], x20);
+            const __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(c)));
+            const __m512 hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+                _mm256_extracti128_si256(c, 1)));
+            const float *xs = xb + 128 * h + 32 * k;
+            acc[0] = _mm512_fmadd_ps(_mm512_mul_ps(lo, _mm512_loadu_ps(xs)), _mm512_set1_ps(ds[j]),
+                                     acc[0]);
+            acc[1] = _mm512_fmadd_ps(_mm512_mul_ps(hi, _mm512_loadu_ps(xs + 16)),
+                                     _mm512_set1_ps(ds[j + 1]), acc[1]);
+        }
+    }
+}
+
+/* The one-row dot of a K-quant (SB_FN: mf_q_fsb16_*). */
+#define MF_Q_FDOT16_K(SB_FN)                                                                   \
+    const __m512 T = mf_q_ftab16(0.0f);                                                        \
+    __m512 acc[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};                                \
+    for (ptrdiff_t ib = 0; ib < nb; ib++)                                                      \
+        SB_FN(&w[ib], x + ib * QK_K, T, acc);                                                  \
     return mf_q_hsum16(acc);
 #endif /* MF_SIMD_AVX512 */
 
@@ -741,107 +809,6 @@ static inline void mf_q_fsb_q6_K(const block_q6_K *b, const float *xb, __m256 ac
     }
 }
 
-#if defined(MF_SIMD_AVX512)
-/* mf_q_fsb_q4_K / q5_K / q6_K of rows a | b in the halves of 512-bit registers (see
- * mf_q_fblk_q4_0_rows2): each half the 256-bit function's operations, so the same bits. */
-static inline void mf_q_fsb_q4_K_rows2(const block_q4_K *a, const block_q4_K *b, const float *xb,
-                                       __m512 acc[2])
-{
-    const __m512i m4 = _mm512_set1_epi8(0x0F);
-    const __m512 zero = _mm512_setzero_ps();
-    float dsa[8], dma[8], dsb[8], dmb[8];
-    mf_kquant_scales(a->scales, a->d, a->dmin, dsa, dma);
-    mf_kquant_scales(b->scales, b->d, b->dmin, dsb, dmb);
-    for (int c = 0; c < 4; c++) {
-        const __m512i v0 = mf_q_bcast16_rows2(a->qs + 32 * c, b->qs + 32 * c);
-        const __m512i v1 = mf_q_bcast16_rows2(a->qs + 32 * c + 16, b->qs + 32 * c + 16);
-        const float *x1 = xb + 64 * c, *x2 = x1 + 32;
-        const __m256 sx1 = mf_q_sum32(x1), sx2 = mf_q_sum32(x2);
-        __m512 s1 = mf_q_u8x32_dot_rows2(_mm512_and_si512(v0, m4), _mm512_and_si512(v1, m4),
-                                         zero, x1);
-        __m512 s2 = mf_q_u8x32_dot_rows2(_mm512_and_si512(_mm512_srli_epi16(v0, 4), m4),
-                                         _mm512_and_si512(_mm512_srli_epi16(v1, 4), m4), zero, x2);
-        __m512 t0 = _mm512_fmadd_ps(mf_q_f2(dsa[2 * c], dsb[2 * c]), s1, acc[0]);
-        acc[0] = _mm512_fnmadd_ps(mf_q_f2(dma[2 * c], dmb[2 * c]), mf_q_join_f(sx1, sx1), t0);
-        __m512 t1 = _mm512_fmadd_ps(mf_q_f2(dsa[2 * c + 1], dsb[2 * c + 1]), s2, acc[1]);
-        acc[1] = _mm512_fnmadd_ps(mf_q_f2(dma[2 * c + 1], dmb[2 * c + 1]), mf_q_join_f(sx2, sx2),
-                                  t1);
-    }
-}
-
-static inline void mf_q_fsb_q5_K_rows2(const block_q5_K *a, const block_q5_K *b, const float *xb,
-                                       __m512 acc[2])
-{
-    const __m512i m4 = _mm512_set1_epi8(0x0F), x10 = _mm512_set1_epi8(0x10);
-    const __m512 zero = _mm512_setzero_ps();
-    float dsa[8], dma[8], dsb[8], dmb[8];
-    mf_kquant_scales(a->scales, a->d, a->dmin, dsa, dma);
-    mf_kquant_scales(b->scales, b->d, b->dmin, dsb, dmb);
-    const __m512i h0 = mf_q_bcast16_rows2(a->qh, b->qh);
-    const __m512i h1 = mf_q_bcast16_rows2(a->qh + 16, b->qh + 16);
-    for (int c = 0; c < 4; c++) {
-        const __m512i b1 = _mm512_set1_epi8((char)(1 << (2 * c)));
-        const __m512i b2 = _mm512_set1_epi8((char)(1 << (2 * c + 1)));
-        const __m512i v0 = mf_q_bcast16_rows2(a->qs + 32 * c, b->qs + 32 * c);
-        const __m512i v1 = mf_q_bcast16_rows2(a->qs + 32 * c + 16, b->qs + 32 * c + 16);
-#define MF_Q_BIT5(h, bit) _mm512_and_si512(                                                      \
-        _mm512_movm_epi8(_mm512_cmpeq_epi8_mask(_mm512_and_si512(h, bit), bit)), x10)
-        __m512i lo1 = _mm512_or_si512(_mm512_and_si512(v0, m4), MF_Q_BIT5(h0, b1));
-        __m512i hi1 = _mm512_or_si512(_mm512_and_si512(v1, m4), MF_Q_BIT5(h1, b1));
-        __m512i lo2 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(v0, 4), m4),
-                                      MF_Q_BIT5(h0, b2));
-        __m512i hi2 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(v1, 4), m4),
-                                      MF_Q_BIT5(h1, b2));
-#undef MF_Q_BIT5
-        const float *x1 = xb + 64 * c, *x2 = x1 + 32;
-        const __m256 sx1 = mf_q_sum32(x1), sx2 = mf_q_sum32(x2);
-        __m512 t0 = _mm512_fmadd_ps(mf_q_f2(dsa[2 * c], dsb[2 * c]),
-                                    mf_q_u8x32_dot_rows2(lo1, hi1, zero, x1), acc[0]);
-        acc[0] = _mm512_fnmadd_ps(mf_q_f2(dma[2 * c], dmb[2 * c]), mf_q_join_f(sx1, sx1), t0);
-        __m512 t1 = _mm512_fmadd_ps(mf_q_f2(dsa[2 * c + 1], dsb[2 * c + 1]),
-                                    mf_q_u8x32_dot_rows2(lo2, hi2, zero, x2), acc[1]);
-        acc[1] = _mm512_fnmadd_ps(mf_q_f2(dma[2 * c + 1], dmb[2 * c + 1]), mf_q_join_f(sx2, sx2),
-                                  t1);
-    }
-}
-
-static inline void mf_q_fsb_q6_K_rows2(const block_q6_K *a, const block_q6_K *b, const float *xb,
-                                       __m512 acc[2])
-{
-    const __m512i m4 = _mm512_set1_epi8(0x0F), m2 = _mm512_set1_epi8(0x03);
-    const __m512 off = _mm512_set1_ps(32.0f);
-    const float da = mf_q_fp16(a->d), db = mf_q_fp16(b->d);
-    for (int h = 0; h < 2; h++) {
-        const uint8_t *qla = a->ql + 64 * h, *qlb = b->ql + 64 * h;
-        const uint8_t *qha = a->qh + 32 * h, *qhb = b->qh + 32 * h;
-        const __m512i a0 = mf_q_bcast16_rows2(qla, qlb), a1 = mf_q_bcast16_rows2(qla + 16, qlb + 16);
-        const __m512i b0 = mf_q_bcast16_rows2(qla + 32, qlb + 32);
-        const __m512i b1 = mf_q_bcast16_rows2(qla + 48, qlb + 48);
-        const __m512i h0 = mf_q_bcast16_rows2(qha, qhb), h1 = mf_q_bcast16_rows2(qha + 16, qhb + 16);
-#define MF_Q_HI2(hh, sh) _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(hh, sh), m2), 4)
-        __m512i lo[4], hi[4];
-        lo[0] = _mm512_or_si512(_mm512_and_si512(a0, m4), _mm512_slli_epi16(_mm512_and_si512(h0, m2), 4));
-        hi[0] = _mm512_or_si512(_mm512_and_si512(a1, m4), _mm512_slli_epi16(_mm512_and_si512(h1, m2), 4));
-        lo[1] = _mm512_or_si512(_mm512_and_si512(b0, m4), MF_Q_HI2(h0, 2));
-        hi[1] = _mm512_or_si512(_mm512_and_si512(b1, m4), MF_Q_HI2(h1, 2));
-        lo[2] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(a0, 4), m4), MF_Q_HI2(h0, 4));
-        hi[2] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(a1, 4), m4), MF_Q_HI2(h1, 4));
-        lo[3] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(b0, 4), m4), MF_Q_HI2(h0, 6));
-        hi[3] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(b1, 4), m4), MF_Q_HI2(h1, 6));
-#undef MF_Q_HI2
-        for (int k = 0; k < 4; k++) {
-            const int j = 8 * h + 2 * k;         /* sub-blocks j (codes 0..15), j+1 (16..31) */
-            __m512 sa, sb;
-            mf_q_u8x32_dot2_rows2(lo[k], hi[k], off, xb + 128 * h + 32 * k, &sa, &sb);
-            acc[0] = _mm512_fmadd_ps(mf_q_f2(da * (float)a->scales[j], db * (float)b->scales[j]),
-                                     sa, acc[0]);
-            acc[1] = _mm512_fmadd_ps(mf_q_f2(da * (float)a->scales[j + 1],
-                                             db * (float)b->scales[j + 1]), sb, acc[1]);
-        }
-    }
-}
-#endif /* MF_SIMD_AVX512 */
-
 #endif /* MF_Q_AVX2 */
 
 #if !defined(MF_Q_AVX2)
@@ -874,7 +841,9 @@ static inline float mf_dot_q4_K_f32(const void *MF_RESTRICT vw, const float *MF_
 {
     const block_q4_K *w = (const block_q4_K *)vw;   /* [n / 256] */
     const ptrdiff_t nb = n / QK_K;
-#if defined(MF_Q_AVX2)
+#if defined(MF_SIMD_AVX512)
+    MF_Q_FDOT16_K(mf_q_fsb16_q4_K)
+#elif defined(MF_Q_AVX2)
     __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
     for (ptrdiff_t ib = 0; ib < nb; ib++) {
         __m256 sx[8];
@@ -896,7 +865,9 @@ static inline float mf_dot_q5_K_f32(const void *MF_RESTRICT vw, const float *MF_
 {
     const block_q5_K *w = (const block_q5_K *)vw;   /* [n / 256] */
     const ptrdiff_t nb = n / QK_K;
-#if defined(MF_Q_AVX2)
+#if defined(MF_SIMD_AVX512)
+    MF_Q_FDOT16_K(mf_q_fsb16_q5_K)
+#elif defined(MF_Q_AVX2)
     __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
     for (ptrdiff_t ib = 0; ib < nb; ib++) {
         __m256 sx[8];
@@ -918,7 +889,9 @@ static inline float mf_dot_q6_K_f32(const void *MF_RESTRICT vw, const float *MF_
 {
     const block_q6_K *w = (const block_q6_K *)vw;   /* [n / 256] */
     const ptrdiff_t nb = n / QK_K;
-#if defined(MF_Q_AVX2)
+#if defined(MF_SIMD_AVX512)
+    MF_Q_FDOT16_K(mf_q_fsb16_q6_K)
+#elif defined(MF_Q_AVX2)
     __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
     for (ptrdiff_t ib = 0; ib < nb; ib++)
         mf_q_fsb_q6_K(&w[ib], x + ib * QK_K, acc);
@@ -1027,7 +1000,9 @@ MF_DOT4_F32_32(mf_dot4_q8_0_f32, block_q8_0, mf_q_fblk_q8_0, mf_q_fblk16_q8_0, 0
 /* K-quants: super-block by super-block, each row's two accumulators as in its one-row dot
  * (avx512: rows 0 | 1 and 2 | 3 in the halves of 512-bit registers, SB_FN##_rows2). */
 #if defined(MF_SIMD_AVX512)
-#define MF_DOT4_F32_K(NAME, BLOCK, SB_FN)                                                      \
+/* K-quants at avx512: each row's super-blocks as in its one-row dot (MF_Q_FDOT16_K; SB_FN16
+ * the format's mf_q_fsb16_*), x's loads shared by the four rows. */
+#define MF_DOT4_F32_K(NAME, BLOCK, SB_FN, SB_FN16)                                             \
 static inline void NAME(const void *const *vw, const float *MF_RESTRICT x, ptrdiff_t n,       \
                         float *out)                                                            \
 {                                                                                              \
@@ -1035,20 +1010,18 @@ static inline void NAME(const void *const *vw, const float *MF_RESTRICT x, ptrdi
                          (const BLOCK *)vw[3]};                         /* [n / 256] each */   \
     const ptrdiff_t nb = n / QK_K;                                                             \
     const ptrdiff_t pf = mf_q_pf_dist(nb * (ptrdiff_t)sizeof(BLOCK));                          \
-    __m512 acc[2][2];                                                                          \
-    for (int r = 0; r < 2; r++)                                                                \
+    const __m512 T = mf_q_ftab16(0.0f);                                                        \
+    __m512 acc[4][2];                                                                          \
+    for (int r = 0; r < 4; r++)                                                                \
         acc[r][0] = acc[r][1] = _mm512_setzero_ps();                                           \
     for (ptrdiff_t ib = 0; ib < nb; ib++) {                                                    \
         mf_q_prefetch4(w[0], nb * (ptrdiff_t)sizeof(BLOCK), ib * (ptrdiff_t)sizeof(BLOCK),        \
                        (ptrdiff_t)sizeof(BLOCK), pf);                                          \
-        SB_FN##_rows2(&w[0][ib], &w[1][ib], x + ib * QK_K, acc[0]);                            \
-        SB_FN##_rows2(&w[2][ib], &w[3][ib], x + ib * QK_K, acc[1]);                            \
+        for (int r = 0; r < 4; r++)                                                            \
+            SB_FN16(&w[r][ib], x + ib * QK_K, T, acc[r]);                                      \
     }                                                                                          \
-    for (int r = 0; r < 2; r++) {                                                              \
-        const __m512 t = _mm512_add_ps(acc[r][0], acc[r][1]);                                  \
-        out[2 * r] = mf_q_hsum_ps(_mm512_castps512_ps256(t));                                  \
-        out[2 * r + 1] = mf_q_hsum_ps(_mm512_extractf32x8_ps(t, 1));                           \
-    }                                                                                          \
+    for (int r = 0; r < 4; r++)                                                                \
+        out[r] = mf_q_hsum16(acc[r]);                                                          \
 }
 #else
 /* The four rows' super-blocks ib (SB_FN##_rows4 of MF_DOT4_F32_K): each row's SB_FN, the Q4_K /
@@ -1072,7 +1045,7 @@ static inline void mf_q_fsb_q6_K_rows4(const block_q6_K *const w[4], ptrdiff_t i
     for (int r = 0; r < 4; r++)
         mf_q_fsb_q6_K(&w[r][ib], xb, acc[r]);
 }
-#define MF_DOT4_F32_K(NAME, BLOCK, SB_FN)                                                      \
+#define MF_DOT4_F32_K(NAME, BLOCK, SB_FN, SB_FN16)                                             \
 static inline void NAME(const void *const *vw, const float *MF_RESTRICT x, ptrdiff_t n,       \
                         float *out)                                                            \
 {                                                                                              \
@@ -1092,9 +1065,9 @@ static inline void NAME(const void *const *vw, const float *MF_RESTRICT x, ptrdi
         out[r] = mf_q_hsum_ps(_mm256_add_ps(acc[r][0], acc[r][1]));                            \
 }
 #endif
-MF_DOT4_F32_K(mf_dot4_q4_K_f32, block_q4_K, mf_q_fsb_q4_K)
-MF_DOT4_F32_K(mf_dot4_q5_K_f32, block_q5_K, mf_q_fsb_q5_K)
-MF_DOT4_F32_K(mf_dot4_q6_K_f32, block_q6_K, mf_q_fsb_q6_K)
+MF_DOT4_F32_K(mf_dot4_q4_K_f32, block_q4_K, mf_q_fsb_q4_K, mf_q_fsb16_q4_K)
+MF_DOT4_F32_K(mf_dot4_q5_K_f32, block_q5_K, mf_q_fsb_q5_K, mf_q_fsb16_q5_K)
+MF_DOT4_F32_K(mf_dot4_q6_K_f32, block_q6_K, mf_q_fsb_q6_K, mf_q_fsb16_q6_K)
 
 #else /* generic: four one-row dots */
 
