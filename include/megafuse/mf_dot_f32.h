@@ -327,8 +327,8 @@ static inline __m256 mf_q_fblk_q8_0(const block_q8_0 *b, const float *x, __m256 
 /* The avx512 level's float dots of the 32-weight formats: a row's block in 16 lanes.  Weight j
  * of the block (its code c_j) meets x[j] in lane j % 16; per block s = lo * x[0..15] + hi *
  * x[16..31] (lo, hi: the codes of weights 0..15 and 16..31 as floats, c - off), then acc += d *
- * s; Q4_1 / Q5_1 add m * (x[0..15] + x[16..31]) into a second accumulator.  The row's result is
- * mf_q_hsum16(acc + acc_m).  A code becomes its float in one permute of a 16-entry table (the
+ * s; Q5_1 adds m * (x[0..15] + x[16..31]) into a second accumulator (Q4_1: its table holds its
+ * weights, below).  The row's result is mf_q_hsum16(acc[0] + acc[1]).  A code becomes its float in one permute of a 16-entry table (the
  * 4-bit formats: vpermps reads an index's low 4 bits, so a nibble needs no mask), a scale is a
  * load from mf_q_fp16_table that the FMA broadcasts: 7 vector operations a row's block of Q4_0
  * where two rows in the halves of a register (each half avx2's operations) took about 17, most of
@@ -386,13 +386,17 @@ MF_ALWAYS_INLINE void mf_q_fblk16_q4_0(const block_q4_0 *b, const mf_q_fx16 *X, 
     acc[0] = mf_q_fblk16_acc(_mm512_permutexvar_ps(v, T),
                              _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), T), X, b->d, acc[0]);
 }
+/* Q4_1: the block's table holds its weights themselves, d c + m (one FMA, d c exact: GGML's
+ * dequantized values), so a permute gives 16 weights and one FMA a register takes them in:
+ * acc[0] the first 16, acc[1] the last (1.12x the Q4_1 dot's compute ceiling over codes, then
+ * d and m as terms of their own). */
 MF_ALWAYS_INLINE void mf_q_fblk16_q4_1(const block_q4_1 *b, const mf_q_fx16 *X, __m512 T,
                                        __m512 acc[2])
 {
     const __m512i v = mf_q_qs16_epi32(b->qs);
-    acc[0] = mf_q_fblk16_acc(_mm512_permutexvar_ps(v, T),
-                             _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), T), X, b->d, acc[0]);
-    acc[1] = _mm512_fmadd_ps(X->sx, MF_Q_FS16(b->m), acc[1]);
+    const __m512 tw = _mm512_fmadd_ps(T, MF_Q_FS16(b->d), MF_Q_FS16(b->m));
+    acc[0] = _mm512_fmadd_ps(_mm512_permutexvar_ps(v, tw), X->x0, acc[0]);
+    acc[1] = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), tw), X->x1, acc[1]);
 }
 /* Q5_0 / Q5_1: the nibble's float from the table, + 16 where the block's 5th bit is set (bit j of
  * qh for weight j: a mask register, no unpacking). */
