@@ -23,7 +23,7 @@ tokens/s and megafuse / llama.cpp in the same run.
 
 The same file requantized by llama.cpp's own quantizer (llama_model_quantize, in the peer's
 interpreter; cached beside the model) to Q4_K_M, Q6_K and Q8_0 -- the files users download most,
-with llama.cpp's per-tensor choices and fallbacks -- gives pp128 and tg64 rows (int8 mode and
+with llama.cpp's per-tensor choices and fallbacks -- gives pp128 and tg64 rows (both modes, and
 llama.cpp): the whole model's K-quant and Q8_0 paths.  They skip without llama_cpp.
 """
 import os
@@ -235,7 +235,7 @@ def _params():
                                            f"{impl}"))
     for ftype in REQUANTIZED:
         for kind, n, depth in REQUANT_ROWS:
-            for impl in ("megafuse-int8", "llama.cpp"):
+            for impl in ("megafuse-int8", "megafuse-float", "llama.cpp"):
                 out.append(pytest.param(ftype, kind, n, depth, "quiet", impl,
                                         id=f"smollm2-{ftype}-model-{_test_name(kind, n, depth)}-"
                                            f"quiet-{impl}"))
