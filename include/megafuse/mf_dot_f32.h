@@ -281,13 +281,13 @@ static inline __m256 mf_q_nib32_dot0(const uint8_t *q, const float *x)
 /* One 32-weight block against x[0..31]: acc + d * (q . x) (+ m * sum x). */
 static inline __m256 mf_q_fblk_q4_0(const block_q4_0 *b, const float *x, __m256 acc)
 {
-    return _mm256_fmadd_ps(_mm256_set1_ps(mf_q_fp16(b->d)), mf_q_nib32_dot(b->qs, 8.0f, x), acc);
+    return _mm256_fmadd_ps(_mm256_set1_ps(mf_q_fp16_table[b->d]), mf_q_nib32_dot(b->qs, 8.0f, x), acc);
 }
 
 static inline __m256 mf_q_fblk_q4_1(const block_q4_1 *b, const float *x, __m256 acc)
 {
-    __m256 a = _mm256_fmadd_ps(_mm256_set1_ps(mf_q_fp16(b->d)), mf_q_nib32_dot0(b->qs, x), acc);
-    return _mm256_fmadd_ps(_mm256_set1_ps(mf_q_fp16(b->m)), mf_q_sum32(x), a);
+    __m256 a = _mm256_fmadd_ps(_mm256_set1_ps(mf_q_fp16_table[b->d]), mf_q_nib32_dot0(b->qs, x), acc);
+    return _mm256_fmadd_ps(_mm256_set1_ps(mf_q_fp16_table[b->m]), mf_q_sum32(x), a);
 }
 
 static inline __m256 mf_q_fblk_q5_0(const block_q5_0 *b, const float *x, __m256 acc)
@@ -298,7 +298,7 @@ static inline __m256 mf_q_fblk_q5_0(const block_q5_0 *b, const float *x, __m256 
     __m256i lo = _mm256_or_si256(_mm256_and_si256(v, m4), blo);
     __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), m4), bhi);
     __m256 s = mf_q_u8x32_dot(lo, hi, _mm256_set1_ps(16.0f), x);
-    return _mm256_fmadd_ps(_mm256_set1_ps(mf_q_fp16(b->d)), s, acc);
+    return _mm256_fmadd_ps(_mm256_set1_ps(mf_q_fp16_table[b->d]), s, acc);
 }
 
 static inline __m256 mf_q_fblk_q5_1(const block_q5_1 *b, const float *x, __m256 acc)
@@ -308,8 +308,8 @@ static inline __m256 mf_q_fblk_q5_1(const block_q5_1 *b, const float *x, __m256 
     mf_q_bits16x2_x10(b->qh, &blo, &bhi);
     __m256i lo = _mm256_or_si256(_mm256_and_si256(v, m4), blo);
     __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), m4), bhi);
-    __m256 a = _mm256_fmadd_ps(_mm256_set1_ps(mf_q_fp16(b->d)), mf_q_u8x32_dot0(lo, hi, x), acc);
-    return _mm256_fmadd_ps(_mm256_set1_ps(mf_q_fp16(b->m)), mf_q_sum32(x), a);
+    __m256 a = _mm256_fmadd_ps(_mm256_set1_ps(mf_q_fp16_table[b->d]), mf_q_u8x32_dot0(lo, hi, x), acc);
+    return _mm256_fmadd_ps(_mm256_set1_ps(mf_q_fp16_table[b->m]), mf_q_sum32(x), a);
 }
 
 static inline __m256 mf_q_fblk_q8_0(const block_q8_0 *b, const float *x, __m256 acc)
@@ -320,7 +320,7 @@ static inline __m256 mf_q_fblk_q8_0(const block_q8_0 *b, const float *x, __m256 
     for (int k = 1; k < 4; k++)
         s = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
             _mm_loadl_epi64((const __m128i *)(const void *)(q + 8 * k)))), _mm256_loadu_ps(x + 8 * k), s);
-    return _mm256_fmadd_ps(_mm256_set1_ps(mf_q_fp16(b->d)), s, acc);
+    return _mm256_fmadd_ps(_mm256_set1_ps(mf_q_fp16_table[b->d]), s, acc);
 }
 
 #if defined(MF_SIMD_AVX512)
@@ -776,7 +776,7 @@ static inline void mf_q_fsb_q6_K(const block_q6_K *b, const float *xb, __m256 ac
 {
     const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(0x03);
     const __m256 off = _mm256_set1_ps(32.0f);
-    const __m256 d = _mm256_set1_ps(mf_q_fp16(b->d));
+    const __m256 d = _mm256_set1_ps(mf_q_fp16_table[b->d]);
     const __m128i sc8 = _mm_loadu_si128((const __m128i *)(const void *)b->scales);
     MF_ALIGNED(32) float ds[16];      /* d * sc[j]: exact (|sc| <= 128, d an fp16) */
     _mm256_storeu_ps(ds, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc8))));

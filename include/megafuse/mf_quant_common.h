@@ -314,18 +314,19 @@ static inline float mf_q_fp16(mf_fp16_t h)
 #endif
 }
 
-/* mf_q_fp16 of every float16 bit pattern, for the avx512 level's float dots (mf_dot_f32.h): a
- * block's scale is then one 4-byte load, which the FMA using it broadcasts itself ({1to16}),
- * where converting it took three vector operations (vmovd, vcvtph2ps, vbroadcastss) on the
- * shuffle port that the codes' permutes need.  Filled by mf_q_fp16_table_init() when the level's
- * module loads (megafuse/_level.pxi), before any kernel runs; 256 KiB, of which the scales of a
- * model touch a few KiB.  (ggml's CPU backend keeps the same table.) */
-#if defined(MF_SIMD_AVX512)
+/* mf_q_fp16 of every float16 bit pattern, for the float dots of the avx2 and avx512 levels
+ * (mf_dot_f32.h): a block's scale is then one 4-byte load, which vbroadcastss or the FMA using it
+ * ({1to16}) broadcasts from memory, where converting it took three vector operations (vmovd,
+ * vcvtph2ps, vbroadcastss), on the shuffle port at avx512 that the codes' permutes need.  The
+ * same values, so the same bits.  Filled by mf_q_fp16_table_init() when the level's module loads
+ * (megafuse/_level.pxi), before any kernel runs; 256 KiB, of which the scales of a model touch a
+ * few KiB.  (ggml's CPU backend keeps the same table.) */
+#if defined(MF_Q_AVX2)
 static float mf_q_fp16_table[65536];
 #endif
 static inline void mf_q_fp16_table_init(void)
 {
-#if defined(MF_SIMD_AVX512)
+#if defined(MF_Q_AVX2)
     for (uint32_t h = 0; h < 65536u; h++)
         mf_q_fp16_table[h] = mf_q_fp16((mf_fp16_t)h);
 #endif
@@ -380,8 +381,8 @@ static inline void mf_kquant_scales8(const uint8_t *scales /* [12] */, mf_fp16_t
     const __m256i ms = mf_q_k4_scales_mins(scales);                  /* [sc0..sc7 | m0..m7] */
     const __m256 sc = _mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(_mm256_castsi256_si128(ms)));
     const __m256 mn = _mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(_mm256_extracti128_si256(ms, 1)));
-    _mm256_storeu_ps(dsc, _mm256_mul_ps(_mm256_set1_ps(mf_fp16_to_fp32(d16)), sc));
-    _mm256_storeu_ps(dm, _mm256_mul_ps(_mm256_set1_ps(mf_fp16_to_fp32(dmin16)), mn));
+    _mm256_storeu_ps(dsc, _mm256_mul_ps(_mm256_set1_ps(mf_q_fp16_table[d16]), sc));
+    _mm256_storeu_ps(dm, _mm256_mul_ps(_mm256_set1_ps(mf_q_fp16_table[dmin16]), mn));
 }
 #endif
 
