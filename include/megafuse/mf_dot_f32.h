@@ -281,12 +281,14 @@ static inline __m256 mf_q_nib32_dot0(const uint8_t *q, const float *x)
 /* One 32-weight block against x[0..31]: acc + d * (q . x) (+ m * sum x). */
 static inline __m256 mf_q_fblk_q4_0(const block_q4_0 *b, const float *x, __m256 acc)
 {
-    return _mm256_fmadd_ps(_mm256_set1_ps(mf_q_fp16_table[b->d]), mf_q_nib32_dot(b->qs, 8.0f, x), acc);
+    return _mm256_fmadd_ps(_mm256_set1_ps(mf_q_fp16_table[b->d]), mf_q_nib32_dot(b->qs, 8.0f, x),
+                           acc);
 }
 
 static inline __m256 mf_q_fblk_q4_1(const block_q4_1 *b, const float *x, __m256 acc)
 {
-    __m256 a = _mm256_fmadd_ps(_mm256_set1_ps(mf_q_fp16_table[b->d]), mf_q_nib32_dot0(b->qs, x), acc);
+    __m256 a = _mm256_fmadd_ps(_mm256_set1_ps(mf_q_fp16_table[b->d]), mf_q_nib32_dot0(b->qs, x),
+                               acc);
     return _mm256_fmadd_ps(_mm256_set1_ps(mf_q_fp16_table[b->m]), mf_q_sum32(x), a);
 }
 
@@ -308,7 +310,8 @@ static inline __m256 mf_q_fblk_q5_1(const block_q5_1 *b, const float *x, __m256 
     mf_q_bits16x2_x10(b->qh, &blo, &bhi);
     __m256i lo = _mm256_or_si256(_mm256_and_si256(v, m4), blo);
     __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), m4), bhi);
-    __m256 a = _mm256_fmadd_ps(_mm256_set1_ps(mf_q_fp16_table[b->d]), mf_q_u8x32_dot0(lo, hi, x), acc);
+    __m256 a = _mm256_fmadd_ps(_mm256_set1_ps(mf_q_fp16_table[b->d]), mf_q_u8x32_dot0(lo, hi, x),
+                               acc);
     return _mm256_fmadd_ps(_mm256_set1_ps(mf_q_fp16_table[b->m]), mf_q_sum32(x), a);
 }
 
@@ -326,17 +329,18 @@ static inline __m256 mf_q_fblk_q8_0(const block_q8_0 *b, const float *x, __m256 
 #if defined(MF_SIMD_AVX512)
 /* The avx512 level's float dots of the 32-weight formats: a row's block in 16 lanes.  Weight j
  * of the block (its code c_j) meets x[j] in lane j % 16; per block s = lo * x[0..15] + hi *
- * x[16..31] (lo, hi: the codes of weights 0..15 and 16..31 as floats, c - off), then acc += d *
- * s; Q5_1 adds m * (x[0..15] + x[16..31]) into a second accumulator (Q4_1: its table holds its
- * weights, below).  The row's result is mf_q_hsum16(acc[0] + acc[1]).  A code becomes its float in one permute of a 16-entry table (the
- * 4-bit formats: vpermps reads an index's low 4 bits, so a nibble needs no mask), a scale is a
- * load from mf_q_fp16_table that the FMA broadcasts: 7 vector operations a row's block of Q4_0
- * where two rows in the halves of a register (each half avx2's operations) took about 17, most of
- * them on the shuffle port.  A C harness (4-row dots, rows of 2048; GB/s of weights, Intel Xeon
- * VM): 1 thread on 4 MiB of rows (their compute ceiling) Q4_0 8.9 -> 17.2, Q4_1 6.9 -> 15.1, Q5_0
- * 5.7 -> 13.5, Q5_1 5.0 -> 13.3, Q8_0 16.7 -> 28.9; 2 threads on 1440 MiB (DRAM) 17.0 -> 24.4,
- * 12.9 -> 22.8, 11.1 -> 21.2, 9.7 -> 20.2, 23.0 -> 23.8.  The one-row dots and the four-row
- * dots run the same operations for each row: the same bits. */
+ * x[16..31] (lo, hi: the codes of weights 0..15 and 16..31 as floats, c - off), then acc +=
+ * d s; Q5_1 adds m (x[0..15] + x[16..31]) into a second accumulator (Q4_1: its table holds its
+ * weights, below).  The row's result is mf_q_hsum16(acc[0] + acc[1]).  A code becomes its
+ * float in one permute of a 16-entry table (the 4-bit formats: vpermps reads an index's low 4
+ * bits, so a nibble needs no mask), a scale is a load from mf_q_fp16_table that the FMA
+ * broadcasts: 7 vector operations a row's block of Q4_0 where two rows in the halves of a
+ * register (each half avx2's operations) took about 17, most of them on the shuffle port.  A C
+ * harness (4-row dots, rows of 2048; GB/s of weights, Intel Xeon VM): 1 thread on 4 MiB of
+ * rows (their compute ceiling) Q4_0 8.9 -> 17.2, Q4_1 6.9 -> 15.1, Q5_0 5.7 -> 13.5,
+ * Q5_1 5.0 -> 13.3, Q8_0 16.7 -> 28.9; 2 threads on 1440 MiB (DRAM) 17.0 -> 24.4, 12.9 ->
+ * 22.8, 11.1 -> 21.2, 9.7 -> 20.2, 23.0 -> 23.8.  The one-row dots and the four-row dots
+ * run the same operations for each row: the same bits. */
 
 /* A block's activations: x0 = x[0..15], x1 = x[16..31], sx = x0 + x1 (the mins' term). */
 typedef struct {
@@ -474,8 +478,8 @@ MF_ALWAYS_INLINE void mf_q_kscales16(const uint8_t *scales, mf_fp16_t d, mf_fp16
                                                          4, 5, 6, 7));
     const __m128i a = _mm_and_si128(p, _mm_setr_epi8(63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63,
                                                      0, 0, 0, 0));
-    const __m128i b = _mm_and_si128(_mm_srli_epi16(p, 4), _mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0,
-                                                                        0, 0, 0, 0, 15, 15, 15, 15));
+    const __m128i b = _mm_and_si128(_mm_srli_epi16(p, 4), _mm_setr_epi8(
+        0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 15, 15, 15, 15));
     const __m128i c = _mm_srli_epi16(_mm_and_si128(q, _mm_set1_epi8((char)0xC0)), 2);
     const __m128i r = _mm_or_si128(_mm_or_si128(a, b), c);
     const __m512 f = _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(mf_q_fp16_table[d]),
@@ -544,7 +548,8 @@ MF_ALWAYS_INLINE void mf_q_fsb16_q6_K(const block_q6_K *b, const float *xb, __m5
     (void)T;
     const __m128i sc8 = _mm_loadu_si128((const __m128i *)(const void *)b->scales);
     MF_ALIGNED(64) float ds[16];      /* d * sc[j]: exact (|sc| <= 128, d an fp16) */
-    _mm512_store_ps(ds, _mm512_mul_ps(MF_Q_FS16(b->d), _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(sc8))));
+    _mm512_store_ps(ds, _mm512_mul_ps(MF_Q_FS16(b->d),
+                                      _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(sc8))));
     const __m256i x20 = _mm256_set1_epi8(32);
     for (int h = 0; h < 2; h++) {
         __m256i q[4];
