@@ -2,10 +2,14 @@
 
 - `megafuse._kernels`: the Python boundary (validation, one thin def per header function),
   compiled once with the baseline flags.
-- `megafuse._simd_<level>`: the kernels, one module per SIMD level, each the same sources
-  (`megafuse/_level.pxi` and the family files it includes) compiled with its own flags.  On x86-64:
+- `megafuse.kernels.levels.<level>`: the kernels, one module per SIMD level, each the same
+  sources (`megafuse/kernels/levels/level.pxi` and the family files it includes) compiled with
+  its own flags.  On x86-64:
   generic (baseline x86-64), avx2 (AVX2 + FMA + F16C) and avx512 (F/BW/DQ/VL/VNNI + FMA + F16C);
-  elsewhere only generic.  `megafuse/_simd.py` picks one at import from the CPU's features.
+  elsewhere only generic.  `megafuse/kernels/simd.py` picks one at import from the CPU's
+  features.
+- `megafuse.llm._runner`: the boundary of the whole-model step (ModelRunner), compiled once with
+  the baseline flags; it runs the step of the level `megafuse._kernels` has chosen.
 - `megafuse._build_info`: the build configuration (flags, OpenMP, debug, levels) compiled in, for
   `megafuse.show_config()`.  It comes from a header generated in the build directory (never in the
   source tree), so it describes the binaries that are actually imported, installed or in place.
@@ -106,8 +110,8 @@ MACROS = [("NPY_NO_DEPRECATED_API", "NPY_2_0_API_VERSION")]
 # times of the generated C file's sources, so these are listed by hand)
 DEPENDS = sorted(os.path.relpath(p, HERE) for p in
                  glob.glob(os.path.join(HERE, "include", "megafuse", "*.h"))
-                 + glob.glob(os.path.join(HERE, "megafuse", "*.pxi"))
-                 + glob.glob(os.path.join(HERE, "megafuse", "*.pxd")))
+                 + glob.glob(os.path.join(HERE, "megafuse", "**", "*.pxi"), recursive=True)
+                 + glob.glob(os.path.join(HERE, "megafuse", "**", "*.pxd"), recursive=True))
 
 extensions = [
     Extension(
@@ -120,14 +124,22 @@ extensions = [
     )
 ]
 extensions.append(Extension(
+    "megafuse.llm._runner",
+    ["megafuse/llm/_runner.pyx"],
+    depends=DEPENDS,
+    include_dirs=INCLUDE_DIRS,
+    define_macros=MACROS,
+    extra_compile_args=BASE_FLAGS,
+))
+extensions.append(Extension(
     "megafuse._build_info",
     ["megafuse/_build_info.pyx"],
     extra_compile_args=BASE_FLAGS,      # its include dir: BuildExtWithConfig adds it
 ))
 for level, flags in SIMD_LEVELS.items():
     extensions.append(Extension(
-        f"megafuse._simd_{level}",
-        [f"megafuse/_simd_{level}.pyx"],
+        f"megafuse.kernels.levels.{level}",
+        [f"megafuse/kernels/levels/{level}.pyx"],
         depends=DEPENDS,
         include_dirs=INCLUDE_DIRS,
         define_macros=MACROS + [("MF_SIMD_MODULE", level)],

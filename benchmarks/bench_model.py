@@ -13,7 +13,7 @@
   `megafuse-int8-f16kv` row runs megafuse with kv_dtype="float16", llama.cpp's cache type.
 
 The model is SmolLM2-135M-Instruct (Q4_1 layers, Q8_0 tied embedding: the default model,
-megafuse.models.default_model_path(), fetched once), or $MEGAFUSE_BENCH_MODEL.  megafuse runs
+megafuse.llm.fetch.default_model_path(), fetched once), or $MEGAFUSE_BENCH_MODEL.  megafuse runs
 in both activation modes; llama.cpp (llama-cpp-python==0.3.36, which builds llama.cpp from
 source with -march=native, OpenMP and CPU_REPACK) runs in its own process
 (benchmarks/_llama_peer.py) with the interpreter $MEGAFUSE_BENCH_LLAMA_PYTHON (default: this
@@ -58,7 +58,7 @@ def model_path():
     path = os.environ.get("MEGAFUSE_BENCH_MODEL")
     if path:
         return path
-    from megafuse import models
+    from megafuse.llm import fetch as models
     try:
         return models.default_model_path()
     except models.ModelFetchError as exc:

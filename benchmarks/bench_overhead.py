@@ -33,8 +33,8 @@ import numpy as np
 import pytest
 
 import megafuse as mf
-from megafuse._dtype import CKDataType
-from megafuse.model import Model, ModelConfig
+from megafuse.kernels.dtype import CKDataType
+from megafuse.llm.model import Model, ModelConfig
 
 from _config import THREADS
 from _timing import measure

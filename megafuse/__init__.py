@@ -9,10 +9,14 @@ Kernels release the GIL and run on ``get_num_threads()`` OpenMP threads; results
 same for any thread count.  The SIMD level (generic / avx2 / avx512) is chosen at import,
 after a self-test against the generic kernels; ``MEGAFUSE_SIMD`` forces a lower one.
 """
+import importlib as _importlib
+import importlib.abc as _importlib_abc
+import importlib.util as _importlib_util
 import os as _os
+import sys as _sys
 from importlib import metadata as _metadata
 
-from megafuse._dtype import (
+from megafuse.kernels.dtype import (
     CKDataType, CK_DT_FP32, CK_DT_BF16, CK_DT_FP16, CK_DT_INT8, CK_DT_INT4, CK_DT_Q4_0,
     CK_DT_Q4_1, CK_DT_Q4_K, CK_DT_Q6_K, CK_DT_Q8_0, CK_DT_Q8_K, CK_DT_Q5_0, CK_DT_Q5_1,
     CK_DT_Q5_K, CK_DT_COUNT)
@@ -46,15 +50,15 @@ from megafuse._kernels import (
     ck_dtype_row_bytes,
     ck_dtype_supported,
 )
-from megafuse import _selftest
+from megafuse.kernels import selftest as _selftest
 
 # The SIMD level: the best one the CPU runs, once its known-answer self-test against the generic
-# kernels has passed (a RuntimeWarning and the next level down if not: megafuse/_selftest.py).
+# kernels has passed (a RuntimeWarning and the next level down if not: kernels/selftest.py).
 _selftest.select_level()
 
-from megafuse.layer import DecoderLayer, rope_tables  # noqa: E402  (pure Python)
-from megafuse.model import Model, ModelConfig  # noqa: E402  (pure Python)
-from megafuse.memory import empty, zeros, empty_like  # noqa: E402  (2 MiB pages)
+from megafuse.llm.layer import DecoderLayer, rope_tables  # noqa: E402  (pure Python)
+from megafuse.llm.model import Model, ModelConfig  # noqa: E402  (pure Python)
+from megafuse.kernels.memory import empty, zeros, empty_like  # noqa: E402  (2 MiB pages)
 
 
 def _version():
@@ -99,26 +103,56 @@ __all__ = [
     "ck_dtype_row_bytes", "ck_dtype_supported",
     # configuration
     "set_num_threads", "get_num_threads", "simd_level", "get_include", "show_config",
-    # a whole decoder layer (megafuse.layer); GGUF weights: the megafuse.gguf module (lazy)
+    # a whole decoder layer (megafuse.llm.layer); GGUF weights: the megafuse.llm.gguf module (lazy)
     "DecoderLayer", "rope_tables",
-    # a whole GGUF model, tokens in and logits / text out (megafuse.model, megafuse.sampling)
+    # a whole GGUF model, tokens in and logits / text out (megafuse.llm.model, .sampling)
     "Model", "ModelConfig",
-    # text <-> token ids from a GGUF vocabulary (megafuse.tokenizer, imported on first use)
+    # text <-> token ids from a GGUF vocabulary (megafuse.llm.tokenizer, imported on first use)
     "Tokenizer",
-    # arrays on 2 MiB pages for weights and caches (megafuse.memory)
+    # arrays on 2 MiB pages for weights and caches (megafuse.kernels.memory)
     "empty", "zeros", "empty_like",
 ]
 
 
+# Module paths from before the subpackages (docs/contract.md §1): ``import megafuse.gguf`` gives
+# the module object of megafuse.llm.gguf itself, not a copy.
+_MODULE_ALIASES = {
+    "gguf": "megafuse.llm.gguf", "tokenizer": "megafuse.llm.tokenizer",
+    "sampling": "megafuse.llm.sampling", "models": "megafuse.llm.fetch",
+    "model": "megafuse.llm.model", "layer": "megafuse.llm.layer",
+    "memory": "megafuse.kernels.memory",
+}
+
+
+class _AliasImporter(_importlib_abc.MetaPathFinder, _importlib_abc.Loader):
+    """Finds ``megafuse.<old name>`` and hands out the module it now lives in."""
+
+    def find_spec(self, fullname, path=None, target=None):
+        prefix, _, name = fullname.partition(".")
+        if prefix == "megafuse" and name in _MODULE_ALIASES:
+            return _importlib_util.spec_from_loader(fullname, self)
+        return None
+
+    def create_module(self, spec):
+        return _importlib.import_module(_MODULE_ALIASES[spec.name.partition(".")[2]])
+
+    def exec_module(self, module):
+        pass                                # the module it stands for is already executed
+
+
+if not any(isinstance(f, _AliasImporter) for f in _sys.meta_path):
+    _sys.meta_path.append(_AliasImporter())
+
+
 def __getattr__(name):
-    """``megafuse.gguf``, ``megafuse.models`` and ``megafuse.Tokenizer`` are imported on first
-    use (the optional ``tokenizers`` and ``jinja2`` packages are needed only by the tokenizer;
-    GGUF files are read by megafuse.gguf itself, without the ``gguf`` package)."""
-    import importlib
-    if name in ("gguf", "models", "tokenizer"):
-        return importlib.import_module(f"megafuse.{name}")
+    """The old module paths (``megafuse.gguf``, ``megafuse.models``, ...) and
+    ``megafuse.Tokenizer`` are imported on first use (the optional ``tokenizers`` and ``jinja2``
+    packages are needed only by the tokenizer; GGUF files are read by megafuse.llm.gguf itself,
+    without the ``gguf`` package)."""
+    if name in _MODULE_ALIASES:
+        return _importlib.import_module(f"megafuse.{name}")
     if name == "Tokenizer":
-        return importlib.import_module("megafuse.tokenizer").Tokenizer
+        return _importlib.import_module("megafuse.llm.tokenizer").Tokenizer
     raise AttributeError(f"module 'megafuse' has no attribute {name!r}")
 
 
@@ -136,7 +170,7 @@ def show_config(file=None):
     """Print (and return as a dict) how this megafuse was built and what it runs with."""
     import sys
 
-    from megafuse import _simd
+    from megafuse.kernels import simd as _simd
     try:
         from megafuse._build_info import BUILD_CONFIG
     except ImportError:  # built by something other than setup.py

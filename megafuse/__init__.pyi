@@ -9,22 +9,22 @@ from typing import (IO, Any, Dict, Literal, Optional, Sequence, SupportsIndex, T
 import numpy as np
 import numpy.typing as npt
 
-from megafuse import gguf as gguf
-from megafuse import layer as layer
-from megafuse._dtype import CKDataType as CKDataType
-from megafuse.layer import DecoderLayer as DecoderLayer
-from megafuse.layer import rope_tables as rope_tables
-from megafuse import model as model
-from megafuse import sampling as sampling
-from megafuse.model import Model as Model
-from megafuse.model import ModelConfig as ModelConfig
-from megafuse import memory as memory
-from megafuse import models as models
-from megafuse import tokenizer as tokenizer
-from megafuse.tokenizer import Tokenizer as Tokenizer
-from megafuse.memory import empty as empty
-from megafuse.memory import empty_like as empty_like
-from megafuse.memory import zeros as zeros
+from megafuse.llm import gguf as gguf
+from megafuse.llm import layer as layer
+from megafuse.kernels.dtype import CKDataType as CKDataType
+from megafuse.llm.layer import DecoderLayer as DecoderLayer
+from megafuse.llm.layer import rope_tables as rope_tables
+from megafuse.llm import model as model
+from megafuse.llm import sampling as sampling
+from megafuse.llm.model import Model as Model
+from megafuse.llm.model import ModelConfig as ModelConfig
+from megafuse.kernels import memory as memory
+from megafuse.llm import fetch as models  # noqa: F401 -- megafuse.models is megafuse.llm.fetch
+from megafuse.llm import tokenizer as tokenizer
+from megafuse.llm.tokenizer import Tokenizer as Tokenizer
+from megafuse.kernels.memory import empty as empty
+from megafuse.kernels.memory import empty_like as empty_like
+from megafuse.kernels.memory import zeros as zeros
 
 _F32: TypeAlias = npt.NDArray[np.float32]
 _Array: TypeAlias = npt.NDArray[Any]                  # a weight in its format, or any-dtype scratch
@@ -53,13 +53,13 @@ __all__ = [
     "ck_dtype_row_bytes", "ck_dtype_supported",
     # configuration
     "set_num_threads", "get_num_threads", "simd_level", "get_include", "show_config",
-    # a whole decoder layer (megafuse.layer); GGUF weights: the megafuse.gguf module (lazy)
+    # a whole decoder layer (megafuse.llm.layer); GGUF weights: the megafuse.llm.gguf module (lazy)
     "DecoderLayer", "rope_tables",
-    # a whole GGUF model, tokens in and logits / text out (megafuse.model, megafuse.sampling)
+    # a whole GGUF model, tokens in and logits / text out (megafuse.llm.model, .sampling)
     "Model", "ModelConfig",
-    # text <-> token ids from a GGUF vocabulary (megafuse.tokenizer, imported on first use)
+    # text <-> token ids from a GGUF vocabulary (megafuse.llm.tokenizer, imported on first use)
     "Tokenizer",
-    # arrays on 2 MiB pages for weights and caches (megafuse.memory)
+    # arrays on 2 MiB pages for weights and caches (megafuse.kernels.memory)
     "empty", "zeros", "empty_like",
 ]
 

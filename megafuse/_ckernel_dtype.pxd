@@ -1,6 +1,6 @@
 # include/megafuse/ckernel_dtype.h for Cython: the CKDataType enum, its mask and its helpers, as
 # the header spells them (one declaration, cimported by the boundary and by the kernels; the
-# Python IntEnum megafuse.CKDataType lives in megafuse/_dtype.py and is checked against these
+# Python IntEnum megafuse.CKDataType lives in megafuse/kernels/dtype.py and is checked against these
 # values when megafuse._kernels is imported).
 #
 # The helpers take a CKDataType in C; they are declared here with an int parameter because the

@@ -11,7 +11,7 @@
 # the same names.  The scratch-size functions return SIZE_MAX (an allocation that fails) for a
 # dimension <= 0 or a scratch that does not fit 64-bit sizes, where the Python helpers raise.
 # c_mega_fuse_report_stats takes the GIL to print to sys.stdout.
-# (megafuse/_kernels_capi.pxi holds the definitions.)
+# (megafuse/kernels/capi.pxi holds the definitions.)
 
 from megafuse._ckernel_dtype cimport CKDataType
 

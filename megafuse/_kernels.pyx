@@ -3,25 +3,25 @@
 #
 # Each def checks every argument (docs/contract.md §5) before anything is written, then releases
 # the GIL once and calls a kernel of the SIMD level chosen at import through its KernelTable
-# (megafuse/_kernel_table.pxd).  Kernels cannot fail; every failure is an exception raised here.
+# (kernels/kernel_table.pxd).  Kernels cannot fail; every failure is an exception raised here.
 #
 # This file holds the level loading and the defs; the rest of the boundary is in files of one
 # role each, included below:
-#   _kernels_dtype.pxi     CKDataType arguments, storage dtypes, the ckernel_dtype.h helpers
-#   _kernels_checks.pxi    the checks every def shares (scalars, arrays, weights, scratch, ...)
-#   _kernels_threads.pxi   the thread count and the attention tiles
-#   _kernels_format.pxi    quantize / dequantize and the format layer's test hooks
-#   _kernels_capi.pxi      the C API: c_<name> of megafuse/_kernels.pxd
+#   kernels/dtype_args.pxi     CKDataType arguments, storage dtypes, the ckernel_dtype.h helpers
+#   kernels/checks.pxi    the checks every def shares (scalars, arrays, weights, scratch, ...)
+#   kernels/threads.pxi   the thread count and the attention tiles
+#   kernels/formats.pxi    quantize / dequantize and the format layer's test hooks
+#   kernels/capi.pxi      the C API: c_<name> of megafuse/_kernels.pxd
 #
 # Dimension letters: E = embed_dim, Ea = aligned_embed_dim, D = head_dim, Da = aligned_head_dim,
 # H = num_heads, G = num_kv_heads, T = tokens, C = cache_capacity, I / Ia = (aligned)
 # intermediate_dim.
 
 cimport numpy as cnp
-from cpython.pycapsule cimport PyCapsule_GetPointer
+from cpython.pycapsule cimport PyCapsule_GetPointer, PyCapsule_New
 from cpython.pyport cimport PY_SSIZE_T_MAX
 from libc.stdint cimport SIZE_MAX
-from libc.stdlib cimport calloc, malloc, free
+from libc.stdlib cimport malloc, free
 from libc.math cimport NAN
 
 import importlib
@@ -30,18 +30,18 @@ import sys
 
 import numpy as np
 
-from megafuse import _simd
-from megafuse._kernel_table cimport (
-    KernelTable, KERNEL_TABLE_VERSION, MF_ATT_MAX_KV_TILE, MF_MAX_Q_TILE,
+from megafuse.kernels import simd as _simd
+from megafuse.kernels.kernel_table cimport (
+    KernelTable, KERNEL_TABLE_VERSION, MF_ATT_MAX_KV_TILE, MF_MAX_Q_TILE, mf_boundary,
     mega_fused_attention_prefill_fn, mega_fused_outproj_mlp_prefill_fn, mega_fused_mlp_prefill_fn)
 from megafuse._ckernel_dtype cimport CKDataType
-from megafuse cimport _mf_scratch as scr
+from megafuse.kernels cimport mf_scratch as scr
 
 cnp.import_array()
 
-include "_kernels_dtype.pxi"
-include "_kernels_checks.pxi"
-include "_kernels_threads.pxi"
+include "kernels/dtype_args.pxi"
+include "kernels/checks.pxi"
+include "kernels/threads.pxi"
 
 
 # --------------------------------------------------------------------------------------------
@@ -53,20 +53,21 @@ _level_module = None
 
 
 def _load_level(str level):
-    """Point the boundary at the kernels of `level` (one of megafuse._simd.LEVELS)."""
+    """Point the boundary at the kernels of `level` (one of megafuse.kernels.simd.LEVELS)."""
     global _K, _level_module
-    module = importlib.import_module(f"megafuse._simd_{level}")
+    module = importlib.import_module(f"megafuse.kernels.levels.{level}")
     cdef const KernelTable *table = <const KernelTable *>PyCapsule_GetPointer(
         module.kernel_table(), b"megafuse.KernelTable")
     if table.version != KERNEL_TABLE_VERSION:
-        raise ImportError(f"megafuse._simd_{level}: kernel table version {table.version}, "
+        raise ImportError(f"megafuse.kernels.levels.{level}: kernel table version {table.version}, "
                           f"expected {KERNEL_TABLE_VERSION} (a stale build: reinstall megafuse)")
     _K = table
     _level_module = module
 
 
-# The generic kernels until megafuse._selftest.select_level() -- called by megafuse/__init__.py as
-# soon as this module is complete -- has proven the best level against them and loads it.
+# The generic kernels until megafuse.kernels.selftest.select_level() -- called by
+# megafuse/__init__.py as soon as this module is complete -- has proven the best level against
+# them and loads it.
 _load_level("generic")
 
 
@@ -86,7 +87,7 @@ def mega_fuse_get_optimal_tiles(head_dim):
     attention kernels use exactly these tiles.  The C header writes them through two int
     pointers; here they are the return value (docs/contract.md §1).
 
-    Kernel: none; the formula is megafuse/_kernels_threads.pxi (_tiles_from_cache_sizes).
+    Kernel: none; the formula is megafuse/kernels/threads.pxi (_tiles_from_cache_sizes).
     """
     head_dim = _int_arg(head_dim, "head_dim")
     _positive(head_dim, "head_dim")
@@ -192,7 +193,7 @@ def mega_fused_attention_decode(output, input, residual, ln1_gamma, wq, bq, wk, 
     residual, biases and the rope tables (both or neither) may be None.  output may be input or
     residual itself.  Query head h reads kv head h // (H // G).
 
-    Kernel: megafuse/_decode.pxi (mega_fused_attention_decode_workspace_kernel, on workspaces
+    Kernel: kernels/levels/decode.pxi (mega_fused_attention_decode_workspace_kernel, on workspaces
     allocated here), include/megafuse/mf_attention.h.
     """
     pos = _int_arg(pos, "pos")
@@ -231,7 +232,7 @@ def mega_fused_attention_decode_workspace(output, input, residual, ln1_gamma, wq
     caller vouches for: each must cover what the kernel needs and fit inside its array.
     The result is bitwise that of mega_fused_attention_decode.
 
-    Kernel: megafuse/_decode.pxi (mega_fused_attention_decode_workspace_kernel),
+    Kernel: megafuse/kernels/levels/decode.pxi (mega_fused_attention_decode_workspace_kernel),
     include/megafuse/mf_attention.h.
     """
     pos = _int_arg(pos, "pos")
@@ -333,7 +334,7 @@ def mega_fuse_rmsnorm_qkv(q_out, k_out, v_out, input, gamma, W_qkv, b_qkv, hidde
     k_out [G*D], v_out [G*D].  W_qkv is [(H+2G)*D, hidden] (q rows, then k, then v), b_qkv
     [(H+2G)*D] or None; no padding anywhere.
 
-    Kernel: megafuse/_norm_qkv_rope.pxi (mega_fuse_rmsnorm_qkv_kernel),
+    Kernel: megafuse/kernels/levels/norm_qkv_rope.pxi (mega_fuse_rmsnorm_qkv_kernel),
     include/megafuse/mf_simd.h.
     """
     hidden = _int_arg(hidden, "hidden")
@@ -351,7 +352,7 @@ def mega_fuse_rmsnorm_qkv_rope(q_out, k_out, v_out, input, gamma, W_qkv, b_qkv, 
     (0 <= pos < max_seq; rope_cos / rope_sin [max_seq, D/2] -- at least max_seq rows, whatever
     pos is -- or both None: no rotation).
 
-    Kernel: megafuse/_norm_qkv_rope.pxi (mega_fuse_rmsnorm_qkv_rope_kernel),
+    Kernel: megafuse/kernels/levels/norm_qkv_rope.pxi (mega_fuse_rmsnorm_qkv_rope_kernel),
     include/megafuse/mf_simd.h.
     """
     pos = _int_arg(pos, "pos")
@@ -521,7 +522,7 @@ def mega_fused_attention_prefill(output, input, residual, ln1_gamma, wq, bq, wq_
     scratch: any writeable array of at least mega_fused_attention_prefill_scratch_size(...)
     bytes.  output may be input or residual itself.
 
-    Kernel: megafuse/_prefill.pxi (mega_fused_attention_prefill_kernel),
+    Kernel: megafuse/kernels/levels/prefill.pxi (mega_fused_attention_prefill_kernel),
     include/megafuse/mf_gemm.h, include/megafuse/mf_attention.h.
     """
     _prefill(output, input, residual, ln1_gamma, wq, bq, wq_dt, wk, bk, wk_dt, wv, bv, wv_dt,
@@ -544,7 +545,7 @@ def mega_fused_attention_prefill_q8_0(output, input, residual, ln1_gamma, wq, bq
     products (GGML's vec_dot scheme); FP32/FP16/BF16 weights stay float.  Same layouts;
     scratch: mega_fused_attention_prefill_q8_0_scratch_size(...) bytes.
 
-    Kernel: megafuse/_prefill.pxi (mega_fused_attention_prefill_q8_0_kernel),
+    Kernel: megafuse/kernels/levels/prefill.pxi (mega_fused_attention_prefill_q8_0_kernel),
     include/megafuse/mf_quant.h, include/megafuse/mf_attention.h.
     """
     _prefill(output, input, residual, ln1_gamma, wq, bq, wq_dt, wk, bk, wk_dt, wv, bv, wv_dt,
@@ -706,7 +707,7 @@ def mega_fused_outproj_mlp_prefill(output, attn_out, residual, ln2_gamma, wo, bo
     residual and biases may be None; output may be residual itself.  scratch:
     mega_fused_outproj_mlp_prefill_scratch_size(...) bytes.
 
-    Kernel: megafuse/_mlp.pxi (mega_fused_outproj_mlp_prefill_kernel),
+    Kernel: megafuse/kernels/levels/mlp.pxi (mega_fused_outproj_mlp_prefill_kernel),
     include/megafuse/mf_quant.h, include/megafuse/mf_gemm.h.
     """
     _mlp(output, attn_out, None, residual, ln2_gamma, wo, bo, wo_dt, w1, b1, w1_dt, w2, b2,
@@ -723,7 +724,7 @@ def mega_fused_mlp_prefill(output, input, residual, ln2_gamma, w1, b1, w1_dt, w2
     whole layer is mega_fused_attention_prefill (or _decode) followed by this, usually with
     residual = input = output.  scratch: mega_fused_mlp_prefill_scratch_size(...) bytes.
 
-    Kernel: megafuse/_mlp.pxi (mega_fused_mlp_prefill_kernel), include/megafuse/mf_quant.h,
+    Kernel: kernels/levels/mlp.pxi (mega_fused_mlp_prefill_kernel), include/megafuse/mf_quant.h,
     include/megafuse/mf_gemm.h.
     """
     _mlp(output, None, input, residual, ln2_gamma, None, None, 0, w1, b1, w1_dt, w2, b2, w2_dt,
@@ -743,7 +744,7 @@ def mega_fused_outproj_mlp_prefill_f32(output, attn_out, residual, ln2_gamma, wo
     mega_fused_attention_prefill does, so the result matches a float reference on the
     dequantized weights.  The quantized regions of the scratch are not touched.
 
-    Kernel: megafuse/_mlp.pxi (mega_fused_outproj_mlp_prefill_f32_kernel),
+    Kernel: megafuse/kernels/levels/mlp.pxi (mega_fused_outproj_mlp_prefill_f32_kernel),
     include/megafuse/mf_gemm.h, include/megafuse/mf_quant.h.
     """
     _mlp(output, attn_out, None, residual, ln2_gamma, wo, bo, wo_dt, w1, b1, w1_dt, w2, b2,
@@ -759,7 +760,7 @@ def mega_fused_mlp_prefill_f32(output, input, residual, ln2_gamma, w1, b1, w1_dt
     projection on float32 activations (block-format weights dequantized as they are read).  A
     layer of float activations is mega_fused_attention_prefill followed by this.
 
-    Kernel: megafuse/_mlp.pxi (mega_fused_mlp_prefill_f32_kernel), include/megafuse/mf_gemm.h,
+    Kernel: kernels/levels/mlp.pxi (mega_fused_mlp_prefill_f32_kernel), include/megafuse/mf_gemm.h,
     include/megafuse/mf_quant.h.
     """
     _mlp(output, None, input, residual, ln2_gamma, None, None, 0, w1, b1, w1_dt, w2, b2, w2_dt,
@@ -825,12 +826,20 @@ def mega_fuse_report_stats(hidden, num_layers, seq_len):
 # The format API and the C API
 # --------------------------------------------------------------------------------------------
 
-include "_kernels_format.pxi"
-include "_kernels_capi.pxi"
+include "kernels/formats.pxi"
+include "kernels/capi.pxi"
 
 
 # --------------------------------------------------------------------------------------------
-# The whole-model step (megafuse.Model, megafuse.DecoderLayer)
+# For megafuse's other compiled modules: the level in use and the thread count
 # --------------------------------------------------------------------------------------------
 
-include "_model_api.pxi"
+cdef mf_boundary _BOUNDARY
+_BOUNDARY.table = &_K
+_BOUNDARY.num_threads = &_num_threads
+
+
+def _boundary_capsule():
+    """A capsule ("megafuse.boundary") of an mf_boundary (megafuse/kernels/kernel_table.pxd):
+    the model runner (megafuse/llm/_runner.pyx) reads the level and the thread count through it."""
+    return PyCapsule_New(<void *>&_BOUNDARY, b"megafuse.boundary", NULL)

@@ -19,7 +19,7 @@ Conventions (the same for every function):
 * Validation (docs/contract.md §5) is NOT done here: the only ``assert``s are there to make a
   mistake in a test obvious.
 
-This module imports NumPy, the standard library and, of megafuse, only ``megafuse._dtype``
+This module imports NumPy, the standard library and, of megafuse, only ``megafuse.kernels.dtype``
 (the one definition of ``CKDataType``, plain Python): none of its math comes from the compiled
 modules.
 
@@ -38,7 +38,7 @@ import sys
 
 import numpy as np
 
-from megafuse._dtype import CKDataType, kv_cache_dtype
+from megafuse.kernels.dtype import CKDataType, kv_cache_dtype
 
 DT = CKDataType
 

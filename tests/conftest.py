@@ -5,7 +5,8 @@ import os
 import pytest
 
 import megafuse
-from megafuse import _kernels, _simd
+from megafuse import _kernels
+from megafuse.kernels import simd as _simd
 
 SUPPORTED_LEVELS = _simd.supported_levels()
 
@@ -35,10 +36,10 @@ def threads():
 @pytest.fixture(scope="session")
 def smollm2_path():
     """The default model (SmolLM2-135M-Instruct, Q4_1), fetched once into the user cache
-    (megafuse.models; reused by later runs and by .ci/run's fresh venvs).  If it cannot be
+    (megafuse.llm.fetch; reused by later runs and by .ci/run's fresh venvs).  If it cannot be
     fetched the test is skipped with the reason, unless MEGAFUSE_REQUIRE_MODEL=1, where it
     fails."""
-    from megafuse import models
+    from megafuse.llm import fetch as models
     try:
         return models.default_model_path()
     except models.ModelFetchError as exc:

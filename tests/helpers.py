@@ -1,11 +1,17 @@
 """Shared test helpers: the tolerance table, the error measure, the weight formats, and builders
 of layer cases.  Every test file takes these from here (one vocabulary, one definition each)."""
 import dataclasses
+import os
 
 import numpy as np
 
 import megafuse
 from megafuse.reference import rel_err  # noqa: F401  (the one error measure: see its docstring)
+
+# Where things are: this folder (tests/), its data, the repository
+TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
+DATA_DIR = os.path.join(TESTS_DIR, "data")
+ROOT = os.path.dirname(TESTS_DIR)
 
 # Named tolerances (max |got - want| / max |want|), docs/contract.md §4 and the issues.
 TOL = {

@@ -2,7 +2,7 @@
  * mf_model.h -- a whole decoder-only model (llama / qwen2 layout) as the native step sees it:
  * pointers to every weight, each in its own format, the KV caches, the RoPE tables; and the
  * layout of the step's scratch.  Filled and validated once by the Python boundary
- * (megafuse/_model_api.pxi), run by the step kernel (megafuse/_model_step.pxi).
+ * (megafuse/llm/_runner.pyx), run by the step kernel (megafuse/kernels/levels/model_step.pxi).
  *
  * Dimension letters: L = layers, E = embed dim, H / G = query / kv heads, D = head dim,
  * F = intermediate (FFN) dim (I in the layer kernels; here a field, and I is a macro of
@@ -102,7 +102,7 @@ static inline mf_step_scratch mf_step_scratch_layout(size_t E, size_t HD, size_t
 }
 
 /*
- * A step in flight (megafuse/_model_step.pxi): the model, its scratch, and the phases of the step
+ * A step in flight (kernels/levels/model_step.pxi): the model, its scratch, and the phases of the step
  * being run.  Owned by the boundary (one per model, allocated once), filled by the step kernel;
  * it is the context every thread of the team reads.
  */
@@ -115,7 +115,7 @@ typedef struct {
 } mf_lane;
 
 typedef struct {
-    int kind;                        /* what the chunks of this phase do (_model_step.pxi) */
+    int kind;                        /* what the chunks of this phase do (levels/model_step.pxi) */
     int layer;                       /* the layer it belongs to, or -1 */
     uint32_t base;                   /* global number of its first chunk */
     uint32_t n;                      /* its chunks */

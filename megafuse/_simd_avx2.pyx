@@ -1,2 +1,0 @@
-# The kernels compiled for AVX2 + FMA + F16C (setup.py gives the flags).
-include "_level.pxi"

@@ -1,2 +1,0 @@
-# The kernels compiled for the portable baseline of the architecture (setup.py gives the flags).
-include "_level.pxi"

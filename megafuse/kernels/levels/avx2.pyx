@@ -1,0 +1,2 @@
+# The kernels compiled for AVX2 + FMA + F16C (setup.py gives the flags).
+include "level.pxi"

@@ -1,0 +1,862 @@
+"""megafuse.llm.gguf: reading llama.cpp GGUF files, and the weights of one decoder layer.
+
+``GGUFFile(path)`` is megafuse's own reader (no dependency): the header is parsed with
+``struct`` over one read-only mmap of the file (a 49,152-token vocabulary and its merges in about
+0.1 s), and every tensor is a read-only NumPy view of that mmap -- no copy.  A truncated or
+corrupt file is a ValueError naming the file and what is wrong; a big-endian file is a
+NotImplementedError.  Every function here also takes a ``gguf.GGUFReader`` (the ``gguf``
+package, which megafuse's tests use to write files).
+
+Layers of llama- and qwen2-architecture files come in their GGML format, mapped to
+``megafuse.CKDataType``:
+
+    F32 -> FP32, F16 -> FP16, BF16 -> BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K
+
+A layer tensor of any other type (Q2_K, Q3_K, the IQ formats, ...) is a NotImplementedError
+naming the tensor and its type.  Three things are copies:
+
+* ``w1``: megafuse takes the gate and the up projection as one [2*I, E] matrix (gate rows, then
+  up rows), so ``blk.N.ffn_gate`` and ``blk.N.ffn_up`` are concatenated row-wise (for block
+  formats, rows of bytes).  If the two are stored in different formats, both are converted to
+  the one with more bits per weight (the gate's on a tie): the other is dequantized and
+  requantized with megafuse.quantize (exact when it is a float format; otherwise a small extra
+  rounding of that half of w1).
+* llama's ``attn_q`` / ``attn_k`` (and their biases): llama.cpp's converter
+  (``convert_hf_to_gguf.py``, ``LlamaModel.permute``) reorders each head's rows from the
+  rotate-half pairs (i, i + D/2) of HF transformers to the interleaved pairs (2i, 2i + 1) that
+  GGML's "normal" RoPE wants.  megafuse's RoPE is rotate-half, so the rows are put back (row
+  2i -> i, 2i+1 -> i + D/2 within each head; whole rows of bytes for block formats).  qwen2
+  files use GGML's NEOX RoPE, which is rotate-half already: nothing is permuted.
+* norm weights and biases stored in F16 / BF16 are converted to float32.
+
+Hyper-parameters come from the metadata: ``{arch}.embedding_length``,
+``.attention.head_count``, ``.attention.head_count_kv`` (default: head_count),
+``.attention.layer_norm_rms_epsilon``, ``.rope.freq_base`` (default 10000),
+``.feed_forward_length``, ``.attention.key_length`` (default embedding_length / head_count),
+``.context_length``; Llama 3's ``rope_freqs.weight`` tensor and linear RoPE scaling are applied
+to the RoPE tables; other RoPE scalings (YaRN, ...) and partial rotary dimensions are
+NotImplementedError.  Each is checked as it is read: an integer where an integer is expected
+(a dimension >= 1; head counts and feed_forward_length may be one value per layer, as
+llama.cpp allows), a finite number > 0 for the epsilon and the RoPE base and factor; any other
+value is a ValueError naming the key.
+
+    layer = megafuse.DecoderLayer.from_gguf("qwen2.5-0.5b-instruct-q8_0.gguf", layer_index=0)
+"""
+from __future__ import annotations
+
+import enum
+import math
+import mmap
+import os
+import struct
+from typing import Any, Dict, List, NamedTuple, Optional, Tuple, Union
+
+import numpy as np
+import numpy.typing as npt
+
+import megafuse as _mf   # the compiled helpers (megafuse is initialised before this module)
+from megafuse.kernels.dtype import CKDataType
+from megafuse.llm.metadata_values import describe as _describe, is_int as _is_int, \
+    is_number as _is_number
+
+#: The architectures this module reads, and whether llama.cpp permuted their q/k rows.
+ARCHITECTURES: Dict[str, bool] = {"llama": True, "qwen2": False}
+
+#: GGML type name -> megafuse weight format.
+GGML_TO_CK: Dict[str, CKDataType] = {
+    "F32": CKDataType.FP32, "F16": CKDataType.FP16, "BF16": CKDataType.BF16,
+    "Q4_0": CKDataType.Q4_0, "Q4_1": CKDataType.Q4_1, "Q5_0": CKDataType.Q5_0,
+    "Q5_1": CKDataType.Q5_1, "Q8_0": CKDataType.Q8_0, "Q4_K": CKDataType.Q4_K,
+    "Q5_K": CKDataType.Q5_K, "Q6_K": CKDataType.Q6_K,
+}
+
+#: Bits per weight of each format (from ckernel_dtype.h's block sizes and byte counts): decides
+#: the common format of a mixed gate / up pair.
+BITS_PER_WEIGHT: Dict[CKDataType, float] = {
+    dt: _mf.ck_dtype_block_bytes(dt) * 8 / _mf.ck_dtype_block_size(dt)
+    for dt in GGML_TO_CK.values()
+}
+
+PathOrReader = Union[str, "os.PathLike[str]", "GGUFFile", Any]
+
+
+# ---- the file format ----------------------------------------------------------------------------
+#
+# A GGUF file (versions 2 and 3; llama.cpp's ggml/src/gguf.cpp and docs/gguf.md), little-endian:
+#
+#   "GGUF"  u32 version  u64 tensor_count  u64 kv_count
+#   kv_count key / values:    string key, u32 value type, value
+#   tensor_count infos:       string name, u32 n_dims, u64 dims[n_dims] (GGML order: columns
+#                             first), u32 GGML type, u64 offset (from the start of the data)
+#   padding to `general.alignment` (u32, default 32), then the tensor data: each tensor's
+#                             right after the one before, padded to the alignment (the first
+#                             at offset 0), as llama.cpp's reader requires
+#
+# A string is u64 length + UTF-8 bytes (no terminator); an array is u32 item type, u64 count,
+# the items (arrays of arrays are refused, as llama.cpp refuses them).
+
+GGUF_MAGIC = b"GGUF"
+GGUF_VERSIONS = (2, 3)
+GGUF_DEFAULT_ALIGNMENT = 32
+GGML_MAX_DIMS = 4
+
+
+class GGUFValueType(enum.IntEnum):
+    """The type of a metadata value (gguf's GGUFValueType, llama.cpp's gguf_type)."""
+    UINT8 = 0
+    INT8 = 1
+    UINT16 = 2
+    INT16 = 3
+    UINT32 = 4
+    INT32 = 5
+    FLOAT32 = 6
+    BOOL = 7
+    STRING = 8
+    ARRAY = 9
+    UINT64 = 10
+    INT64 = 11
+    FLOAT64 = 12
+
+
+class GGMLType(enum.IntEnum):
+    """The storage type of a tensor (gguf's GGMLQuantizationType, llama.cpp's ggml_type)."""
+    F32 = 0
+    F16 = 1
+    Q4_0 = 2
+    Q4_1 = 3
+    Q5_0 = 6
+    Q5_1 = 7
+    Q8_0 = 8
+    Q8_1 = 9
+    Q2_K = 10
+    Q3_K = 11
+    Q4_K = 12
+    Q5_K = 13
+    Q6_K = 14
+    Q8_K = 15
+    IQ2_XXS = 16
+    IQ2_XS = 17
+    IQ3_XXS = 18
+    IQ1_S = 19
+    IQ4_NL = 20
+    IQ3_S = 21
+    IQ2_S = 22
+    IQ4_XS = 23
+    I8 = 24
+    I16 = 25
+    I32 = 26
+    I64 = 27
+    F64 = 28
+    IQ1_M = 29
+    BF16 = 30
+    TQ1_0 = 34
+    TQ2_0 = 35
+    MXFP4 = 39
+    NVFP4 = 40
+    Q1_0 = 41
+
+
+#: GGML type -> (values per block, bytes per block)
+GGML_BLOCK_SIZES: Dict[GGMLType, Tuple[int, int]] = {
+    GGMLType.F32: (1, 4), GGMLType.F16: (1, 2), GGMLType.Q4_0: (32, 18),
+    GGMLType.Q4_1: (32, 20), GGMLType.Q5_0: (32, 22), GGMLType.Q5_1: (32, 24),
+    GGMLType.Q8_0: (32, 34), GGMLType.Q8_1: (32, 40), GGMLType.Q2_K: (256, 84),
+    GGMLType.Q3_K: (256, 110), GGMLType.Q4_K: (256, 144), GGMLType.Q5_K: (256, 176),
+    GGMLType.Q6_K: (256, 210), GGMLType.Q8_K: (256, 292), GGMLType.IQ2_XXS: (256, 66),
+    GGMLType.IQ2_XS: (256, 74), GGMLType.IQ3_XXS: (256, 98), GGMLType.IQ1_S: (256, 50),
+    GGMLType.IQ4_NL: (32, 18), GGMLType.IQ3_S: (256, 110), GGMLType.IQ2_S: (256, 82),
+    GGMLType.IQ4_XS: (256, 136), GGMLType.I8: (1, 1), GGMLType.I16: (1, 2),
+    GGMLType.I32: (1, 4), GGMLType.I64: (1, 8), GGMLType.F64: (1, 8),
+    GGMLType.IQ1_M: (256, 56), GGMLType.BF16: (1, 2), GGMLType.TQ1_0: (256, 54),
+    GGMLType.TQ2_0: (256, 66), GGMLType.MXFP4: (32, 17), GGMLType.NVFP4: (64, 36),
+    GGMLType.Q1_0: (128, 18),
+}
+
+#: The element types a tensor's array has (shape: GGML's dims reversed); every other type
+#: (block formats, BF16) is handed out as bytes, shape (..., bytes per row), as gguf does.
+_ELEMENT_DTYPES: Dict[GGMLType, str] = {
+    GGMLType.F32: "<f4", GGMLType.F16: "<f2", GGMLType.F64: "<f8", GGMLType.I8: "i1",
+    GGMLType.I16: "<i2", GGMLType.I32: "<i4", GGMLType.I64: "<i8",
+}
+
+#: Scalar value types: (struct format, bytes), little-endian.
+_SCALARS: Dict[GGUFValueType, Tuple[str, int]] = {
+    GGUFValueType.UINT8: ("<B", 1), GGUFValueType.INT8: ("<b", 1),
+    GGUFValueType.UINT16: ("<H", 2), GGUFValueType.INT16: ("<h", 2),
+    GGUFValueType.UINT32: ("<I", 4), GGUFValueType.INT32: ("<i", 4),
+    GGUFValueType.FLOAT32: ("<f", 4), GGUFValueType.BOOL: ("<?", 1),
+    GGUFValueType.UINT64: ("<Q", 8), GGUFValueType.INT64: ("<q", 8),
+    GGUFValueType.FLOAT64: ("<d", 8),
+}
+
+_HEADER = struct.Struct("<4sIQQ")       # magic, version, tensor count, kv count
+_U32 = struct.Struct("<I")
+_U64 = struct.Struct("<Q")
+_MIN_KV_BYTES = 8 + 4 + 1               # empty key, type, a one-byte value
+_MIN_TENSOR_INFO_BYTES = 8 + 4 + 4 + 8  # empty name, n_dims = 0, type, offset
+
+
+class GGUFField:
+    """One metadata key / value: ``name``; ``types`` ([type], or [ARRAY, item type]);
+    ``offset`` (of the record in the file); ``value`` (int / float / bool / str, or a list of
+    them).  ``contents()`` gives the value as gguf's ReaderField.contents() does."""
+    __slots__ = ("name", "offset", "types", "value")
+
+    def __init__(self, name: str, offset: int, types: List[GGUFValueType], value: Any) -> None:
+        self.name, self.offset, self.types, self.value = name, offset, types, value
+
+    def contents(self) -> Any:
+        """The value (an array: a new list)."""
+        return list(self.value) if isinstance(self.value, list) else self.value
+
+    def __repr__(self) -> str:
+        kind = "/".join(t.name for t in self.types)
+        shown = (f"[{len(self.value)} items]" if isinstance(self.value, list)
+                 else repr(self.value)[:60])
+        return f"GGUFField({self.name!r}, {kind}, {shown})"
+
+
+class GGUFTensor(NamedTuple):
+    """One tensor: ``shape`` in GGML order (columns first), ``data`` a read-only view of the
+    file (no copy) shaped as gguf's reader shapes it: the dims reversed, in bytes per row for
+    block formats and BF16 (rows, bytes) and float / int elements otherwise."""
+    name: str
+    tensor_type: GGMLType
+    shape: Tuple[int, ...]
+    n_elements: int
+    n_bytes: int
+    data_offset: int
+    data: npt.NDArray[Any]
+
+
+class GGUFFile:
+    """A GGUF file opened read-only through one mmap: ``fields`` (key -> GGUFField, with
+    gguf's three pseudo-keys GGUF.version, GGUF.tensor_count, GGUF.kv_count first),
+    ``tensors`` (a list of GGUFTensor in file order; ``tensor_map`` by name), ``data`` (the
+    whole file as a read-only uint8 array), ``version``, ``alignment``, ``data_offset``.
+
+    A file that is not GGUF, a version other than 2 and 3, a truncated or corrupt header, a
+    tensor past the end of the file, an empty tensor (a dimension of 0) or one of more than
+    2**63 - 1 values: ValueError naming the file and what is wrong.  A
+    big-endian file: NotImplementedError."""
+
+    byte_order = "I"                    # (as gguf's reader: host order; the other is refused)
+
+    def __init__(self, path: Union[str, os.PathLike[str]]) -> None:
+        self.path = os.fsdecode(path)
+        self.version, self.alignment, self.data_offset = 0, GGUF_DEFAULT_ALIGNMENT, 0
+        with open(self.path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size < _HEADER.size:
+                raise ValueError(f"{self.path}: truncated or not a GGUF file ({size} bytes, "
+                                 f"less than the {_HEADER.size}-byte header)")
+            self._mmap = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        self.size = len(self._mmap)     # (what was mapped, should the file have changed since)
+        self.data: npt.NDArray[np.uint8] = np.frombuffer(self._mmap, np.uint8)  # [size]
+        self.fields: Dict[str, GGUFField] = {}
+        self.tensors: List[GGUFTensor] = []
+        self.tensor_map: Dict[str, GGUFTensor] = {}
+        _Parser(self).parse()
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """The value of the metadata key (an array: a list), or default."""
+        field = self.fields.get(key)
+        return default if field is None else field.contents()
+
+    def __repr__(self) -> str:
+        return (f"GGUFFile({self.path!r}, version {self.version}, {len(self.fields)} fields, "
+                f"{len(self.tensors)} tensors)")
+
+
+def _is_utf8(piece: bytes) -> bool:
+    try:
+        piece.decode()
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+class _Parser:
+    """Reads a GGUFFile's header; every read is bounds-checked first."""
+
+    def __init__(self, file: GGUFFile) -> None:
+        self.file = file
+        self.buf = file._mmap
+        self.size = file.size
+        self.pos = 0
+        self.next_offset = 0            # where the next tensor's data must start (see tensor())
+
+    # -- errors --------------------------------------------------------------------------
+
+    def error(self, what: str) -> ValueError:
+        return ValueError(f"{self.file.path}: {what}")
+
+    def need(self, n: int, what: str, pos: Optional[int] = None) -> int:
+        """The start of n bytes at pos (default: the cursor); ValueError if they pass the end
+        of the file."""
+        start = self.pos if pos is None else pos
+        if n > self.size - start:
+            raise self.error(f"truncated or corrupt: {what} at byte {start} needs {n} bytes, "
+                             f"the file has {self.size}")
+        return start
+
+    # -- reads ---------------------------------------------------------------------------
+
+    def u32(self, what: str) -> int:
+        start = self.need(4, what)
+        self.pos = start + 4
+        return int(_U32.unpack_from(self.buf, start)[0])
+
+    def u64(self, what: str) -> int:
+        start = self.need(8, what)
+        self.pos = start + 8
+        return int(_U64.unpack_from(self.buf, start)[0])
+
+    def string(self, what: str) -> str:
+        n = self.u64(f"{what}: length")
+        start = self.need(n, f"{what}: {n}-byte string")
+        self.pos = start + n
+        try:
+            return str(self.buf[start:start + n], "utf-8")
+        except UnicodeDecodeError as exc:
+            raise self.error(f"{what}: not UTF-8 ({exc.reason} at byte {start + exc.start})") \
+                from None
+
+    def value_type(self, what: str) -> GGUFValueType:
+        raw = self.u32(f"{what}: value type")
+        try:
+            return GGUFValueType(raw)
+        except ValueError:
+            raise self.error(f"{what}: unknown GGUF value type {raw}") from None
+
+    def value(self, vtype: GGUFValueType, key: str) -> Any:
+        if vtype == GGUFValueType.STRING:
+            return self.string(key)
+        fmt, n = _SCALARS[vtype]
+        start = self.need(n, f"{key}: {vtype.name} value")
+        self.pos = start + n
+        return struct.unpack_from(fmt, self.buf, start)[0]
+
+    def array(self, key: str) -> Tuple[GGUFValueType, List[Any]]:
+        itype = self.value_type(f"{key}: array item")
+        count = self.u64(f"{key}: array length")
+        if itype == GGUFValueType.ARRAY:
+            raise self.error(f"{key}: arrays of arrays are not supported")
+        least = 8 if itype == GGUFValueType.STRING else _SCALARS[itype][1]
+        self.need(count * least, f"{key}: an array of {count} {itype.name} values")
+        if itype == GGUFValueType.STRING:
+            return itype, self.strings(count, key)
+        fmt, n = _SCALARS[itype]
+        items = np.frombuffer(self.buf, np.dtype(fmt), count, self.pos)   # [count]
+        self.pos += count * n
+        return itype, items.tolist()
+
+    def strings(self, count: int, key: str) -> List[str]:
+        """count strings: the bytes cut out in a tight loop, then decoded (a vocabulary: ~50k
+        tokens and ~50k merges).  The caller checked that count * 8 bytes are left."""
+        buf, size, pos = self.buf, self.size, self.pos
+        unpack = _U64.unpack_from
+        pieces: List[bytes] = []
+        append = pieces.append
+        for i in range(count):
+            if pos + 8 > size:
+                self.need(8, f"{key}[{i}]: length", pos)
+            end = pos + 8 + unpack(buf, pos)[0]
+            if end > size:
+                self.need(end - pos - 8, f"{key}[{i}]: {end - pos - 8}-byte string", pos + 8)
+            append(buf[pos + 8:end])
+            pos = end
+        self.pos = pos
+        try:
+            return [piece.decode() for piece in pieces]
+        except UnicodeDecodeError as exc:
+            bad = next(i for i, piece in enumerate(pieces) if not _is_utf8(piece))
+            raise self.error(f"{key}[{bad}]: not UTF-8 ({exc.reason})") from None
+
+    # -- the file ------------------------------------------------------------------------
+
+    def parse(self) -> None:
+        f = self.file
+        magic, version, n_tensors, n_kv = _HEADER.unpack_from(self.buf, 0)
+        if magic != GGUF_MAGIC:
+            raise self.error(f"not a GGUF file (it starts with {magic!r}, expected "
+                             f"{GGUF_MAGIC!r})")
+        if version not in GGUF_VERSIONS:
+            swapped = int.from_bytes(version.to_bytes(4, "little"), "big")
+            if version & 0xFFFF == 0 and swapped in GGUF_VERSIONS:
+                raise NotImplementedError(f"{f.path}: a big-endian GGUF file (version "
+                                          f"{swapped}) is not supported")
+            raise self.error(f"GGUF version {version} is not supported (megafuse reads "
+                             f"versions {' and '.join(map(str, GGUF_VERSIONS))})")
+        f.version = version
+        u32, u64 = [GGUFValueType.UINT32], [GGUFValueType.UINT64]
+        f.fields = {"GGUF.version": GGUFField("GGUF.version", 4, u32, version),
+                    "GGUF.tensor_count": GGUFField("GGUF.tensor_count", 8, u64, n_tensors),
+                    "GGUF.kv_count": GGUFField("GGUF.kv_count", 16, u64, n_kv)}
+        self.pos = _HEADER.size
+        self.need(n_kv * _MIN_KV_BYTES, f"kv_count = {n_kv} key / values")
+        for k in range(n_kv):
+            offset = self.pos
+            key = self.string(f"key / value {k}: key")
+            vtype = self.value_type(key)
+            if vtype == GGUFValueType.ARRAY:
+                itype, value = self.array(key)
+                types = [vtype, itype]
+            else:
+                value, types = self.value(vtype, key), [vtype]
+            if key in f.fields:
+                raise self.error(f"{key}: duplicate key")
+            f.fields[key] = GGUFField(key, offset, types, value)
+
+        align = f.fields.get("general.alignment")
+        f.alignment = GGUF_DEFAULT_ALIGNMENT
+        if align is not None:
+            if align.types != [GGUFValueType.UINT32]:
+                raise self.error(f"general.alignment: expected a UINT32, got "
+                                 f"{'/'.join(t.name for t in align.types)}")
+            if align.value == 0 or align.value & (align.value - 1):
+                raise self.error(f"general.alignment = {align.value}: not a power of two")
+            f.alignment = int(align.value)
+
+        self.need(n_tensors * _MIN_TENSOR_INFO_BYTES, f"tensor_count = {n_tensors} tensor infos")
+        infos = []
+        for t in range(n_tensors):
+            name = self.string(f"tensor {t}: name")
+            n_dims = self.u32(f"{name}: n_dims")
+            if n_dims > GGML_MAX_DIMS:
+                raise self.error(f"{name}: n_dims = {n_dims}, at most {GGML_MAX_DIMS}")
+            start = self.need(8 * n_dims, f"{name}: dims")
+            dims = struct.unpack_from(f"<{n_dims}Q", self.buf, start)
+            self.pos = start + 8 * n_dims
+            raw = self.u32(f"{name}: type")
+            offset = self.u64(f"{name}: offset")
+            infos.append((name, dims, raw, offset))
+        pad = -self.pos % f.alignment
+        f.data_offset = self.pos + pad
+        for name, dims, raw, offset in infos:
+            self.tensor(name, dims, raw, offset)
+
+    def tensor(self, name: str, dims: Tuple[int, ...], raw: int, offset: int) -> None:
+        f = self.file
+        if name in f.tensor_map:
+            raise self.error(f"{name}: duplicate tensor name")
+        try:
+            ggml_type = GGMLType(raw)
+        except ValueError:
+            raise self.error(f"{name}: unknown GGML type {raw}") from None
+        # An empty tensor is refused first: a 0 dim makes the element count 0 and so hides a
+        # huge other dim ([0, 2**62, 4]) from the overflow check below, which NumPy then
+        # refuses with an error naming neither the file nor the tensor (and GGML's own check
+        # of the element count divides by the dims).  No tensor megafuse reads can be empty.
+        if 0 in dims:
+            raise self.error(f"{name}: dims {list(dims)}: a dimension of 0 (an empty tensor)")
+        block, block_bytes = GGML_BLOCK_SIZES[ggml_type]
+        ne0 = dims[0] if dims else 1
+        if ne0 % block:
+            raise self.error(f"{name}: {ne0} values per row is not a multiple of the "
+                             f"{ggml_type.name} block ({block})")
+        n_elements = 1
+        for n in dims:
+            n_elements *= n
+        if max(dims, default=0) >= 2**63 or n_elements >= 2**63:
+            raise self.error(f"{name}: dims {list(dims)}: more than 2**63 - 1 values")
+        n_bytes = n_elements // block * block_bytes
+        if offset % f.alignment:      # (llama.cpp refuses it too: a general.alignment that does
+            raise self.error(         # not match the padding would read every tensor shifted)
+                f"{name}: data offset {offset} is not a multiple of general.alignment "
+                f"({f.alignment})")
+        # Each tensor's data follows the one before, padded to the alignment, as llama.cpp's
+        # reader requires ("tensor ... has offset ..., expected ..."): a file it refuses is not
+        # read here either, and a wrong type, dims or offset in a tensor info (whose data would
+        # otherwise be read as valid-looking garbage) shows as an offset out of place.
+        if offset != self.next_offset:
+            raise self.error(f"{name}: data offset {offset}, expected {self.next_offset} (right "
+                             f"after the tensor before, padded to general.alignment = "
+                             f"{f.alignment}): a tensor info's type, dims or offset is wrong")
+        self.next_offset = offset + n_bytes + (-n_bytes % f.alignment)
+        start = f.data_offset + offset
+        if start > self.size or n_bytes > self.size - start:
+            raise self.error(f"{name}: data at bytes {start}..{start + n_bytes} is past the end "
+                             f"of the file ({self.size} bytes)")
+        shape = tuple(reversed(dims))
+        dtype = _ELEMENT_DTYPES.get(ggml_type)
+        if dtype is None:               # block formats, BF16: bytes per row
+            dtype, shape = "u1", (*shape[:-1], ne0 // block * block_bytes)
+        data = np.frombuffer(self.buf, np.dtype(dtype), n_bytes // np.dtype(dtype).itemsize,
+                             start).reshape(shape)
+        t = GGUFTensor(name, ggml_type, tuple(dims), n_elements, n_bytes, start, data)
+        f.tensors.append(t)
+        f.tensor_map[name] = t
+
+
+def open_reader(source: PathOrReader) -> Any:
+    """A ``GGUFFile`` for a path (read-only, memory-mapped); a reader (a GGUFFile, or a
+    ``gguf.GGUFReader``) is returned as is."""
+    if isinstance(source, (str, bytes, os.PathLike)):
+        reader: Any = GGUFFile(os.fsdecode(source))
+    elif hasattr(source, "tensors") and hasattr(source, "fields"):
+        reader = source
+    else:
+        raise TypeError(f"reader: expected a path, a megafuse.gguf.GGUFFile or a "
+                        f"gguf.GGUFReader, got {type(source).__name__}")
+    if getattr(reader, "byte_order", "I") != "I":
+        raise NotImplementedError("reader: a GGUF file of the other byte order (big-endian "
+                                  "here) is not supported")
+    return reader
+
+
+def ck_dtype(ggml_type: Any, tensor_name: str = "tensor") -> CKDataType:
+    """The megafuse format of a GGML type (a GGMLType, a gguf.GGMLQuantizationType or a name);
+    NotImplementedError naming the tensor and the type for a format megafuse cannot run."""
+    name = getattr(ggml_type, "name", str(ggml_type))
+    if name not in GGML_TO_CK:
+        raise NotImplementedError(
+            f"{tensor_name}: GGML type {name} is not supported by megafuse (supported: "
+            f"{', '.join(GGML_TO_CK)})")
+    return GGML_TO_CK[name]
+
+
+def _field(reader: Any, key: str, default: Any = None, index: Optional[int] = None) -> Any:
+    """A metadata value, as stored (an array value: its element ``index``, for per-layer
+    values; ValueError naming the key if the array has no such element)."""
+    field = reader.fields.get(key)
+    if field is None:
+        return default
+    if hasattr(field, "contents"):
+        value = field.contents()
+    else:  # gguf < 0.10
+        parts = [field.parts[i] for i in field.data]
+        value = parts[0].tolist()[0] if len(parts) == 1 else [p.tolist()[0] for p in parts]
+        if isinstance(value, list) and value and isinstance(value[0], int) and \
+                field.types and field.types[0].name == "STRING":
+            value = bytes(field.parts[-1]).decode()
+    if isinstance(value, list) and index is not None and value and \
+            not isinstance(value[0], str):
+        if not 0 <= index < len(value):
+            raise ValueError(f"GGUF metadata: {key}: an array of {len(value)} values has no "
+                             f"value for layer {index}")
+        return value[index]
+    return value
+
+
+# ---- typed metadata -----------------------------------------------------------------------
+#
+# A hyper-parameter is checked where it is read, so that a hostile or broken file is a
+# ValueError naming the key and what is wrong, not an OverflowError / "invalid literal for
+# int()" / IndexError from the conversion, nor (NaN or a negative epsilon) NaN logits later.
+# llama.cpp's converter writes the integers as UINT32 and the floats as FLOAT32; any integer
+# type is taken (an INT32 or a UINT64 block_count means the same), and an integer for a float.
+
+_REQUIRED: Any = object()      # the default of a key the file must have
+_MISSING: Any = object()       # (_metadata: the key is not in the file)
+
+
+def _metadata(reader: Any, key: str, default: Any, layer: Optional[int] = None,
+              n_layers: Optional[int] = None) -> Tuple[Any, str]:
+    """(the value of key, its name for errors: ``key`` or ``key[layer]``); the value is
+    _MISSING if the file has no such key (ValueError if default is _REQUIRED).  llama.cpp
+    allows some keys (the head counts, feed_forward_length) one value per layer: with
+    ``layer`` given, an array must have block_count (``n_layers``) values, as llama.cpp too
+    requires ("wrong array length"), and gives the layer's; without, an array where one value
+    is expected is a ValueError."""
+    value = _field(reader, key)
+    if value is None:
+        if default is _REQUIRED:
+            raise ValueError(f"GGUF metadata: {key} is missing")
+        return _MISSING, key
+    if not isinstance(value, list):
+        return value, key
+    if layer is None:
+        raise ValueError(f"GGUF metadata: {key}: expected one value, got {_describe(value)}")
+    if n_layers is not None and len(value) != n_layers:
+        raise ValueError(f"GGUF metadata: {key}: expected one value or one per layer "
+                         f"(block_count = {n_layers}), got {_describe(value)}")
+    if not 0 <= layer < len(value):
+        raise ValueError(f"GGUF metadata: {key}: {_describe(value)} has no value for layer "
+                         f"{layer}")
+    return value[layer], f"{key}[{layer}]"
+
+
+def _int_field(reader: Any, key: str, default: Any = _REQUIRED, *,
+               layer: Optional[int] = None, n_layers: Optional[int] = None,
+               minimum: int = 1) -> Any:
+    """An integer hyper-parameter >= minimum (default 1: a dimension); default when the key is
+    missing (missing and no default: ValueError).  A float, a string, a boolean, an array
+    (unless per-layer: see _metadata) or a value < minimum: ValueError naming the key."""
+    value, name = _metadata(reader, key, default, layer, n_layers)
+    if value is _MISSING:
+        return default
+    if not _is_int(value):
+        raise ValueError(f"GGUF metadata: {name}: expected an integer, got {_describe(value)}")
+    if value < minimum:
+        raise ValueError(f"GGUF metadata: {name}: expected an integer >= {minimum}, got "
+                         f"{int(value)}")
+    return int(value)
+
+
+def _float_field(reader: Any, key: str, default: Any = _REQUIRED) -> Any:
+    """A float hyper-parameter, finite and > 0 (an epsilon, a RoPE base or factor: NaN, inf,
+    0 or a negative value would give NaN / inf logits, not an error); default when the key is
+    missing.  An integer is taken; a string, a boolean, an array: ValueError naming the key."""
+    value, _ = _metadata(reader, key, default)
+    if value is _MISSING:
+        return default
+    if not _is_number(value):
+        raise ValueError(f"GGUF metadata: {key}: expected a number, got {_describe(value)}")
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"GGUF metadata: {key}: expected a finite value > 0, got "
+                         f"{float(value)!r}")
+    return float(value)
+
+
+def _str_field(reader: Any, key: str, default: Any = _REQUIRED) -> Any:
+    """A string value; default when the key is missing.  Not a string: ValueError naming
+    the key."""
+    value, _ = _metadata(reader, key, default)
+    if value is _MISSING:
+        return default
+    if not isinstance(value, str):
+        raise ValueError(f"GGUF metadata: {key}: expected a string, got {_describe(value)}")
+    return value
+
+
+def architecture(reader: Any) -> str:
+    """``general.architecture``; NotImplementedError unless it is llama or qwen2 (missing or
+    not a string: ValueError)."""
+    arch = _str_field(reader, "general.architecture")
+    if arch not in ARCHITECTURES:
+        raise NotImplementedError(f"general.architecture: megafuse reads "
+                                  f"{' and '.join(ARCHITECTURES)} GGUF files, got {arch!r}")
+    return str(arch)
+
+
+def hparams(source: PathOrReader, layer_index: int = 0) -> Dict[str, Any]:
+    """The hyper-parameters of a llama / qwen2 file, named as DecoderLayer's keywords:
+    architecture, block_count, context_length, embed_dim, num_heads, num_kv_heads, head_dim,
+    intermediate_dim, eps, rope_theta, rope_position_scale (per-layer arrays: the value of
+    ``layer_index``).  A missing key, a value of the wrong type, a dimension < 1, a per-layer
+    array without one value per layer, an epsilon or RoPE base that is not finite and > 0:
+    ValueError naming the key."""
+    reader = open_reader(source)
+    arch = architecture(reader)
+    L = _int_field(reader, f"{arch}.block_count")
+    per_layer = {"layer": layer_index, "n_layers": L}
+    E = _int_field(reader, f"{arch}.embedding_length")
+    H = _int_field(reader, f"{arch}.attention.head_count", **per_layer)
+    G = _int_field(reader, f"{arch}.attention.head_count_kv", H, **per_layer)
+    D = _int_field(reader, f"{arch}.attention.key_length", None)
+    if D is None:
+        if E < H:
+            raise ValueError(f"GGUF metadata: {arch}.attention.head_count: {H} heads of "
+                             f"embedding_length = {E} leave no head_dim (and "
+                             f"{arch}.attention.key_length is missing)")
+        D = E // H
+    Dv = _int_field(reader, f"{arch}.attention.value_length", None)
+    if Dv is not None and Dv != D:
+        raise NotImplementedError(f"{arch}.attention.value_length = {Dv} differs from "
+                                  f"key_length = {D}: not supported")
+    experts = _int_field(reader, f"{arch}.expert_count", None, minimum=0)
+    if experts:
+        raise NotImplementedError(f"{arch}.expert_count = {experts}: mixture-of-experts layers "
+                                  f"are not supported")
+    rope_dims = _int_field(reader, f"{arch}.rope.dimension_count", None, minimum=0)
+    if rope_dims is not None and rope_dims != D:
+        raise NotImplementedError(f"{arch}.rope.dimension_count = {rope_dims}: partial rotary "
+                                  f"embeddings (head_dim = {D}) are not supported")
+    scaling = _str_field(reader, f"{arch}.rope.scaling.type", "none")
+    position_scale = 1.0
+    if scaling == "linear":
+        # llama.cpp reads a factor of 0 as no scaling (rope_freq_scale_train = 1), as we do
+        key = f"{arch}.rope.scaling.factor"
+        raw = _field(reader, key)
+        factor = 1.0 if _is_number(raw) and raw == 0 else _float_field(reader, key, 1.0)
+        position_scale = 1.0 / factor
+    elif scaling != "none":
+        raise NotImplementedError(f"{arch}.rope.scaling.type = {scaling!r}: only linear RoPE "
+                                  f"scaling is supported")
+    return {
+        "architecture": arch,
+        "block_count": L,
+        "context_length": _int_field(reader, f"{arch}.context_length", 0, minimum=0),
+        "embed_dim": E,
+        "num_heads": H,
+        "num_kv_heads": G,
+        "head_dim": D,
+        "intermediate_dim": _int_field(reader, f"{arch}.feed_forward_length", **per_layer),
+        "eps": _float_field(reader, f"{arch}.attention.layer_norm_rms_epsilon", 1e-6),
+        "rope_theta": _float_field(reader, f"{arch}.rope.freq_base", 10000.0),
+        "rope_position_scale": position_scale,
+    }
+
+
+def _tensor_map(reader: Any) -> Dict[str, Any]:
+    if isinstance(reader, GGUFFile):
+        return reader.tensor_map
+    cache = getattr(reader, "_megafuse_tensor_map", None)  # a gguf.GGUFReader
+    if cache is None:
+        cache = {t.name: t for t in reader.tensors}
+        try:
+            reader._megafuse_tensor_map = cache
+        except AttributeError:
+            pass
+    return cache
+
+
+def tensor(source: PathOrReader, name: str) -> Tuple[npt.NDArray[Any], CKDataType]:
+    """(array, format) of the tensor ``name``, zero-copy: a read-only view of the file of
+    shape (rows, cols) -- (rows, bytes per row) for block formats, uint16 bits for BF16 -- or
+    (n,) for a vector.  KeyError if the file has no such tensor; ValueError if it is empty (a
+    dimension of 0: GGUFFile refuses those already, gguf.GGUFReader reads them)."""
+    reader = open_reader(source)
+    t = _tensor_map(reader).get(name)
+    if t is None:
+        raise KeyError(f"{name}: no such tensor in the GGUF file")
+    ne = [int(n) for n in t.shape]                       # GGML order: columns first
+    if 0 in ne:
+        raise ValueError(f"{name}: GGML shape {ne}: a dimension of 0 (an empty tensor)")
+    dt = ck_dtype(t.tensor_type, name)
+    data = t.data
+    if dt == CKDataType.BF16:
+        data = data.view(np.uint16)                      # (rows, 2*cols) uint8 -> bfloat16 bits
+    rows = int(np.prod(ne[1:])) if len(ne) > 1 else 1
+    data = data.reshape(-1) if len(ne) == 1 else data.reshape(rows, -1)
+    return data, dt
+
+
+def _float_vector(reader: Any, name: str, size: int) -> npt.NDArray[np.float32]:
+    """A norm weight or bias as float32 [size] (zero-copy when stored F32)."""
+    data, dt = tensor(reader, name)
+    if dt == CKDataType.FP32:
+        out = data.reshape(-1)
+    else:
+        import megafuse as _mf
+        try:
+            out = _mf.dequantize(np.ascontiguousarray(data), dt, size).reshape(-1)
+        except ValueError as exc:
+            raise ValueError(f"{name}: expected {size} values ({exc})") from None
+    if out.size != size:
+        raise ValueError(f"{name}: expected {size} values, got {out.size}")
+    return out
+
+
+def _check_matrix(reader: Any, name: str, rows: int, cols: int) -> None:
+    t = _tensor_map(reader)[name]
+    ne = [int(n) for n in t.shape]
+    if ne[:2] != [cols, rows] or any(n != 1 for n in ne[2:]):
+        raise ValueError(f"{name}: expected GGML shape [{cols}, {rows}] (a [{rows}, {cols}] "
+                         f"matrix), got {ne}")
+
+
+def unpermute_rows(w: npt.NDArray[Any], n_head: int) -> npt.NDArray[Any]:
+    """Undo llama.cpp's ``LlamaModel.permute`` of q / k rows (or of a bias): within each of the
+    n_head heads of D rows, row 2i goes back to i and row 2i+1 to i + D/2.  Works on float
+    rows and on rows of block bytes alike (a row is moved whole).  Returns a new C-contiguous
+    array of w's shape."""
+    rows = w.shape[0]
+    if rows % (2 * n_head):
+        raise ValueError(f"unpermute_rows: {rows} rows are not n_head = {n_head} heads of an "
+                         f"even head_dim")
+    half = rows // n_head // 2
+    return np.ascontiguousarray(
+        w.reshape(n_head, half, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape))
+
+
+def permute_rows(w: npt.NDArray[Any], n_head: int) -> npt.NDArray[Any]:
+    """llama.cpp's ``LlamaModel.permute`` itself (rotate-half -> interleaved rows), the inverse
+    of ``unpermute_rows``: for writing llama-layout files (tests, converters)."""
+    rows = w.shape[0]
+    return np.ascontiguousarray(
+        w.reshape(n_head, 2, rows // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape))
+
+
+def _gate_up(reader: Any, prefix: str, I: int, E: int) -> Tuple[npt.NDArray[Any], CKDataType]:
+    """w1 = [gate rows; up rows] in one format (see the module docstring for mixed formats)."""
+    import megafuse as _mf
+    gate, g_dt = tensor(reader, f"{prefix}.ffn_gate.weight")
+    up, u_dt = tensor(reader, f"{prefix}.ffn_up.weight")
+    _check_matrix(reader, f"{prefix}.ffn_gate.weight", I, E)
+    _check_matrix(reader, f"{prefix}.ffn_up.weight", I, E)
+    if g_dt != u_dt:
+        target = u_dt if BITS_PER_WEIGHT[u_dt] > BITS_PER_WEIGHT[g_dt] else g_dt
+
+        def convert(blob: npt.NDArray[Any], dt: CKDataType) -> npt.NDArray[Any]:
+            if dt == target:
+                return blob
+            values = _mf.dequantize(blob, dt, (I, E))
+            return values if target == CKDataType.FP32 else _mf.quantize(values, target)
+
+        gate, up, g_dt = convert(gate, g_dt), convert(up, u_dt), target
+    if g_dt == CKDataType.FP16:      # float16 and uint16 views of the same bits
+        gate, up = gate.view(np.uint16), up.view(np.uint16)
+    return np.concatenate([gate.reshape(I, -1), up.reshape(I, -1)], axis=0), g_dt
+
+
+def layer_arrays(source: PathOrReader, layer_index: int) -> Dict[str, Any]:
+    """Everything ``DecoderLayer(...)`` needs for layer ``layer_index``: the weights (stored
+    format, zero-copy where possible), their ``dtypes``, the biases, the hyper-parameters, and
+    ``context_length`` (for the caller to size the cache)."""
+    if isinstance(layer_index, bool) or not hasattr(layer_index, "__index__"):
+        raise TypeError(f"layer_index: expected an int, got {type(layer_index).__name__}")
+    layer_index = int(layer_index.__index__())
+    reader = open_reader(source)
+    n_layers = _int_field(reader, f"{architecture(reader)}.block_count")
+    if not 0 <= layer_index < n_layers:
+        raise ValueError(f"layer_index: expected a layer in 0..{n_layers - 1}, got "
+                         f"{layer_index}")
+    hp = hparams(reader, layer_index)
+    arch = hp["architecture"]
+    E, H, G, D, I = (hp["embed_dim"], hp["num_heads"], hp["num_kv_heads"], hp["head_dim"],
+                     hp["intermediate_dim"])
+    p = f"blk.{layer_index}"
+    names = _tensor_map(reader)
+
+    shapes = {"attn_q": (H * D, E), "attn_k": (G * D, E), "attn_v": (G * D, E),
+              "attn_output": (E, H * D), "ffn_down": (E, I)}
+    keys = {"attn_q": "wq", "attn_k": "wk", "attn_v": "wv", "attn_output": "wo",
+            "ffn_down": "w2"}
+    out: Dict[str, Any] = {}
+    dtypes: Dict[str, CKDataType] = {}
+    for gname, (rows, cols) in shapes.items():
+        full = f"{p}.{gname}.weight"
+        data, dt = tensor(reader, full)
+        _check_matrix(reader, full, rows, cols)
+        out[keys[gname]], dtypes[keys[gname]] = data, dt
+    out["w1"], dtypes["w1"] = _gate_up(reader, p, I, E)
+
+    out["ln1_gamma"] = _float_vector(reader, f"{p}.attn_norm.weight", E)
+    out["ln2_gamma"] = _float_vector(reader, f"{p}.ffn_norm.weight", E)
+    for gname, key, size in (("attn_q", "bq", H * D), ("attn_k", "bk", G * D),
+                             ("attn_v", "bv", G * D), ("attn_output", "bo", E),
+                             ("ffn_gate", "b_gate", I), ("ffn_up", "b_up", I),
+                             ("ffn_down", "b2", E)):
+        full = f"{p}.{gname}.bias"
+        out[key] = _float_vector(reader, full, size) if full in names else None
+    b_gate, b_up = out.pop("b_gate"), out.pop("b_up")
+    if b_gate is not None or b_up is not None:
+        out["b1"] = np.concatenate([np.zeros(I, np.float32) if b_gate is None else b_gate,
+                                    np.zeros(I, np.float32) if b_up is None else b_up])
+
+    if ARCHITECTURES[arch]:           # llama: put q / k rows back in rotate-half order
+        out["wq"] = unpermute_rows(out["wq"], H)
+        out["wk"] = unpermute_rows(out["wk"], G)
+        if out["bq"] is not None:
+            out["bq"] = unpermute_rows(out["bq"], H)
+        if out["bk"] is not None:
+            out["bk"] = unpermute_rows(out["bk"], G)
+
+    freq_factors = None
+    if "rope_freqs.weight" in names:
+        freq_factors = _float_vector(reader, "rope_freqs.weight", D // 2)
+    out.update(
+        dtypes=dtypes, embed_dim=E, num_heads=H, num_kv_heads=G, head_dim=D,
+        intermediate_dim=I, eps=hp["eps"], rope_theta=hp["rope_theta"],
+        rope_freq_factors=freq_factors, rope_position_scale=hp["rope_position_scale"],
+        context_length=hp["context_length"])
+    return out
+
+
+__all__ = ["GGUFFile", "GGUFField", "GGUFTensor", "GGUFValueType", "GGMLType",
+           "GGML_BLOCK_SIZES", "ARCHITECTURES", "GGML_TO_CK", "BITS_PER_WEIGHT", "open_reader",
+           "ck_dtype",
+           "architecture", "hparams", "tensor", "unpermute_rows", "permute_rows",
+           "layer_arrays"]

@@ -1,0 +1,508 @@
+"""megafuse.llm.model: a whole decoder-only LLM from a GGUF file -- token ids in, logits out.
+
+    model = megafuse.Model.from_gguf("SmolLM2-135M-Instruct.Q4_1.gguf")
+    ids = model.tokenizer.apply_chat_template([{"role": "user", "content": "Hi"}], tokenize=True)
+    for token in model.generate(ids, 64):
+        ...
+
+The model is embedding -> L pre-norm decoder layers (llama / qwen2) -> final RMSNorm -> output
+head (``output.weight``, or the token embedding itself when the file ties them), every matrix in
+its own GGML format, run by one native call per ``forward`` (megafuse/kernels/levels/
+model_step.pxi, through ``megafuse.llm._runner.ModelRunner``): no Python between layers, one team
+of threads for the step.
+
+Two accuracy modes:
+
+- ``activations="int8"`` (default): llama.cpp's scheme.  The activations that meet a
+  block-format weight are quantized (Q8_0 for the 32-weight formats, Q8_K for the K-quants) and
+  the products are integer dot products;
+- ``activations="float"``: float32 activations through every projection, attention and the MLP,
+  with the weights dequantized in registers.  Each layer matches the float64 NumPy reference of
+  ``megafuse.reference`` to 1e-4 (relative) on the same quantized weights.
+
+A model holds one sequence: ``forward`` appends its tokens to the KV cache at ``position``;
+``reset`` empties it.  Every mistake (a token id outside the vocabulary, a prompt longer than the
+cache, a full cache) is a ValueError raised before anything is written: the model stays usable.
+"""
+from __future__ import annotations
+
+import dataclasses
+import threading
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Set, Tuple, Union
+
+import numpy as np
+import numpy.typing as npt
+
+from megafuse.kernels.dtype import CKDataType, kv_cache_dtype
+
+F32Array = npt.NDArray[np.float32]
+TokenIds = Union[Sequence[int], npt.NDArray[np.integer]]
+
+_ACTIVATIONS = ("int8", "float")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """The hyper-parameters of a model (from the GGUF metadata)."""
+    architecture: str              # "llama" or "qwen2"
+    n_layers: int
+    embed_dim: int                 # E
+    num_heads: int                 # H
+    num_kv_heads: int              # G
+    head_dim: int                  # D
+    intermediate_dim: int          # I (the FFN's)
+    vocab_size: int                # V
+    context_length: int            # what the model was trained for (0: not in the file)
+    eps: float                     # RMSNorm epsilon
+    rope_theta: float
+    rope_position_scale: float     # linear RoPE scaling (1.0: none)
+    has_rope_freqs: bool           # Llama 3's per-frequency factors (rope_freqs.weight)
+    tied_embedding: bool           # the head is the token embedding
+    name: str = ""                 # general.name
+
+
+
+_STEP_ORDER = ("wq", "wk", "wv", "wo", "w1", "w2")   # a layer's matrices, in the order a step reads
+
+
+def _pack_weights(layers: List[Dict[str, Any]], head: Any) -> Any:
+    """Copy every layer's matrices (_STEP_ORDER), then the output head, into one read-only arena
+    on 2 MiB pages (``megafuse.empty``), each at a 64-byte boundary; the layer specs then hold
+    views of it.  Returns the head's view.
+
+    Why: a decode step streams every weight byte from DRAM once.  From the file's mmap (4 KiB
+    page-cache pages, tensors in the file's order) the reads cross a page every 4 KiB, and the
+    prefetch that runs ahead of one matrix's rows lands in whatever tensor the file puts next.
+    On 2 MiB pages in step order, it lands in the next matrix the step reads.  Measured on
+    SmolLM2-135M Q4_1 (2 threads): tg64 about 10 % faster."""
+    from megafuse.kernels.memory import empty
+    order: List[Tuple[Optional[Dict[str, Any]], str]] = [
+        (spec, name) for spec in layers for name in _STEP_ORDER]
+    order.append((None, "head"))
+
+    def source(spec: Optional[Dict[str, Any]], name: str) -> Any:
+        return head if spec is None else spec[name]
+
+    def padded(nbytes: int) -> int:
+        return -(-nbytes // 64) * 64
+
+    arena = empty(sum(padded(source(s, n).nbytes) for s, n in order), np.uint8)   # [bytes]
+    offset = 0
+    packed_head = head
+    for spec, name in order:
+        a = source(spec, name)
+        view = arena[offset:offset + a.nbytes].view(a.dtype).reshape(a.shape)   # a's shape
+        view[...] = a
+        view.flags.writeable = False
+        if spec is None:
+            packed_head = view
+        else:
+            spec[name] = view
+        offset += padded(a.nbytes)
+    return packed_head
+
+
+class Model:
+    """A decoder-only LLM (llama / qwen2 layout) on megafuse's kernels.  Build it with
+    :meth:`from_gguf`.
+
+    - ``forward(token_ids, logits="last"|"all")`` appends the tokens to the cache and returns
+      float32 logits: [V] for the last token, or [T, V] for every token;
+    - ``generate(prompt_ids, max_new_tokens, ...)`` yields new token ids one at a time;
+    - ``reset()``, ``position`` (tokens in the cache), ``cache_capacity``, ``vocab_size``,
+      ``config``, ``tokenizer`` (``megafuse.Tokenizer``, from the same file), ``activations``,
+      ``kv_dtype``.
+
+    ``kv_dtype`` is what the KV cache holds: "float32" (the default: k and v as computed) or
+    "float16" (k and v rounded to float16 as they are written, as llama.cpp's default F16
+    cache does: half the cache's memory, and half the bytes a decode step reads from it --
+    what decode costs late in a long context; head_dim <= 256).
+
+    Not thread-safe: one model is one sequence (use one per thread).  The kernels use
+    ``megafuse.get_num_threads()`` threads.
+    """
+
+    def __init__(self, *, config: ModelConfig, layers: List[Dict[str, Any]],
+                 embedding: npt.NDArray[Any], embedding_dt: CKDataType,
+                 out_norm: F32Array, head: npt.NDArray[Any], head_dt: CKDataType,
+                 rope_cos: Optional[F32Array], rope_sin: Optional[F32Array],
+                 cache_capacity: int, activations: str = "int8", source: Any = None,
+                 rope_freq_factors: Optional[F32Array] = None,
+                 kv_dtype: str = "float32") -> None:
+        import importlib
+        from megafuse.kernels.memory import map_zero_pages, zeros as huge_page_zeros
+        runner: Any = importlib.import_module("megafuse.llm._runner")  # (private: not in the stubs)
+        if activations not in _ACTIVATIONS:
+            raise ValueError(f"activations: expected 'int8' or 'float', got {activations!r}")
+        cache_dtype = kv_cache_dtype(kv_dtype)
+        cfg = config
+        G, C, D = cfg.num_kv_heads, int(cache_capacity), cfg.head_dim
+        if C < 1:
+            raise ValueError(f"cache_capacity: expected a positive value, got {C}")
+        self.config = cfg
+        self.activations = activations
+        self.kv_dtype = str(kv_dtype)
+        self.cache_capacity = C
+        self._layers = layers
+        # Every layer's KV cache in one arena on 2 MiB pages (decode reads them whole), its pages
+        # mapped here, as llama.cpp clears its cache at load: one 2 MiB-aligned mapping a cache
+        # took a whole huge page for each (60 x 2 MiB for SmolLM2's 60 caches of 48 KiB at
+        # C = 64), and the first forward paid for mapping them (the first 37-token prompt of
+        # `megafuse run`: ~200 ms more than the next, 4x its compute, on this workplace's VMs).
+        caches = huge_page_zeros((len(layers), 2, G, C, D), cache_dtype)   # [L, k|v, G, C, D]
+        map_zero_pages(caches)
+        for i, spec in enumerate(layers):
+            spec["k_cache"], spec["v_cache"] = caches[i, 0], caches[i, 1]   # [G, C, D] each
+        self._embedding, self._embedding_dt = embedding, CKDataType(embedding_dt)
+        self._head, self._head_dt = head, CKDataType(head_dt)
+        self._out_norm = out_norm
+        self.rope_cos, self.rope_sin = rope_cos, rope_sin
+        self._rope_freq_factors = rope_freq_factors
+        self._runner = runner.ModelRunner(
+            layers=layers, embed_dim=cfg.embed_dim, num_heads=cfg.num_heads,
+            num_kv_heads=G, head_dim=D, intermediate_dim=cfg.intermediate_dim,
+            cache_capacity=C, eps=cfg.eps, vocab_size=cfg.vocab_size, embedding=embedding,
+            embedding_dt=int(embedding_dt), out_norm=out_norm, head=head, head_dt=int(head_dt),
+            rope_cos=rope_cos, rope_sin=rope_sin, activations=activations)
+        self._position = 0
+        self._source = source
+        self._tokenizer: Any = None
+        self._lock = threading.Lock()
+        self.stop_reason: Optional[str] = None
+
+    # ---- construction ---------------------------------------------------------------------
+
+    @classmethod
+    def from_gguf(cls, path: Any, *, cache_capacity: Optional[int] = None,
+                  activations: str = "int8", kv_dtype: str = "float32") -> Model:
+        """The model of a llama- or qwen2-architecture GGUF file (any other architecture is a
+        NotImplementedError naming it).  path: a path, a ``megafuse.gguf.GGUFFile`` or a
+        ``gguf.GGUFReader``.  Weights keep their GGML formats.  The layers' matrices and the
+        output head are copied once into one arena on 2 MiB pages, in the order a step reads
+        them (``_pack_weights``); an untied token embedding stays a read-only view of the file
+        (a step reads only its tokens' rows).  ``megafuse.llm.gguf.layer_arrays`` already gives
+        w1 as gate + up rows and llama's q / k rows in rotate-half order.  cache_capacity
+        (positions of the KV cache) defaults to min(context length, 4096); kv_dtype
+        ("float32" or "float16") is what the cache holds (see the class)."""
+        from megafuse.llm import gguf as _gguf
+        from megafuse.llm.layer import rope_tables
+        if activations not in _ACTIVATIONS:
+            raise ValueError(f"activations: expected 'int8' or 'float', got {activations!r}")
+        kv_cache_dtype(kv_dtype)
+        reader = _gguf.open_reader(path)
+        hp = _gguf.hparams(reader)                 # NotImplementedError for other architectures
+        L = hp["block_count"]
+        layers: List[Dict[str, Any]] = []
+        freq_factors = None
+        for index in range(L):
+            arrays = _gguf.layer_arrays(reader, index)
+            for key in ("num_heads", "num_kv_heads", "head_dim", "embed_dim"):
+                if arrays[key] != hp[key]:
+                    raise NotImplementedError(f"blk.{index}: {key} = {arrays[key]} differs from "
+                                              f"layer 0's {hp[key]}: not supported")
+            freq_factors = arrays["rope_freq_factors"]
+            spec = {name: arrays[name] for name in ("ln1_gamma", "ln2_gamma", "wq", "wk", "wv",
+                                                    "wo", "w1", "w2")}
+            for name in ("bq", "bk", "bv", "bo", "b1", "b2"):
+                spec[name] = arrays.get(name)
+            for name, dt in arrays["dtypes"].items():
+                spec[name + "_dt"] = int(dt)
+            spec["intermediate_dim"] = arrays["intermediate_dim"]
+            layers.append(spec)
+        sizes = {spec.pop("intermediate_dim") for spec in layers}
+        if len(sizes) != 1:
+            raise NotImplementedError(f"feed_forward_length differs between layers "
+                                      f"({sorted(sizes)}): not supported")
+        E = hp["embed_dim"]
+        embedding, emb_dt = _gguf.tensor(reader, "token_embd.weight")
+        V = int(embedding.shape[0])
+        names = {t.name for t in reader.tensors}
+        tied = "output.weight" not in names
+        head, head_dt = (embedding, emb_dt) if tied else _gguf.tensor(reader, "output.weight")
+        out_norm = _gguf._float_vector(reader, "output_norm.weight", E)
+        head = _pack_weights(layers, head)
+        if tied:
+            embedding = head                      # the tied embedding: the head's rows
+        ctx = hp["context_length"]
+        if cache_capacity is None:
+            cache_capacity = min(ctx, 4096) if ctx > 0 else 4096
+        C = int(cache_capacity)
+        if C < 1:
+            raise ValueError(f"cache_capacity: expected a positive value, got {C}")
+        cos, sin = rope_tables(hp["head_dim"], C, hp["rope_theta"], freq_factors=freq_factors,
+                               position_scale=hp["rope_position_scale"])
+        name = _gguf._field(reader, "general.name", "") or ""
+        config = ModelConfig(
+            architecture=hp["architecture"], n_layers=L, embed_dim=E, num_heads=hp["num_heads"],
+            num_kv_heads=hp["num_kv_heads"], head_dim=hp["head_dim"],
+            intermediate_dim=sizes.pop(), vocab_size=V, context_length=ctx, eps=hp["eps"],
+            rope_theta=hp["rope_theta"], rope_position_scale=hp["rope_position_scale"],
+            has_rope_freqs=freq_factors is not None, tied_embedding=tied, name=str(name))
+        return cls(config=config, layers=layers, embedding=embedding, embedding_dt=emb_dt,
+                   out_norm=out_norm, head=head, head_dt=head_dt, rope_cos=cos, rope_sin=sin,
+                   cache_capacity=C, activations=activations, source=reader,
+                   rope_freq_factors=freq_factors, kv_dtype=kv_dtype)
+
+    # ---- state ------------------------------------------------------------------------------
+
+    @property
+    def position(self) -> int:
+        """Tokens in the KV cache: the position of the next token."""
+        return self._position
+
+    @property
+    def vocab_size(self) -> int:
+        return self.config.vocab_size
+
+    def reset(self) -> None:
+        """Empty the KV cache (position 0).  Rows past ``position`` are always written before
+        they are read, so nothing is cleared."""
+        self._position = 0
+
+    @property
+    def tokenizer(self) -> Any:
+        """The ``megafuse.Tokenizer`` of the GGUF file (needs the ``tokenizers`` package:
+        pip install 'megafuse[llm]')."""
+        if self._tokenizer is None:
+            if self._source is None:
+                raise ValueError("tokenizer: this model was not read from a GGUF file")
+            from megafuse.llm.tokenizer import Tokenizer
+            self._tokenizer = Tokenizer.from_gguf(self._source)
+        return self._tokenizer
+
+    @property
+    def formats(self) -> Dict[str, str]:
+        """Weight formats and how many matrices use each ("Q4_1": 210, ...)."""
+        counts: Dict[str, int] = {}
+        for spec in self._layers:
+            for name in ("wq", "wk", "wv", "wo", "w1", "w2"):
+                key = CKDataType(spec[name + "_dt"]).name
+                counts[key] = counts.get(key, 0) + 1
+        for dt in (self._embedding_dt,) + (() if self.config.tied_embedding else
+                                           (self._head_dt,)):
+            counts[dt.name] = counts.get(dt.name, 0) + 1
+        return {k: str(v) for k, v in sorted(counts.items())}
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of every weight of the model (what a decode step reads, but the embedding)."""
+        total = sum(int(a.nbytes) for spec in self._layers for k, a in spec.items()
+                    if isinstance(a, np.ndarray) and not k.endswith("_cache"))
+        total += int(self._embedding.nbytes) + int(self._out_norm.nbytes)
+        if not self.config.tied_embedding:
+            total += int(self._head.nbytes)
+        return total
+
+    def __repr__(self) -> str:
+        c = self.config
+        return (f"Model({c.name or c.architecture!r}, layers={c.n_layers}, embed_dim={c.embed_dim}"
+                f", heads={c.num_heads}/{c.num_kv_heads}, vocab={c.vocab_size}, "
+                f"activations={self.activations!r}, position={self._position}/"
+                f"{self.cache_capacity})")
+
+    # ---- running ----------------------------------------------------------------------------
+
+    def _ids(self, token_ids: TokenIds, what: str = "token_ids") -> npt.NDArray[np.int32]:
+        ids = np.asarray(token_ids)
+        if ids.ndim == 0:
+            ids = ids.reshape(1)
+        if ids.ndim != 1:
+            raise ValueError(f"{what}: expected a sequence of token ids, got shape {ids.shape}")
+        if ids.size == 0:
+            raise ValueError(f"{what}: expected at least one token id, got none")
+        if not np.issubdtype(ids.dtype, np.integer):
+            raise TypeError(f"{what}: expected integer token ids, got dtype {ids.dtype}")
+        lo, hi = int(ids.min()), int(ids.max())
+        if lo < 0 or hi >= self.vocab_size:
+            raise ValueError(f"{what}: expected token ids in 0..{self.vocab_size - 1}, got "
+                             f"{lo if lo < 0 else hi}")
+        return np.ascontiguousarray(ids, dtype=np.int32)
+
+    def _check_room(self, tokens: int, what: str) -> None:
+        if self._position + tokens > self.cache_capacity:
+            raise ValueError(
+                f"{what}: {tokens} token{'s' if tokens != 1 else ''} at position "
+                f"{self._position} would need cache positions up to "
+                f"{self._position + tokens - 1}, but cache_capacity is {self.cache_capacity} "
+                f"(reset() the model, or load it with a larger cache_capacity); nothing was "
+                f"written")
+
+    def forward(self, token_ids: TokenIds, logits: str = "last") -> F32Array:
+        """Append token_ids (at positions position .. position+T-1) to the cache and return
+        float32 logits: [V] for the last token (logits="last") or [T, V] (logits="all").
+
+        Only the rows asked for go through the output head.  Raises ValueError, with nothing
+        written, for an id outside the vocabulary or more tokens than the cache has room for.
+        """
+        if logits not in ("last", "all"):
+            raise ValueError(f"logits: expected 'last' or 'all', got {logits!r}")
+        ids = self._ids(token_ids)
+        T = int(ids.size)
+        self._check_room(T, "forward")
+        out = np.empty((T, self.vocab_size) if logits == "all" else self.vocab_size,
+                       dtype=np.float32)
+        self._run(tokens=ids, logits=out, all_logits=logits == "all")
+        self._position += T
+        return out
+
+    def hidden_states(self, token_ids: TokenIds) -> F32Array:
+        """Append token_ids to the cache like ``forward``, and return every layer's output
+        float32 [L, T, E] (the residual stream after each layer; no logits)."""
+        ids = self._ids(token_ids)
+        T = int(ids.size)
+        self._check_room(T, "hidden_states")
+        hidden = np.empty((self.config.n_layers, T, self.config.embed_dim), dtype=np.float32)
+        self._run(tokens=ids, hidden=hidden)
+        self._position += T
+        return hidden
+
+    def _run(self, **kwargs: Any) -> None:
+        if not self._lock.acquire(blocking=False):
+            raise RuntimeError("Model: already running in another thread (a model is one "
+                               "sequence: use one model per thread)")
+        try:
+            self._runner.forward(start_pos=self._position, **kwargs)
+        finally:
+            self._lock.release()
+
+    def embed(self, token_ids: TokenIds) -> F32Array:
+        """The embedding rows of token_ids, float32 [T, E] (only those rows are dequantized)."""
+        import megafuse
+        ids = self._ids(token_ids)
+        rows = np.ascontiguousarray(self._embedding[ids])
+        return megafuse.dequantize(rows, self._embedding_dt, (ids.size, self.config.embed_dim))
+
+    # ---- generation -------------------------------------------------------------------------
+
+    def end_of_generation_ids(self) -> Tuple[int, ...]:
+        """The ids that end a generation: the tokenizer's end-of-generation set when the
+        tokenizer can be built, else the file's eos / eot / eom ids (none for a file without a
+        vocabulary)."""
+        try:
+            return tuple(sorted(self.tokenizer.eog_ids))
+        except (ImportError, ValueError):       # no `tokenizers` package; no vocabulary
+            pass
+        from megafuse.llm import gguf as _gguf
+        ids: Set[int] = set()
+        for key in ("eos", "eot", "eom"):       # (not an integer >= 0: ValueError naming it)
+            value = _gguf._int_field(self._source, f"tokenizer.ggml.{key}_token_id", None,
+                                     minimum=0)
+            if value is not None:
+                ids.add(value)
+        return tuple(sorted(ids))
+
+    def generate(self, prompt_ids: TokenIds, max_new_tokens: int, *, temperature: float = 0.0,
+                 top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0,
+                 repeat_penalty: float = 1.0, seed: Optional[int] = None,
+                 stop: Optional[Iterable[Union[int, str]]] = None) -> Iterator[int]:
+        """Yield up to max_new_tokens new token ids, one at a time, after prompt_ids (appended
+        to the cache at ``position``).  temperature 0 is greedy; otherwise top-k / top-p /
+        min-p sampling (megafuse.llm.sampling), reproducible with a seed.
+
+        Generation ends at an end-of-generation token of the file (not yielded), at a token id
+        in `stop` (not yielded), when the decoded text of the generated tokens contains a
+        string in `stop` (the token completing it is yielded), after max_new_tokens, or when
+        the cache is full.  ``stop_reason`` then says which: "eog", "stop", "length" or
+        "context".  The prompt is checked (ids, room in the cache) before anything runs.
+        """
+        from megafuse.llm.sampling import Sampler, _integer
+        n_new = _integer(max_new_tokens, "max_new_tokens", 0)
+        sampler = Sampler(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                          repeat_penalty=repeat_penalty, seed=seed)
+        ids = self._ids(prompt_ids, "prompt_ids")
+        self._check_room(int(ids.size), "generate")
+        stop_ids: Set[int] = set()
+        stop_texts: List[str] = []
+        for item in stop or ():
+            if isinstance(item, str):
+                stop_texts.append(item)
+            else:
+                stop_ids.add(int(item))
+        eog = set(self.end_of_generation_ids())
+        return self._generate(ids, n_new, sampler, eog, stop_ids, stop_texts)
+
+    def _generate(self, ids: npt.NDArray[np.int32], n_new: int, sampler: Any, eog: Set[int],
+                  stop_ids: Set[int], stop_texts: List[str]) -> Iterator[int]:
+        self.stop_reason = None
+        history = [int(i) for i in ids]
+        if n_new == 0:
+            self.stop_reason = "length"
+            return
+        logits = self.forward(ids)
+        text = ""
+        decoder = self.tokenizer.stream_decoder(at_start=False) if stop_texts else None
+        for count in range(n_new):
+            token = sampler.sample(logits, history)
+            if token in eog:
+                self.stop_reason = "eog"
+                return
+            if token in stop_ids:
+                self.stop_reason = "stop"
+                return
+            history.append(token)
+            yield token
+            if decoder is not None:
+                text += decoder.push(token)
+                if any(s in text for s in stop_texts):
+                    self.stop_reason = "stop"
+                    return
+            if count + 1 == n_new:
+                self.stop_reason = "length"
+                return
+            if self._position >= self.cache_capacity:
+                self.stop_reason = "context"
+                return
+            logits = self.forward([token])
+
+    # ---- checking ---------------------------------------------------------------------------
+
+    def reference(self, token_ids: TokenIds, *,
+                  quantize_activations: Optional[bool] = None) -> Tuple[F32Array, F32Array]:
+        """What ``forward(token_ids, logits="all")`` on an empty cache computes, by
+        ``megafuse.reference.model_forward`` (plain NumPy, float64 math on the same weights):
+        (logits [T, V], hidden [L, T, E]).  quantize_activations defaults to this model's mode
+        (True: the int8 path's emulation); the reference's cache holds this model's kv_dtype.
+        The model's own cache is not touched.  Slow: for checking, not for running."""
+        import importlib
+        ref: Any = importlib.import_module("megafuse.reference")
+        ids = self._ids(token_ids)
+        if ids.size > self.cache_capacity:
+            raise ValueError(f"token_ids: {ids.size} tokens exceed cache_capacity = "
+                             f"{self.cache_capacity}")
+        if quantize_activations is None:
+            quantize_activations = self.activations == "int8"
+        c = self.config
+        out: Tuple[F32Array, F32Array] = ref.model_forward(
+            self._layers, self._embedding, int(self._embedding_dt), self._out_norm, self._head,
+            int(self._head_dt), ids, c.embed_dim, c.num_heads, c.num_kv_heads, c.head_dim,
+            c.intermediate_dim, c.vocab_size, c.eps, self.rope_cos, self.rope_sin,
+            quantize_activations=bool(quantize_activations), kv_dtype=self.kv_dtype)
+        return out
+
+    def layer(self, index: int, *, cache_capacity: Optional[int] = None) -> Any:
+        """Layer `index` as a ``megafuse.DecoderLayer`` sharing this model's weights (its own,
+        new KV cache) and activation mode: for checking a layer against
+        ``megafuse.reference``."""
+        from megafuse.llm.layer import DecoderLayer
+        if isinstance(index, bool) or not hasattr(index, "__index__"):
+            raise TypeError(f"index: expected an int, got {type(index).__name__}")
+        if not 0 <= index < self.config.n_layers:
+            raise ValueError(f"index: expected a layer in 0..{self.config.n_layers - 1}, got "
+                             f"{index}")
+        spec, cfg = self._layers[index], self.config
+        kwargs = {name: spec[name] for name in ("ln1_gamma", "ln2_gamma", "wq", "wk", "wv", "wo",
+                                                "w1", "w2", "bq", "bk", "bv", "bo", "b1", "b2")}
+        dtypes = {name: CKDataType(spec[name + "_dt"]) for name in
+                  ("wq", "wk", "wv", "wo", "w1", "w2")}
+        layer = DecoderLayer(**kwargs, dtypes=dtypes, embed_dim=cfg.embed_dim,
+                             num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads,
+                             head_dim=cfg.head_dim, intermediate_dim=cfg.intermediate_dim,
+                             eps=cfg.eps, rope_theta=cfg.rope_theta,
+                             cache_capacity=cache_capacity or self.cache_capacity,
+                             rope_position_scale=cfg.rope_position_scale,
+                             rope_freq_factors=self._rope_freq_factors,
+                             activations=self.activations, kv_dtype=self.kv_dtype)
+        return layer
+
+
+__all__ = ["Model", "ModelConfig"]

@@ -1,0 +1,234 @@
+"""The megafuse command: `megafuse bench` (the default) and `megafuse info`."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import megafuse
+from megafuse import cli
+
+SMALL = dict(embed_dim=256, num_heads=4, num_kv_heads=2, head_dim=64, intermediate_dim=512)
+
+
+def run(argv, capsys):
+    status = cli.main(argv)
+    captured = capsys.readouterr()
+    return status, captured.out, captured.err
+
+
+def test_info_prints_show_config(capsys):
+    status, out, _ = run(["info"], capsys)
+    assert status == 0
+    assert "simd_level" in out and megafuse.simd_level() in out and "include_dir" in out
+
+
+def test_bench_is_the_default_and_checks_a_qwen2_layer(tmp_path, capsys):
+    path = tmp_path / "out.json"
+    status, out, err = run(["--tokens", "16", "--decode", "3", "--repeat", "1", "--json",
+                            str(path)], capsys)
+    assert status == 0, out + err
+    assert "embed 896, 14 heads, 2 kv heads, head_dim 64, ffn 4864" in out
+    assert "median ms" in out and "GFLOP/s" in out and "max rel err" in out
+    assert "OK: max relative error" in out
+    assert "megafuse bench: prefill" in err and "megafuse bench: decode" in err   # progress
+    report = json.loads(path.read_text())
+    assert report["formats"] == {k: "Q8_0" for k in ("wq", "wk", "wv", "wo", "w1", "w2")}
+    assert [r["phase"] for r in report["results"]] == ["prefill", "decode"]
+    for r in report["results"]:
+        assert set(r) == {"phase", "tokens", "median_ms", "tokens_per_s", "gb_per_s",
+                          "gflop_per_s", "max_rel_error"}
+        assert r["median_ms"] > 0 and r["gflop_per_s"] > 0
+        assert 0 < r["max_rel_error"] <= cli.TOLERANCE["quantized"]
+    assert report["ok"] is True and report["tolerance"] == cli.TOLERANCE["quantized"]
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "fp16", "bf16", "q4_0", "q5_1", "q4_k", "q6_k"])
+def test_bench_every_format(dtype, monkeypatch, tmp_path, capsys):
+    monkeypatch.setattr(cli, "QWEN2_05B", dict(cli.QWEN2_05B, **SMALL))
+    path = tmp_path / "out.json"
+    status, out, err = run(["bench", "--dtype", dtype, "--tokens", "12", "--decode", "2",
+                            "--repeat", "1", "--json", str(path)], capsys)
+    assert status == 0, out + err
+    report = json.loads(path.read_text())
+    assert set(report["formats"].values()) == {dtype.upper()}
+    bound = cli.TOLERANCE["float"] if dtype in ("fp32", "fp16", "bf16") else \
+        cli.TOLERANCE["quantized"]
+    assert report["int8_path"] == dtype.startswith("q")
+    assert all(r["max_rel_error"] <= bound for r in report["results"])
+
+
+def test_kquants_fall_back_on_896_columns_as_llama_cpp_does():
+    layer = cli.random_layer("q4_k", 4)
+    assert {k: v.name for k, v in layer.dtypes.items()} == {
+        "wq": "Q5_0", "wk": "Q5_0", "wv": "Q5_0", "wo": "Q5_0", "w1": "Q5_0", "w2": "Q4_K"}
+
+
+def test_bench_on_a_gguf_file(tmp_path, capsys):
+    pytest.importorskip("gguf")
+    from test_gguf import TENSORS, write_model
+    path = tmp_path / "model.gguf"
+    formats = dict({k: "Q8_0" for k in TENSORS}, w2="Q6_K")
+    write_model(path, "qwen2", formats, n_layers=2)
+    status, out, err = run(["bench", "--model", str(path), "--layer", "1", "--tokens", "10",
+                            "--decode", "2", "--repeat", "1"], capsys)
+    assert status == 0, out + err
+    assert f"layer 1 of {path}" in out and "embed 256, 4 heads, 2 kv heads" in out
+    assert "w2=Q6_K" in out and "OK" in out
+
+
+def test_a_mismatch_fails(monkeypatch, capsys):
+    monkeypatch.setattr(cli, "QWEN2_05B", dict(cli.QWEN2_05B, **SMALL))
+    monkeypatch.setattr(cli, "TOLERANCE", {"float": 0.0, "quantized": 0.0})
+    status, out, _ = run(["--tokens", "4", "--decode", "1", "--repeat", "1"], capsys)
+    assert status == 1 and "MISMATCH" in out
+
+
+def test_no_check(monkeypatch, capsys):
+    monkeypatch.setattr(cli, "QWEN2_05B", dict(cli.QWEN2_05B, **SMALL))
+    status, out, _ = run(["--tokens", "4", "--decode", "0", "--repeat", "1", "--no-check"],
+                         capsys)
+    assert status == 0 and "--no-check" in out and "decode" not in out.split("phase")[1]
+
+
+@pytest.mark.parametrize("argv", [["--tokens", "0"], ["--dtype", "q9_0"], ["--decode", "-1"],
+                                  ["--depth", "-1"], ["frobnicate"]])
+def test_bad_arguments_are_usage_errors(argv, capsys):
+    with pytest.raises(SystemExit) as exc:
+        cli.main(argv)
+    assert exc.value.code == 2
+
+
+def test_missing_model_file(tmp_path, capsys):
+    status, _, err = run(["--model", str(tmp_path / "nope.gguf")], capsys)
+    assert status == 2 and "nope.gguf" in err
+
+
+def _env():
+    env = dict(os.environ)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(megafuse.__file__)))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    return env
+
+
+def test_python_dash_m_megafuse():
+    done = subprocess.run([sys.executable, "-m", "megafuse", "info"], capture_output=True,
+                          text=True, env=_env(), timeout=120)
+    assert done.returncode == 0 and "simd_level" in done.stdout
+    done = subprocess.run([sys.executable, "-m", "megafuse", "--help"], capture_output=True,
+                          text=True, env=_env(), timeout=120)
+    assert done.returncode == 0 and "bench" in done.stdout and "run" in done.stdout
+    done = subprocess.run([sys.executable, "-m", "megafuse", "run", "--help"],
+                          capture_output=True, text=True, env=_env(), timeout=120)
+    assert done.returncode == 0 and "--chat" in done.stdout and "--activations" in done.stdout
+
+
+def test_console_script():
+    exe = shutil.which("megafuse")
+    if exe is None:
+        pytest.skip("the megafuse console script is not installed (pip install -e .)")
+    done = subprocess.run([exe, "info"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "simd_level" in done.stdout
+
+
+def test_bench_model_rows_pp_and_tg(tmp_path, capsys):
+    """--model adds the whole-model rows of llama-bench: ppN and tgN, in the JSON too."""
+    pytest.importorskip("gguf")
+    from test_model import write_model
+    path = write_model(tmp_path / "m.gguf", "llama", "Q4_1", n_layers=2)
+    out_json = tmp_path / "r.json"
+    status, out, err = run(["bench", "--model", str(path), "--tokens", "8", "--decode", "2",
+                            "--repeat", "2", "--pp", "16", "--tg", "4", "--json",
+                            str(out_json)], capsys)
+    assert status == 0, out + err
+    assert "pp16" in out and "tg4" in out and "t/s" in out
+    report = json.loads(out_json.read_text())["model"]
+    assert [r["test"] for r in report["results"]] == ["pp16", "tg4"]
+    assert all(r["tokens_per_s"] > 0 for r in report["results"])
+    assert report["formats"]["Q4_1"] == "12" and report["activations"] == "int8"
+
+
+def test_bench_model_rows_at_a_depth(tmp_path, monkeypatch, capsys):
+    """--depth D: both rows start after D cached tokens (llama-bench's -d), named so."""
+    pytest.importorskip("gguf")
+    from megafuse.llm.model import Model
+    from test_model import write_model
+    path = write_model(tmp_path / "m.gguf", "llama", "Q4_1", n_layers=2)
+    out_json = tmp_path / "r.json"
+    calls = []                           # (cache position, tokens) of every forward call
+    forward = Model.forward
+
+    def recording_forward(self, ids, *a, **k):
+        calls.append((self.position, len(ids)))
+        return forward(self, ids, *a, **k)
+    monkeypatch.setattr(Model, "forward", recording_forward)
+    status, out, err = run(["bench", "--model", str(path), "--tokens", "8", "--decode", "2",
+                            "--repeat", "2", "--pp", "8", "--tg", "4", "--depth", "40",
+                            "--json", str(out_json)], capsys)
+    assert status == 0, out + err
+    assert "pp8 @ d40" in out and "tg4 @ d40" in out
+    report = json.loads(out_json.read_text())["model"]
+    assert [r["test"] for r in report["results"]] == ["pp8 @ d40", "tg4 @ d40"]
+    assert report["depth"] == 40 and all(r["depth"] == 40 for r in report["results"])
+    # each run: a prefill of 40 from an empty cache, then the row's tokens from position 40
+    assert all(pos == 0 for pos, n in calls if n == 40)
+    assert [c for c in calls if c[1] != 40] == [(40, 8)] * 3 + [(40 + j, 1) for j in range(4)] * 3
+    assert all(r["tokens_per_s"] > 0 for r in report["results"])
+
+
+def test_kv_dtype_float16_reaches_the_model(tmp_path, monkeypatch, capsys):
+    """--kv-dtype float16 (bench and run) builds the model with a float16 KV cache."""
+    pytest.importorskip("gguf")
+    from megafuse.llm.model import Model
+    from test_model import write_model
+    path = write_model(tmp_path / "m.gguf", "llama", "Q8_0", n_layers=2)
+    out_json = tmp_path / "r.json"
+    status, out, err = run(["bench", "--model", str(path), "--tokens", "8", "--decode", "2",
+                            "--repeat", "2", "--pp", "8", "--tg", "2", "--kv-dtype", "float16",
+                            "--json", str(out_json)], capsys)
+    assert status == 0, out + err
+    assert "float16 KV cache" in out
+    assert json.loads(out_json.read_text())["model"]["kv_dtype"] == "float16"
+    seen = []
+    init = Model.__init__
+
+    def recording_init(self, *a, **k):
+        init(self, *a, **k)
+        seen.append(self._layers[0]["k_cache"].dtype)
+    monkeypatch.setattr(Model, "__init__", recording_init)
+    status, _, err = run(["run", "--model", str(path), "-p", "x", "-n", "1", "--kv-dtype",
+                          "float16"], capsys)
+    assert seen == [np.float16]
+    with pytest.raises(SystemExit) as exc:               # argparse's usage error
+        cli.main(["run", "--model", str(path), "-p", "x", "--kv-dtype", "bf16"])
+    assert exc.value.code == 2 and "--kv-dtype" in capsys.readouterr().err
+
+
+def test_run_answers_the_france_question(smollm2_path, capsys):
+    pytest.importorskip("tokenizers")
+    status, out, err = run(["run", "--model", smollm2_path, "--chat", "-p",
+                            "What is the capital of France?", "-n", "16"], capsys)
+    assert status == 0, err
+    assert "Paris" in out
+    assert "prompt 37 tokens" in err and "prefill" in err and "decode" in err
+    assert "tokens/s" in err and "stopped: eog" in err
+
+
+def test_run_samples_reproducibly_and_reports_bad_input(smollm2_path, capsys):
+    pytest.importorskip("tokenizers")
+    argv = ["run", "--model", smollm2_path, "-p", "Once upon a time", "-n", "6",
+            "--temperature", "0.8", "--top-k", "40", "--seed", "3", "--activations", "int8"]
+    first = run(argv, capsys)
+    second = run(argv, capsys)
+    assert first[0] == second[0] == 0 and first[1] == second[1] and first[1].strip()
+    status, _, err = run(["run", "--model", smollm2_path, "-p", "x" * 40, "--ctx", "4"], capsys)
+    assert status == 2 and "cache_capacity is 4" in err
+
+
+def test_run_needs_a_prompt(capsys):
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["run"])
+    assert exc.value.code == 2

