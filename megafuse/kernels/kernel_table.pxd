@@ -14,6 +14,7 @@
 
 from megafuse._ckernel_dtype cimport CKDataType
 
+from libc.stddef cimport ptrdiff_t
 from libc.stdint cimport int32_t, int64_t, uint32_t
 
 cdef extern from "megafuse/mf_simd.h" nogil:
@@ -107,7 +108,7 @@ cdef extern from "megafuse/mf_model.h" nogil:
         float *logits
         int T, S, R, first_logit_row
         int att_kind
-        Py_ssize_t att_tasks, att_n_chunks, att_n_seg, att_seg_len, att_max_seg
+        ptrdiff_t att_tasks, att_n_chunks, att_n_seg, att_seg_len, att_max_seg
         size_t solo_bytes
     enum: MF_STEP_SOLO_BYTES
 

@@ -35,9 +35,8 @@ include "kernels/checks.pxi"
 cdef const mf_boundary *_boundary = <const mf_boundary *>PyCapsule_GetPointer(
     _kernels._boundary_capsule(), b"megafuse.boundary")
 
-_LAYER_WEIGHTS = ("wq", "wk", "wv", "wo", "w1", "w2")
-_LAYER_BIASES = ("bq", "bk", "bv", "bo", "b1", "b2")
-_BLOCK_FORMATS = (5, 6, 7, 8, 9, 11, 12, 13)      # Q4_0 ... Q5_K: activations are quantized
+# a layer's matrices and biases, by the roles of megafuse.llm.arch
+from megafuse.llm.arch import BIAS_ROLES as _LAYER_BIASES, MATRIX_ROLES as _LAYER_WEIGHTS
 
 
 # The thread team every runner uses (one per process, remade when the thread count changes),
@@ -475,7 +474,7 @@ def _check_separate(written, read):
                                  f"overlaps {name}")
 
 
-# ---- a test hook of the thread team (tests/test_model_step.py) --------------------------------
+# ---- a test hook of the thread team (tests/llm/test_model.py) ---------------------------------
 
 cdef struct _TeamProbe:
     int n_phases

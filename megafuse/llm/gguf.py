@@ -7,8 +7,9 @@ corrupt file is a ValueError naming the file and what is wrong; a big-endian fil
 NotImplementedError.  Every function here also takes a ``gguf.GGUFReader`` (the ``gguf``
 package, which megafuse's tests use to write files).
 
-Layers of llama- and qwen2-architecture files come in their GGML format, mapped to
-``megafuse.CKDataType``:
+Which tensors a layer of each architecture has, their shapes and what the loader does to them
+is megafuse.llm.arch's table (no tensor name is spelled here).  Weights come in their GGML
+format, mapped to ``megafuse.CKDataType``:
 
     F32 -> FP32, F16 -> FP16, BF16 -> BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K
 
@@ -21,7 +22,7 @@ naming the tensor and its type.  Three things are copies:
   the one with more bits per weight (the gate's on a tie): the other is dequantized and
   requantized with megafuse.quantize (exact when it is a float format; otherwise a small extra
   rounding of that half of w1).
-* llama's ``attn_q`` / ``attn_k`` (and their biases): llama.cpp's converter
+* llama's q / k rows (and their biases; the table's ``permute_qk``): llama.cpp's converter
   (``convert_hf_to_gguf.py``, ``LlamaModel.permute``) reorders each head's rows from the
   rotate-half pairs (i, i + D/2) of HF transformers to the interleaved pairs (2i, 2i + 1) that
   GGML's "normal" RoPE wants.  megafuse's RoPE is rotate-half, so the rows are put back (row
@@ -56,11 +57,12 @@ import numpy.typing as npt
 
 import megafuse as _mf   # the compiled helpers (megafuse is initialised before this module)
 from megafuse.kernels.dtype import CKDataType
+from megafuse.llm import arch as _arch
 from megafuse.llm.metadata_values import describe as _describe, is_int as _is_int, \
     is_number as _is_number
 
-#: The architectures this module reads, and whether llama.cpp permuted their q/k rows.
-ARCHITECTURES: Dict[str, bool] = {"llama": True, "qwen2": False}
+#: The architectures this module reads: megafuse.llm.arch's table.
+ARCHITECTURES: Dict[str, _arch.Architecture] = _arch.ARCHITECTURES
 
 #: GGML type name -> megafuse weight format.
 GGML_TO_CK: Dict[str, CKDataType] = {
@@ -621,70 +623,72 @@ def _str_field(reader: Any, key: str, default: Any = _REQUIRED) -> Any:
 
 
 def architecture(reader: Any) -> str:
-    """``general.architecture``; NotImplementedError unless it is llama or qwen2 (missing or
-    not a string: ValueError)."""
-    arch = _str_field(reader, "general.architecture")
-    if arch not in ARCHITECTURES:
-        raise NotImplementedError(f"general.architecture: megafuse reads "
-                                  f"{' and '.join(ARCHITECTURES)} GGUF files, got {arch!r}")
-    return str(arch)
+    """``general.architecture``; NotImplementedError unless megafuse.llm.arch has a row for it
+    (missing or not a string: ValueError)."""
+    return _arch.architecture(_str_field(reader, "general.architecture")).name
+
+
+def _keys(arch: _arch.Architecture) -> Dict[str, str]:
+    """{hyper-parameter role: its full GGUF key} of an architecture."""
+    return {role: f"{arch.name}.{key}" for role, key in _arch.COMMON_HPARAMS + arch.hparams}
 
 
 def hparams(source: PathOrReader, layer_index: int = 0) -> Dict[str, Any]:
-    """The hyper-parameters of a llama / qwen2 file, named as DecoderLayer's keywords:
-    architecture, block_count, context_length, embed_dim, num_heads, num_kv_heads, head_dim,
-    intermediate_dim, eps, rope_theta, rope_position_scale (per-layer arrays: the value of
-    ``layer_index``).  A missing key, a value of the wrong type, a dimension < 1, a per-layer
-    array without one value per layer, an epsilon or RoPE base that is not finite and > 0:
-    ValueError naming the key."""
+    """The hyper-parameters of a file of an architecture megafuse runs (megafuse.llm.arch),
+    named as DecoderLayer's keywords: architecture, block_count, context_length, embed_dim,
+    num_heads, num_kv_heads, head_dim, intermediate_dim, eps, rope_theta, rope_position_scale
+    (per-layer arrays: the value of ``layer_index``).  A missing key, a value of the wrong type,
+    a dimension < 1, a per-layer array without one value per layer, an epsilon or RoPE base
+    that is not finite and > 0: ValueError naming the key."""
     reader = open_reader(source)
-    arch = architecture(reader)
-    L = _int_field(reader, f"{arch}.block_count")
+    arch = _arch.architecture(_str_field(reader, "general.architecture"))
+    key = _keys(arch)
+    L = _int_field(reader, key["block_count"])
     per_layer = {"layer": layer_index, "n_layers": L}
-    E = _int_field(reader, f"{arch}.embedding_length")
-    H = _int_field(reader, f"{arch}.attention.head_count", **per_layer)
-    G = _int_field(reader, f"{arch}.attention.head_count_kv", H, **per_layer)
-    D = _int_field(reader, f"{arch}.attention.key_length", None)
+    E = _int_field(reader, key["embed_dim"])
+    H = _int_field(reader, key["num_heads"], **per_layer)
+    G = _int_field(reader, key["num_kv_heads"], H, **per_layer)
+    D = _int_field(reader, key["head_dim"], None)
     if D is None:
         if E < H:
-            raise ValueError(f"GGUF metadata: {arch}.attention.head_count: {H} heads of "
+            raise ValueError(f"GGUF metadata: {key['num_heads']}: {H} heads of "
                              f"embedding_length = {E} leave no head_dim (and "
-                             f"{arch}.attention.key_length is missing)")
+                             f"{key['head_dim']} is missing)")
         D = E // H
-    Dv = _int_field(reader, f"{arch}.attention.value_length", None)
+    Dv = _int_field(reader, key["value_dim"], None)
     if Dv is not None and Dv != D:
-        raise NotImplementedError(f"{arch}.attention.value_length = {Dv} differs from "
+        raise NotImplementedError(f"{key['value_dim']} = {Dv} differs from "
                                   f"key_length = {D}: not supported")
-    experts = _int_field(reader, f"{arch}.expert_count", None, minimum=0)
+    experts = _int_field(reader, key["expert_count"], None, minimum=0)
     if experts:
-        raise NotImplementedError(f"{arch}.expert_count = {experts}: mixture-of-experts layers "
-                                  f"are not supported")
-    rope_dims = _int_field(reader, f"{arch}.rope.dimension_count", None, minimum=0)
+        raise NotImplementedError(f"{key['expert_count']} = {experts}: mixture-of-experts "
+                                  f"layers are not supported")
+    rope_dims = _int_field(reader, key["rope_dims"], None, minimum=0)
     if rope_dims is not None and rope_dims != D:
-        raise NotImplementedError(f"{arch}.rope.dimension_count = {rope_dims}: partial rotary "
+        raise NotImplementedError(f"{key['rope_dims']} = {rope_dims}: partial rotary "
                                   f"embeddings (head_dim = {D}) are not supported")
-    scaling = _str_field(reader, f"{arch}.rope.scaling.type", "none")
+    scaling = _str_field(reader, key["rope_scaling"], "none")
     position_scale = 1.0
     if scaling == "linear":
         # llama.cpp reads a factor of 0 as no scaling (rope_freq_scale_train = 1), as we do
-        key = f"{arch}.rope.scaling.factor"
-        raw = _field(reader, key)
-        factor = 1.0 if _is_number(raw) and raw == 0 else _float_field(reader, key, 1.0)
+        raw = _field(reader, key["rope_scaling_factor"])
+        factor = (1.0 if _is_number(raw) and raw == 0
+                  else _float_field(reader, key["rope_scaling_factor"], 1.0))
         position_scale = 1.0 / factor
     elif scaling != "none":
-        raise NotImplementedError(f"{arch}.rope.scaling.type = {scaling!r}: only linear RoPE "
+        raise NotImplementedError(f"{key['rope_scaling']} = {scaling!r}: only linear RoPE "
                                   f"scaling is supported")
     return {
-        "architecture": arch,
+        "architecture": arch.name,
         "block_count": L,
-        "context_length": _int_field(reader, f"{arch}.context_length", 0, minimum=0),
+        "context_length": _int_field(reader, key["context_length"], 0, minimum=0),
         "embed_dim": E,
         "num_heads": H,
         "num_kv_heads": G,
         "head_dim": D,
-        "intermediate_dim": _int_field(reader, f"{arch}.feed_forward_length", **per_layer),
-        "eps": _float_field(reader, f"{arch}.attention.layer_norm_rms_epsilon", 1e-6),
-        "rope_theta": _float_field(reader, f"{arch}.rope.freq_base", 10000.0),
+        "intermediate_dim": _int_field(reader, key["intermediate_dim"], **per_layer),
+        "eps": _float_field(reader, key["eps"], 1e-6),
+        "rope_theta": _float_field(reader, key["rope_theta"], 10000.0),
         "rope_position_scale": position_scale,
     }
 
@@ -769,13 +773,9 @@ def permute_rows(w: npt.NDArray[Any], n_head: int) -> npt.NDArray[Any]:
         w.reshape(n_head, 2, rows // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape))
 
 
-def _gate_up(reader: Any, prefix: str, I: int, E: int) -> Tuple[npt.NDArray[Any], CKDataType]:
+def _gate_up(gate: Any, g_dt: CKDataType, up: Any, u_dt: CKDataType, I: int,
+             E: int) -> Tuple[npt.NDArray[Any], CKDataType]:
     """w1 = [gate rows; up rows] in one format (see the module docstring for mixed formats)."""
-    import megafuse as _mf
-    gate, g_dt = tensor(reader, f"{prefix}.ffn_gate.weight")
-    up, u_dt = tensor(reader, f"{prefix}.ffn_up.weight")
-    _check_matrix(reader, f"{prefix}.ffn_gate.weight", I, E)
-    _check_matrix(reader, f"{prefix}.ffn_up.weight", I, E)
     if g_dt != u_dt:
         target = u_dt if BITS_PER_WEIGHT[u_dt] > BITS_PER_WEIGHT[g_dt] else g_dt
 
@@ -791,62 +791,106 @@ def _gate_up(reader: Any, prefix: str, I: int, E: int) -> Tuple[npt.NDArray[Any]
     return np.concatenate([gate.reshape(I, -1), up.reshape(I, -1)], axis=0), g_dt
 
 
+def _layer_tensor(reader: Any, name: str, spec: _arch.TensorSpec,
+                  dims: Dict[str, int]) -> Tuple[Any, Optional[CKDataType]]:
+    """(data, format) of one layer tensor: a matrix as stored (zero-copy), a vector as float32;
+    its shape checked against the architecture's rule."""
+    shape = _arch.shape_of(spec, dims)
+    if len(shape) == 1:
+        return _float_vector(reader, name, shape[0]), None
+    data, dt = tensor(reader, name)
+    _check_matrix(reader, name, *shape)
+    return data, dt
+
+
+def model_arrays(source: PathOrReader, dims: Dict[str, int],
+                 roles: Optional[Tuple[str, ...]] = None) -> Dict[str, Any]:
+    """The model's own tensors (megafuse.llm.arch.COMMON_MODEL_TENSORS and the architecture's
+    ``model_tensors``) by role: matrices as (data, format), vectors as float32; None for an
+    optional tensor the file lacks.  dims: E, D, V (the vocabulary: None to take the
+    embedding's rows).  roles: only these."""
+    reader = open_reader(source)
+    arch = _arch.architecture(_str_field(reader, "general.architecture"))
+    names = _tensor_map(reader)
+    dims = dict(dims)
+    out: Dict[str, Any] = {}
+    for spec in _arch.COMMON_MODEL_TENSORS + arch.model_tensors:
+        if roles is not None and spec.role not in roles:
+            continue
+        if spec.gguf not in names:
+            if spec.required:
+                raise ValueError(f"{spec.gguf}: a {arch.name} model needs this tensor; the "
+                                 f"file has none")
+            out[spec.role] = None
+            continue
+        if dims.get("V") is None and "V" in spec.shape[:1]:
+            dims["V"] = int(tensor(reader, spec.gguf)[0].shape[0])
+        shape = _arch.shape_of(spec, dims)
+        if len(shape) == 1:
+            out[spec.role] = _float_vector(reader, spec.gguf, shape[0])
+        else:
+            data, dt = tensor(reader, spec.gguf)
+            _check_matrix(reader, spec.gguf, *shape)
+            out[spec.role] = (data, dt)
+    return out
+
+
 def layer_arrays(source: PathOrReader, layer_index: int) -> Dict[str, Any]:
     """Everything ``DecoderLayer(...)`` needs for layer ``layer_index``: the weights (stored
     format, zero-copy where possible), their ``dtypes``, the biases, the hyper-parameters, and
-    ``context_length`` (for the caller to size the cache)."""
+    ``context_length`` (for the caller to size the cache).  Which tensors a layer has, their
+    shapes and what is done to them is the architecture's row in megafuse.llm.arch."""
     if isinstance(layer_index, bool) or not hasattr(layer_index, "__index__"):
         raise TypeError(f"layer_index: expected an int, got {type(layer_index).__name__}")
     layer_index = int(layer_index.__index__())
     reader = open_reader(source)
-    n_layers = _int_field(reader, f"{architecture(reader)}.block_count")
+    arch = _arch.architecture(_str_field(reader, "general.architecture"))
+    n_layers = _int_field(reader, _keys(arch)["block_count"])
     if not 0 <= layer_index < n_layers:
         raise ValueError(f"layer_index: expected a layer in 0..{n_layers - 1}, got "
                          f"{layer_index}")
     hp = hparams(reader, layer_index)
-    arch = hp["architecture"]
     E, H, G, D, I = (hp["embed_dim"], hp["num_heads"], hp["num_kv_heads"], hp["head_dim"],
                      hp["intermediate_dim"])
-    p = f"blk.{layer_index}"
+    dims = {"E": E, "H": H, "G": G, "D": D, "I": I}
     names = _tensor_map(reader)
 
-    shapes = {"attn_q": (H * D, E), "attn_k": (G * D, E), "attn_v": (G * D, E),
-              "attn_output": (E, H * D), "ffn_down": (E, I)}
-    keys = {"attn_q": "wq", "attn_k": "wk", "attn_v": "wv", "attn_output": "wo",
-            "ffn_down": "w2"}
-    out: Dict[str, Any] = {}
+    found: Dict[str, Any] = {}
     dtypes: Dict[str, CKDataType] = {}
-    for gname, (rows, cols) in shapes.items():
-        full = f"{p}.{gname}.weight"
-        data, dt = tensor(reader, full)
-        _check_matrix(reader, full, rows, cols)
-        out[keys[gname]], dtypes[keys[gname]] = data, dt
-    out["w1"], dtypes["w1"] = _gate_up(reader, p, I, E)
-
-    out["ln1_gamma"] = _float_vector(reader, f"{p}.attn_norm.weight", E)
-    out["ln2_gamma"] = _float_vector(reader, f"{p}.ffn_norm.weight", E)
-    for gname, key, size in (("attn_q", "bq", H * D), ("attn_k", "bk", G * D),
-                             ("attn_v", "bv", G * D), ("attn_output", "bo", E),
-                             ("ffn_gate", "b_gate", I), ("ffn_up", "b_up", I),
-                             ("ffn_down", "b2", E)):
-        full = f"{p}.{gname}.bias"
-        out[key] = _float_vector(reader, full, size) if full in names else None
-    b_gate, b_up = out.pop("b_gate"), out.pop("b_up")
+    for full, spec in arch.tensor_names(layer_index).items():
+        if full not in names:
+            if spec.required:
+                raise ValueError(f"{full}: a {arch.name} layer needs this tensor; the file has "
+                                 f"none")
+            continue
+        data, dt = _layer_tensor(reader, full, spec, dims)
+        if spec.parts:                          # a fused tensor, cut into its roles by rows
+            row = 0
+            for role, rows in spec.parts:
+                n = _arch.evaluate(rows, dims)
+                found[role], dtypes[role] = data[row:row + n], dt
+                row += n
+        else:
+            found[spec.role] = data
+            if dt is not None:
+                dtypes[spec.role] = dt
+    if "w_gate" in found:                       # gate and up as one [2*I, E] matrix
+        found["w1"], dtypes["w1"] = _gate_up(found.pop("w_gate"), dtypes.pop("w_gate"),
+                                             found.pop("w_up"), dtypes.pop("w_up"), I, E)
+    b_gate, b_up = found.pop("b_gate", None), found.pop("b_up", None)
     if b_gate is not None or b_up is not None:
-        out["b1"] = np.concatenate([np.zeros(I, np.float32) if b_gate is None else b_gate,
-                                    np.zeros(I, np.float32) if b_up is None else b_up])
+        found["b1"] = np.concatenate([np.zeros(I, np.float32) if b_gate is None else b_gate,
+                                      np.zeros(I, np.float32) if b_up is None else b_up])
 
-    if ARCHITECTURES[arch]:           # llama: put q / k rows back in rotate-half order
-        out["wq"] = unpermute_rows(out["wq"], H)
-        out["wk"] = unpermute_rows(out["wk"], G)
-        if out["bq"] is not None:
-            out["bq"] = unpermute_rows(out["bq"], H)
-        if out["bk"] is not None:
-            out["bk"] = unpermute_rows(out["bk"], G)
+    if arch.permute_qk:               # llama: put q / k rows back in rotate-half order
+        for role, heads in (("wq", H), ("wk", G), ("bq", H), ("bk", G)):
+            if found.get(role) is not None:
+                found[role] = unpermute_rows(found[role], heads)
 
-    freq_factors = None
-    if "rope_freqs.weight" in names:
-        freq_factors = _float_vector(reader, "rope_freqs.weight", D // 2)
+    out: Dict[str, Any] = {role: found[role] for role in _arch.MATRIX_ROLES + _arch.NORM_ROLES}
+    for role in _arch.BIAS_ROLES:
+        out[role] = found.get(role)
+    freq_factors = model_arrays(reader, dims, roles=("rope_freq_factors",))["rope_freq_factors"]
     out.update(
         dtypes=dtypes, embed_dim=E, num_heads=H, num_kv_heads=G, head_dim=D,
         intermediate_dim=I, eps=hp["eps"], rope_theta=hp["rope_theta"],
@@ -859,4 +903,4 @@ __all__ = ["GGUFFile", "GGUFField", "GGUFTensor", "GGUFValueType", "GGMLType",
            "GGML_BLOCK_SIZES", "ARCHITECTURES", "GGML_TO_CK", "BITS_PER_WEIGHT", "open_reader",
            "ck_dtype",
            "architecture", "hparams", "tensor", "unpermute_rows", "permute_rows",
-           "layer_arrays"]
+           "layer_arrays", "model_arrays"]

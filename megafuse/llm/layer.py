@@ -28,6 +28,7 @@ import numpy.typing as npt
 import megafuse as _mf   # the kernels, looked up at call time (this module is imported by
                          # megafuse/__init__.py once they are bound)
 from megafuse.kernels.dtype import CKDataType, kv_cache_dtype
+from megafuse.llm import arch as _arch
 from megafuse.kernels.memory import map_zero_pages as _map_zero_pages
 from megafuse.kernels.memory import zeros as _huge_page_zeros
 
@@ -37,9 +38,9 @@ DTypeLike = Union[CKDataType, int, str]
 
 #: The activation precisions a layer runs with (the ``activations=`` keyword).
 ACTIVATIONS: Tuple[str, ...] = ("int8", "float")
-#: The weights of a layer, in the order of the header's arguments.
-WEIGHT_NAMES: Tuple[str, ...] = ("wq", "wk", "wv", "wo", "w1", "w2")
-BIAS_NAMES: Tuple[str, ...] = ("bq", "bk", "bv", "bo", "b1", "b2")
+#: The weights of a layer, in the order of the header's arguments (megafuse.llm.arch's roles).
+WEIGHT_NAMES: Tuple[str, ...] = _arch.MATRIX_ROLES
+BIAS_NAMES: Tuple[str, ...] = _arch.BIAS_ROLES
 # the formats a `w, w_dt` argument accepts: the header's CK_DT_WEIGHT_FORMATS mask, by block size
 _kernels: Any = importlib.import_module("megafuse._kernels")     # (private: not in the stubs)
 _runner: Any = importlib.import_module("megafuse.llm._runner")   # (private: not in the stubs)
@@ -138,8 +139,8 @@ class DecoderLayer:
 
     Weights are kept as given (a read-only memmap stays a memmap: no copy), each in its own
     format.  The KV cache ([G, cache_capacity, D] float32, K and V), the RoPE tables and the
-    scratch are allocated once; the scratch grows when a prefill has more tokens than any
-    before it (or than ``max_tokens``).
+    step's scratch are allocated once.  ``max_tokens``, if given, is the most tokens one
+    ``prefill`` call takes (a ValueError beyond; None: any number).
 
     Build it with :meth:`from_arrays` (float32 or pre-quantized weights) or :meth:`from_gguf`;
     the constructor takes the same keywords as ``from_arrays`` but never converts a weight.
@@ -237,8 +238,8 @@ class DecoderLayer:
             intermediate_dim=I, cache_capacity=C, eps=self.eps, rope_cos=self.rope_cos,
             rope_sin=self.rope_sin, activations=self._activations)
         self._position = 0
-        if max_tokens is not None:            # (accepted for compatibility: the step's scratch
-            _positive_int(max_tokens, "max_tokens")    # is sized once, whatever T)
+        self.max_tokens: Optional[int] = (None if max_tokens is None
+                                          else _positive_int(max_tokens, "max_tokens"))
 
     # ---- construction ------------------------------------------------------------------------
 
@@ -274,7 +275,7 @@ class DecoderLayer:
         Hyper-parameters: embed_dim (default ln1_gamma.size), num_heads, num_kv_heads (default
         num_heads), head_dim (default embed_dim // num_heads), intermediate_dim (default
         w1.shape[0] // 2), eps, rope_theta, cache_capacity (KV-cache positions), max_tokens (the
-        largest prefill to size the scratch for up front), rope_freq_factors / rope_position_scale
+        most tokens one prefill call takes; None: any), rope_freq_factors / rope_position_scale
         (see ``rope_tables``).
 
         activations: "int8" (default) takes the int8 path whenever a weight is block-quantized
@@ -469,10 +470,14 @@ class DecoderLayer:
         position+T-1) and return the new hidden states [T, embed_dim] (a new array; x is not
         changed).  Their k, v are appended to the cache.  A prompt may be prefilled in chunks:
         each call continues at ``position``.  Raises ValueError, before touching the cache,
-        when position + T > cache_capacity.
+        when position + T > cache_capacity or T > max_tokens.
         """
         xa = self._input(x, 2, "prefill")
         tokens = int(xa.shape[0])
+        if self.max_tokens is not None and tokens > self.max_tokens:
+            raise ValueError(f"prefill: {tokens} tokens exceed max_tokens = {self.max_tokens} "
+                             f"(the most this layer was built to take in one call); the cache "
+                             f"is unchanged")
         self._check_room(tokens, "prefill")
         out = np.empty((tokens, self.embed_dim), dtype=np.float32)
         self._runner.forward(x=xa, start_pos=self._position, x_out=out)

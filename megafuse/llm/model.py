@@ -34,6 +34,7 @@ import numpy as np
 import numpy.typing as npt
 
 from megafuse.kernels.dtype import CKDataType, kv_cache_dtype
+from megafuse.llm import arch as _arch
 
 F32Array = npt.NDArray[np.float32]
 TokenIds = Union[Sequence[int], npt.NDArray[np.integer]]
@@ -62,13 +63,12 @@ class ModelConfig:
 
 
 
-_STEP_ORDER = ("wq", "wk", "wv", "wo", "w1", "w2")   # a layer's matrices, in the order a step reads
 
 
 def _pack_weights(layers: List[Dict[str, Any]], head: Any) -> Any:
-    """Copy every layer's matrices (_STEP_ORDER), then the output head, into one read-only arena
-    on 2 MiB pages (``megafuse.empty``), each at a 64-byte boundary; the layer specs then hold
-    views of it.  Returns the head's view.
+    """Copy every layer's matrices (in the order a step reads them), then the output head, into
+    one read-only arena on 2 MiB pages (``megafuse.empty``), each at a 64-byte boundary; the
+    layer specs then hold views of it.  Returns the head's view.
 
     Why: a decode step streams every weight byte from DRAM once.  From the file's mmap (4 KiB
     page-cache pages, tensors in the file's order) the reads cross a page every 4 KiB, and the
@@ -77,7 +77,7 @@ def _pack_weights(layers: List[Dict[str, Any]], head: Any) -> Any:
     SmolLM2-135M Q4_1 (2 threads): tg64 about 10 % faster."""
     from megafuse.kernels.memory import empty
     order: List[Tuple[Optional[Dict[str, Any]], str]] = [
-        (spec, name) for spec in layers for name in _STEP_ORDER]
+        (spec, name) for spec in layers for name in _arch.MATRIX_ROLES]
     order.append((None, "head"))
 
     def source(spec: Optional[Dict[str, Any]], name: str) -> Any:
@@ -201,9 +201,8 @@ class Model:
                     raise NotImplementedError(f"blk.{index}: {key} = {arrays[key]} differs from "
                                               f"layer 0's {hp[key]}: not supported")
             freq_factors = arrays["rope_freq_factors"]
-            spec = {name: arrays[name] for name in ("ln1_gamma", "ln2_gamma", "wq", "wk", "wv",
-                                                    "wo", "w1", "w2")}
-            for name in ("bq", "bk", "bv", "bo", "b1", "b2"):
+            spec = {name: arrays[name] for name in _arch.NORM_ROLES + _arch.MATRIX_ROLES}
+            for name in _arch.BIAS_ROLES:
                 spec[name] = arrays.get(name)
             for name, dt in arrays["dtypes"].items():
                 spec[name + "_dt"] = int(dt)
@@ -214,12 +213,12 @@ class Model:
             raise NotImplementedError(f"feed_forward_length differs between layers "
                                       f"({sorted(sizes)}): not supported")
         E = hp["embed_dim"]
-        embedding, emb_dt = _gguf.tensor(reader, "token_embd.weight")
+        own = _gguf.model_arrays(reader, {"E": E, "D": hp["head_dim"], "V": None})
+        embedding, emb_dt = own["embedding"]
         V = int(embedding.shape[0])
-        names = {t.name for t in reader.tensors}
-        tied = "output.weight" not in names
-        head, head_dt = (embedding, emb_dt) if tied else _gguf.tensor(reader, "output.weight")
-        out_norm = _gguf._float_vector(reader, "output_norm.weight", E)
+        tied = own["head"] is None
+        head, head_dt = (embedding, emb_dt) if tied else own["head"]
+        out_norm = own["out_norm"]
         head = _pack_weights(layers, head)
         if tied:
             embedding = head                      # the tied embedding: the head's rows
@@ -275,7 +274,7 @@ class Model:
         """Weight formats and how many matrices use each ("Q4_1": 210, ...)."""
         counts: Dict[str, int] = {}
         for spec in self._layers:
-            for name in ("wq", "wk", "wv", "wo", "w1", "w2"):
+            for name in _arch.MATRIX_ROLES:
                 key = CKDataType(spec[name + "_dt"]).name
                 counts[key] = counts.get(key, 0) + 1
         for dt in (self._embedding_dt,) + (() if self.config.tied_embedding else
@@ -490,10 +489,9 @@ class Model:
             raise ValueError(f"index: expected a layer in 0..{self.config.n_layers - 1}, got "
                              f"{index}")
         spec, cfg = self._layers[index], self.config
-        kwargs = {name: spec[name] for name in ("ln1_gamma", "ln2_gamma", "wq", "wk", "wv", "wo",
-                                                "w1", "w2", "bq", "bk", "bv", "bo", "b1", "b2")}
-        dtypes = {name: CKDataType(spec[name + "_dt"]) for name in
-                  ("wq", "wk", "wv", "wo", "w1", "w2")}
+        kwargs = {name: spec[name] for name in _arch.NORM_ROLES + _arch.MATRIX_ROLES
+                  + _arch.BIAS_ROLES}
+        dtypes = {name: CKDataType(spec[name + "_dt"]) for name in _arch.MATRIX_ROLES}
         layer = DecoderLayer(**kwargs, dtypes=dtypes, embed_dim=cfg.embed_dim,
                              num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads,
                              head_dim=cfg.head_dim, intermediate_dim=cfg.intermediate_dim,

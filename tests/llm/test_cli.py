@@ -184,7 +184,7 @@ def test_kv_dtype_float16_reaches_the_model(tmp_path, monkeypatch, capsys):
     pytest.importorskip("gguf")
     from megafuse.llm.model import Model
     from test_model import write_model
-    path = write_model(tmp_path / "m.gguf", "llama", "Q8_0", n_layers=2)
+    path = write_model(tmp_path / "m.gguf", "llama", "Q8_0", n_layers=2, with_vocab=True)
     out_json = tmp_path / "r.json"
     status, out, err = run(["bench", "--model", str(path), "--tokens", "8", "--decode", "2",
                             "--repeat", "2", "--pp", "8", "--tg", "2", "--kv-dtype", "float16",
@@ -201,6 +201,8 @@ def test_kv_dtype_float16_reaches_the_model(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(Model, "__init__", recording_init)
     status, _, err = run(["run", "--model", str(path), "-p", "x", "-n", "1", "--kv-dtype",
                           "float16"], capsys)
+    assert status == 0, err
+    assert "1 tokens generated" in err
     assert seen == [np.float16]
     with pytest.raises(SystemExit) as exc:               # argparse's usage error
         cli.main(["run", "--model", str(path), "-p", "x", "--kv-dtype", "bf16"])

@@ -228,6 +228,23 @@ def test_prefill_past_capacity_is_a_value_error_and_changes_nothing():
     assert layer.position == 20
 
 
+def test_max_tokens_bounds_a_prefill_call():
+    """max_tokens is the most tokens one prefill takes: more is a ValueError naming it, before
+    the cache is touched; up to it (in as many calls as the cache holds) runs."""
+    layer = DecoderLayer.from_arrays(**float_weights(), dtype="Q8_0", cache_capacity=20,
+                                     max_tokens=8, **hyper())
+    assert layer.max_tokens == 8
+    x = inputs(20)
+    with pytest.raises(ValueError, match=r"9 tokens exceed max_tokens = 8"):
+        layer.prefill(x[:9])
+    assert layer.position == 0 and not layer.kv_cache_k.any()
+    layer.prefill(x[:8])
+    layer.prefill(x[8:16])
+    assert layer.position == 16
+    with pytest.raises(ValueError, match="max_tokens"):
+        DecoderLayer.from_arrays(**float_weights(), max_tokens=0, **hyper())
+
+
 def test_reset_starts_over():
     layer = DecoderLayer.from_arrays(**float_weights(), dtype="Q4_0", cache_capacity=16,
                                      **hyper())

@@ -28,13 +28,25 @@ BLOCK_FORMATS = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")
 
 def write_model(path, arch, fmt, *, shape=SHAPE, n_layers=2, vocab=VOCAB, tied=True,
                 embed_format="Q8_0", head_format="Q6_K", bias=True, freq_factors=None,
-                seed=0, eos_token_id=None):
+                seed=0, eos_token_id=None, with_vocab=False):
     """A whole model in one GGUF file: token_embd, n_layers layers (every matrix in `fmt`, or
     fmt[key] per matrix), output_norm, and output.weight unless tied; no vocabulary (an
-    eos_token_id if given: an int as UINT32, anything else as a string)."""
+    eos_token_id if given: an int as UINT32, anything else as a string), or with_vocab: the
+    synthetic SentencePiece vocabulary of gguf_vocab.llama_vocab() (vocab its size)."""
     E, H, G, D, I = shape
     rng = np.random.default_rng(seed)
     writer = gguf.GGUFWriter(str(path), arch)
+    if with_vocab:
+        import gguf_vocab
+        tokens, scores, types = gguf_vocab.llama_vocab()
+        vocab = len(tokens)
+        writer.add_tokenizer_model("llama")
+        writer.add_token_list(tokens)
+        writer.add_token_scores(scores)
+        writer.add_token_types(types)
+        writer.add_bos_token_id(1)
+        writer.add_eos_token_id(2)
+        writer.add_add_bos_token(True)
     writer.add_block_count(n_layers)
     writer.add_context_length(256)
     writer.add_embedding_length(E)

@@ -1,0 +1,132 @@
+"""Make tests/data/arch/<name>.gguf and <name>_hf.npz: a small random-init HF transformers model
+of each architecture, written to GGUF the way llama.cpp's convert_hf_to_gguf.py writes it, and
+what the HF model itself computes on a fixed sequence of token ids (its float32 logits at every
+position) -- so that tests/llm/test_arch.py compares megafuse with HF on the same weights
+without torch.
+
+The weights are rounded to float16 before HF runs (so the F16 tensors of the file hold exactly
+the weights HF used) and written as F16 (norms as F32).
+
+Run once, in a venv with torch==2.13.0, transformers and gguf (not megafuse's test environment):
+
+    python tests/data/make_arch_references.py [name ...]
+
+Recorded with the versions stored in each .npz (``versions``).
+"""
+import os
+import sys
+
+import gguf
+import numpy as np
+import torch
+import transformers
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+OUT = os.path.join(HERE, "arch")
+SEQ = 24                    # tokens of the recorded sequence
+VOCAB = 128
+
+# Each case: the HF config class and its keywords, the GGUF architecture it is written as, and
+# how the HF state dict maps to GGUF tensors (a name pattern with {n} for the layer; "permute"
+# marks llama.cpp's q / k row interleaving).
+COMMON = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+              num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5,
+              max_position_embeddings=256, tie_word_embeddings=False)
+
+CASES = {
+    "phi3": dict(
+        config=("Phi3Config", dict(COMMON, pad_token_id=0, rope_theta=10000.0)),
+        arch="phi3",
+        layer={"input_layernorm.weight": "attn_norm.weight",
+               "self_attn.qkv_proj.weight": "attn_qkv.weight",
+               "self_attn.o_proj.weight": "attn_output.weight",
+               "post_attention_layernorm.weight": "ffn_norm.weight",
+               "mlp.gate_up_proj.weight": "ffn_up.weight",
+               "mlp.down_proj.weight": "ffn_down.weight"}),
+    "mistral": dict(
+        config=("MistralConfig", dict(COMMON, rope_theta=1e6, sliding_window=None)),
+        arch="llama",
+        layer={"input_layernorm.weight": "attn_norm.weight",
+               "self_attn.q_proj.weight": ("attn_q.weight", "permute_q"),
+               "self_attn.k_proj.weight": ("attn_k.weight", "permute_k"),
+               "self_attn.v_proj.weight": "attn_v.weight",
+               "self_attn.o_proj.weight": "attn_output.weight",
+               "post_attention_layernorm.weight": "ffn_norm.weight",
+               "mlp.gate_proj.weight": "ffn_gate.weight",
+               "mlp.up_proj.weight": "ffn_up.weight",
+               "mlp.down_proj.weight": "ffn_down.weight"}),
+}
+MODEL_TENSORS = {"model.embed_tokens.weight": "token_embd.weight",
+                 "model.norm.weight": "output_norm.weight", "lm_head.weight": "output.weight"}
+
+
+def permute(w, n_head):
+    """convert_hf_to_gguf.py's LlamaModel.permute: rotate-half rows -> interleaved pairs."""
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2) \
+        .reshape(w.shape)
+
+
+def make(name):
+    case = CASES[name]
+    cls_name, kwargs = case["config"]
+    torch.manual_seed(1234)
+    config = getattr(transformers, cls_name)(**kwargs)
+    config._attn_implementation = "eager"
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.eval()
+    with torch.no_grad():
+        for p in model.parameters():        # larger than init's 0.02 so layers matter
+            p.copy_(p * 0.05 / max(float(p.std()), 1e-6) if p.ndim > 1 else
+                    1 + 0.1 * torch.randn_like(p))
+            p.copy_(p.half().float())
+    H, G = config.num_attention_heads, config.num_key_value_heads
+    D = getattr(config, "head_dim", None) or config.hidden_size // H
+    ids = np.random.default_rng(7).integers(0, VOCAB, SEQ)
+    with torch.no_grad():
+        logits = model(torch.tensor([ids])).logits[0].numpy()
+
+    os.makedirs(OUT, exist_ok=True)
+    path = os.path.join(OUT, f"{name}.gguf")
+    arch = case["arch"]
+    w = gguf.GGUFWriter(path, arch)
+    w.add_name(f"random-init {name}")
+    w.add_block_count(config.num_hidden_layers)
+    w.add_context_length(config.max_position_embeddings)
+    w.add_embedding_length(config.hidden_size)
+    w.add_feed_forward_length(config.intermediate_size)
+    w.add_head_count(H)
+    w.add_head_count_kv(G)
+    w.add_layer_norm_rms_eps(config.rms_norm_eps)
+    theta = getattr(config, "rope_theta", None) or config.rope_parameters["rope_theta"]
+    w.add_rope_freq_base(float(theta))
+    w.add_rope_dimension_count(D)
+    w.add_vocab_size(VOCAB)
+    state = {k: v.numpy() for k, v in model.state_dict().items()}
+    for hf, name_ in MODEL_TENSORS.items():
+        _add(w, name_, state[hf])
+    for n in range(config.num_hidden_layers):
+        for hf, target in case["layer"].items():
+            value = state[f"model.layers.{n}.{hf}"]
+            if isinstance(target, tuple):
+                target, how = target
+                value = permute(value, H if how == "permute_q" else G)
+            _add(w, f"blk.{n}.{target}", value)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    np.savez(os.path.join(OUT, f"{name}_hf.npz"), ids=ids.astype(np.int32),
+             logits=logits.astype(np.float32),
+             versions=np.array([f"transformers {transformers.__version__}",
+                                f"torch {torch.__version__}"]))
+    print(f"{path}: {os.path.getsize(path)} bytes")
+
+
+def _add(writer, name, value):
+    value = np.ascontiguousarray(value, np.float32)
+    writer.add_tensor(name, value if value.ndim == 1 else value.astype(np.float16))
+
+
+if __name__ == "__main__":
+    for case in sys.argv[1:] or sorted(CASES):
+        make(case)
