@@ -161,15 +161,13 @@ MF_ALWAYS_INLINE ptrdiff_t mf__scores_few_queries(int nq, const float *k, ptrdif
  * between one token's visit to a layer's cache and the next, so a decode tile usually comes from
  * DRAM.  The tile's own order of reads (a column of 8 dims of 16 keys at a time for the scores, a
  * 16-dim column of every key for P.V) is not one the hardware prefetchers follow, and software
- * prefetch instructions did not help (Zen 3).  So a decode tile is first read in address order,
- * one 4-byte load a cache line of K and of V: it comes in at the rate of a sequential read, and the
- * scores and P.V find it in L1/L2.  Measured (C harness, SmolLM2's 3 heads a group, 30 layers of
- * 1024 cached keys, 2 threads): 6.6 -> 3.6 ms a token; a tile already in L2/L3 pays ~10-20 % of
- * its attention time.  The loads are scalar, so the vector pipes keep the arithmetic; 4 bytes, so
- * no load passes the tile's last byte.  A float16 tile is touched the same way before it is
- * converted: its conversion alone read it no faster than the scores do (perf: the conversion's
- * stores held 60 % of the attention's samples); touched first, SmolLM2's tg64 after 1024 tokens
- * with a float16 cache went from 184 to 201 tok/s (Zen 5, one process alternating the two).
+ * prefetch instructions did not help.  So a decode tile is first read in address order, one
+ * 4-byte load a cache line of K and of V: it comes in at the rate of a sequential read, and the
+ * scores and P.V find it in L1/L2; a tile already in L2/L3 pays the touch as a small share of its
+ * attention time.  The loads are scalar, so the vector pipes keep the arithmetic; 4 bytes, so no
+ * load passes the tile's last byte.  A float16 tile is touched the same way before it is
+ * converted: the conversion alone reads it no faster than the scores would.  (The measurements:
+ * benchmarks/README.md, "Measurements moved from code comments".)
  */
 static inline void mf__touch_tile(const void *k, const void *v, ptrdiff_t bytes)
 {

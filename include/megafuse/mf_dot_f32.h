@@ -335,12 +335,8 @@ static inline __m256 mf_q_fblk_q8_0(const block_q8_0 *b, const float *x, __m256 
  * float in one permute of a 16-entry table (the 4-bit formats: vpermps reads an index's low 4
  * bits, so a nibble needs no mask), a scale is a load from mf_q_fp16_table that the FMA
  * broadcasts: 7 vector operations a row's block of Q4_0 where two rows in the halves of a
- * register (each half avx2's operations) took about 17, most of them on the shuffle port.  A C
- * harness (4-row dots, rows of 2048; GB/s of weights, Intel Xeon VM): 1 thread on 4 MiB of
- * rows (their compute ceiling) Q4_0 8.9 -> 17.2, Q4_1 6.9 -> 15.1, Q5_0 5.7 -> 13.5,
- * Q5_1 5.0 -> 13.3, Q8_0 16.7 -> 28.9; 2 threads on 1440 MiB (DRAM) 17.0 -> 24.4, 12.9 ->
- * 22.8, 11.1 -> 21.2, 9.7 -> 20.2, 23.0 -> 23.8.  The one-row dots and the four-row dots
- * run the same operations for each row: the same bits. */
+ * register (each half avx2's operations) took about 17, most of them on the shuffle port.  The
+ * one-row dots and the four-row dots run the same operations for each row: the same bits. */
 
 /* A block's activations: x0 = x[0..15], x1 = x[16..31], sx = x0 + x1 (the mins' term). */
 typedef struct {
@@ -392,8 +388,8 @@ MF_ALWAYS_INLINE void mf_q_fblk16_q4_0(const block_q4_0 *b, const mf_q_fx16 *X, 
 }
 /* Q4_1: the block's table holds its weights themselves, d c + m (one FMA, d c exact: GGML's
  * dequantized values), so a permute gives 16 weights and one FMA a register takes them in:
- * acc[0] the first 16, acc[1] the last (1.12x the Q4_1 dot's compute ceiling over codes, then
- * d and m as terms of their own). */
+ * acc[0] the first 16, acc[1] the last: fewer operations a block than codes, then d and m as
+ * terms of their own. */
 MF_ALWAYS_INLINE void mf_q_fblk16_q4_1(const block_q4_1 *b, const mf_q_fx16 *X, __m512 T,
                                        __m512 acc[2])
 {
@@ -458,10 +454,8 @@ MF_ALWAYS_INLINE float mf_q_hsum16(const __m512 acc[2])
  * 16-entry table of its weights themselves (mf_q_fsb16_k45), so the mins need no term of their
  * own; Q6_K: its 6-bit codes c - 32 in bytes, then vpmovsxbd + vcvtdq2ps, each sub-block of 16
  * scaled once by d * sc (the FMA's broadcast of a float on the stack).  acc[0] / acc[1] take
- * alternate sub-blocks; the row's result is mf_q_hsum16(acc).  C harness as above: 1 thread
- * from cache Q4_K 5.4 -> 10.0, Q5_K 5.7 -> 7.4, Q6_K 7.9 -> 11.0; 2 threads from DRAM 10.2 ->
- * 17.4, 10.5 -> 13.4, 13.6 -> 17.3 GB/s.  (Q5_K's fifth bits, a mask test and a masked add
- * each 16 weights, keep it the slowest.) */
+ * alternate sub-blocks; the row's result is mf_q_hsum16(acc).  (Q5_K's fifth bits, a mask test
+ * and a masked add each 16 weights, keep it the slowest.) */
 
 /* The 8 scales and 8 mins of a Q4_K / Q5_K super-block times d, dmin: out[j] = d * sc_j, out[8 +
  * j] = dmin * m_j, j < 8 (exact products, as mf_kquant_scales8's), the 6-bit fields unpacked in
@@ -1101,7 +1095,7 @@ MF_DOT4_F32_GENERIC(mf_dot4_q6_K_f32, mf_dot_q6_K_f32)
 /* FP16 / BF16 rows.  256-bit levels: the four rows side by side, each row's two accumulators
  * and tail exactly as in its one-row dot (so the same bits), x loaded once for the four, and the
  * region ahead prefetched as the block formats do (mf_q_prefetch4): one row at a time, the rows
- * streamed from DRAM ~20 % below FP32's rate.  AVX-512 and generic: four one-row dots. */
+ * streamed from DRAM below FP32's rate.  AVX-512 and generic: four one-row dots. */
 #if defined(MF_Q_AVX2) && defined(MF_Q_F16C) && !defined(MF_SIMD_AVX512)
 /* w_lo, w_hi: a row's 16 weights from element i on, as floats (WIDEN: the format's widening) */
 #define MF_DOT4_F32_HALF(NAME, TYPE, WIDEN, SCALAR)                                             \

@@ -21,9 +21,8 @@
  * The avx512 level runs the 16-column blocks on 512-bit registers (one a token; P.V also 32
  * columns, two a query): the same chain per element, so the same bits as AVX2, at up to twice
  * its FMA width on cores with 512-bit pipes.  The projections run two panels through each
- * block (mf_gemm_panel2_f32: 12 chains; Zen 5, FP32 prefill rows 0.57-0.60x the AVX2 block's
- * time, paired).  The 8-wide blocks (decode's panel of up to 8 queries) stay 256-bit.  A
- * 12-token block of one panel was 2-3x slower (GCC spilled the accumulators).
+ * block (mf_gemm_panel2_f32: 12 chains).  The 8-wide blocks (decode's panel of up to 8 queries)
+ * stay 256-bit.  Not a 12-token block of one panel: GCC spills its accumulators.
  */
 #ifndef MEGAFUSE_MF_GEMM_H
 #define MEGAFUSE_MF_GEMM_H

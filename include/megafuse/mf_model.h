@@ -196,8 +196,8 @@ typedef struct {
 
 /* Below this much work (weight bytes read x tokens), a second thread costs more than it saves:
  * waking it, and waiting for a chunk it holds while the host deschedules it.  A layer of E = 64
- * (bench_overhead.py, ~150 KB of FP32 weights) decodes in 8.7-10 us on one thread against 13-15
- * us on two, on the 2-core development machine; SmolLM2-135M (97 MB a step) uses the team. */
+ * (bench_overhead.py, ~150 KB of FP32 weights) decodes faster on one thread than on two;
+ * SmolLM2-135M (97 MB a step) uses the team. */
 #define MF_STEP_SOLO_BYTES ((size_t)256 << 10)
 
 #endif /* MEGAFUSE_MF_MODEL_H */

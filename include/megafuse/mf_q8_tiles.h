@@ -149,9 +149,8 @@ MF_ALWAYS_INLINE __m512i mf_q_pair_qs2(int p, __m512i xa, __m512i xb, ptrdiff_t 
  * add of 0x10 to the nibble, where AVX2 compares and ORs).  Each row's group is read as two
  * 64-byte loads, its first and its last 64 bytes, and word permutes pick the scales (mf_q_y2) and
  * the packed nibbles (mf_q_pair_qs2) out of them: 4 loads and 3-4 permutes where 16-byte loads,
- * inserts and scalar scale loads took ~35 instructions.  One-token dots, 1 thread, rows of 2048
- * from L2 (C harness, the two alternating): Q4_0 0.74x the time, Q4_1 0.71x, Q5_0 0.83x, Q5_1
- * 0.80x; bit for bit the same results.  Q8_0 the same way (mf_q_dec2_q8_0): 0.85-0.89x. */
+ * inserts and scalar scale loads took ~35 instructions; bit for bit the same results.  Q8_0 the
+ * same way (mf_q_dec2_q8_0). */
 MF_ALWAYS_INLINE void mf_q_dec2_nib(int dt, const char *ba, const char *bb, __m512i U[2][2],
                                     __m512 *Y)
 {
@@ -284,8 +283,7 @@ MF_ALWAYS_INLINE __m512 mf_q_grp_step_rows2(int kind, const __m512i U[2][2], __m
 /* Rows w[0..3] of format dt against one Q8_0 activation row: each row's canonical sequence
  * (mf_q_dot_row), the activation group loaded once for the four.  A row whose block count is not
  * a multiple of 4 ends in a group of 1-3 blocks, inlined once for each count: with the count a
- * run-time value, that group alone cost more instructions than a whole one (callgrind, Q4_1
- * n = 576, the rows of SmolLM2-135M: 1071 instructions a call against 841 for n = 512). */
+ * run-time value, that group alone costs more instructions than a whole one. */
 MF_ALWAYS_INLINE void mf_dot4_row32(int dt, const void *const *vw, const void *va, ptrdiff_t n,
                                     float *out)
 {
@@ -557,7 +555,7 @@ static inline void mf_q_codes2_q5_K(const block_q5_K *ba, const block_q5_K *bb, 
  *   sumi and summ are reduced together: per lane r, [sumi_r, summ_r] as int32, then as double
  *   beside [d_r, dmin_r] (adjacent fields: 4 bytes a row, converted as one fp16 vector): the
  *   product's odd lanes are subtracted from its even lanes, and row r's sum is acc's lane 2r.
- *   (The super-block's fixed work, not the codes, was a third of this dot's time.) */
+ *   (The super-block's fixed work, not the codes, is what this layout cuts.) */
 MF_STATIC_ASSERT(offsetof(block_q4_K, dmin) == offsetof(block_q4_K, d) + 2, q4_K_dmin_after_d);
 MF_STATIC_ASSERT(offsetof(block_q5_K, dmin) == offsetof(block_q5_K, d) + 2, q5_K_dmin_after_d);
 #define MF_DOT4_K45(NAME, DT, BLOCK, CODES, CODES2, HBITS)                                     \

@@ -112,21 +112,17 @@ static inline uint32_t mf_le32(const uint8_t *qh)
 /* Software prefetch of the weight streams of the one-token multi-row kernels (int8 and float).
  * They read four rows side by side with little load traffic per instruction, so the out-of-order
  * window alone keeps too few DRAM misses in flight, and the hardware prefetchers do not run far
- * enough ahead either (without software prefetch: about half the DRAM read rate, 2 threads).
+ * enough ahead either.
  *
  * The four rows are consecutive rows of a matrix -- the projections hand a weight's rows in
  * order -- so they are one contiguous region of 4 * row_bytes, and the next group of rows of this
  * thread follows it.  As each row advances by `bytes` (from offset `done`), the same share of the
  * region `dist` bytes further on is prefetched in address order: one stream, which the memory
- * controller reads page by page, rather than four streams a row apart (measured here, Q4_0 rows
- * of 2048 weights, 2 threads from DRAM: ~72 % -> ~90 % of a plain read's rate).  The lead is
+ * controller reads page by page, rather than four streams a row apart.  The lead is
  * MF_Q_PF_ROWS rows, and at least MF_Q_PF_MIN_BYTES: the region's last row is prefetched late in
- * the call before its own, so a lead of one group of very short rows would leave it ~100 ns ahead
- * only.  A longer lead is slower: the lines arrive early enough to be evicted from L2 before use
- * (paired A/B, the lead switched between alternate batches in one process, 2 threads, weights
- * from DRAM: a 4 KiB minimum against the former 16 KiB made SmolLM2-135M Q4_1 decode 7-13 %
- * faster (27-30 of 30 pairs) and the Llama-3.2-1B MLP at T = 1 6-15 % (Q4_0, Q4_K, Q6_K); 2 KiB
- * and 1 KiB were no better than 4 KiB).  A prefetch past the end of the array is harmless. */
+ * the call before its own, so a lead of one group of very short rows would leave it too little
+ * time ahead.  A longer lead is slower: the lines arrive early enough to be evicted from L2
+ * before use.  A prefetch past the end of the array is harmless. */
 #ifndef MF_Q_PF_ROWS
 #  define MF_Q_PF_ROWS 4
 #endif
@@ -174,15 +170,10 @@ static inline void mf_q_prefetch4(const void *row0, ptrdiff_t row_bytes, ptrdiff
  * bytes ahead of where that row reads, into L1 (_MM_HINT_T0), beside the far one into L2 above.
  * Where the dot does much work per weight byte (the 4- and 5-bit formats unpack nibbles and
  * scales), its loads wait on L2 often enough to keep the out-of-order window from running ahead
- * to the next misses; lines already in L1 let it.  Measured on an Intel Xeon VM (avx512, 2
- * threads, weights from DRAM; the Llama-3.2-1B MLP at T = 1 in % of the DRAM probe, medians of
- * 4 runs, lead 0 -> 512 B): Q4_0 78 -> 81, Q4_1 79 -> 87.5, Q5_0 71 -> 76.5, Q5_1 73 -> 79,
- * Q4_K 70.5 -> 72, Q5_K 67.5 -> 72.5; Q8_0 78.5 -> 75.5 and Q6_K 80.5 -> 74.5 lose, so they
- * keep the far prefetch alone.  Leads of 128, 256 and 1024 B were no better overall (a C
- * harness over 1440 MiB of rows of 2048 agrees; one prefetch per line exactly, with a
- * data-dependent loop count, was slower than none: its branches mispredict).  0 = none.
- * The avx512 level only, where it was measured: at avx2 (AMD Zen 3 here) the same dots were
- * bound by their arithmetic, to which these prefetches only add instructions. */
+ * to the next misses; lines already in L1 let it.  Q8_0 and Q6_K lose with it, so they keep the
+ * far prefetch alone.  One prefetch per line exactly would need a data-dependent loop count,
+ * whose branches mispredict.  0 = none.  The avx512 level only: at avx2 the same dots are bound
+ * by their arithmetic, to which these prefetches only add instructions. */
 #ifndef MF_Q_PF_NEAR_NIBBLES
 #  if defined(MF_SIMD_AVX512)
 #    define MF_Q_PF_NEAR_NIBBLES 512        /* Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K */

@@ -5,7 +5,8 @@
  * Why not an OpenMP region per phase: a decode step of a small model has ~10 phases a layer (a
  * few microseconds each), and an OpenMP barrier waits for every thread of the team to *arrive*.
  * When another process holds a core, a descheduled thread arrives milliseconds late at every
- * barrier, and the step collapses 10-100x.  Here nothing ever waits for a thread, only for work:
+ * barrier, and the step pays that delay once a phase.  Here nothing ever waits for a thread, only
+ * for work:
  *
  *   job     = a sequence of phases; phase p has n_p chunks, numbered globally
  *             base_p .. base_p + n_p - 1 (base_0 = 0; the total is the step's chunk count).

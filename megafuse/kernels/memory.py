@@ -1,13 +1,12 @@
 """Arrays on 2 MiB pages, for weights and KV caches.
 
 Decode streams every weight byte from DRAM once a token, so the TLB matters: with 4 KiB pages a
-core walks page tables every 4 KiB of a weight, with 2 MiB pages every 2 MiB (measured here: one
-core reads ~45 % faster from 2 MiB pages).  ``megafuse.empty`` gives a NumPy array whose data
-starts on a 2 MiB boundary, in an anonymous mapping for which transparent huge pages are requested
-(``madvise(MADV_HUGEPAGE)``); the kernel grants them when the system's THP setting is
-``always`` or ``madvise`` and 2 MiB of contiguous memory can be found, and falls back to 4 KiB
-pages silently otherwise.  Where the OS has no such advice (macOS, Windows) the array is still
-2 MiB-aligned and otherwise an ordinary array.
+core walks page tables every 4 KiB of a weight, with 2 MiB pages every 2 MiB.  ``megafuse.empty``
+gives a NumPy array whose data starts on a 2 MiB boundary, in an anonymous mapping for which
+transparent huge pages are requested (``madvise(MADV_HUGEPAGE)``); the kernel grants them when
+the system's THP setting is ``always`` or ``madvise`` and 2 MiB of contiguous memory can be found,
+and falls back to 4 KiB pages silently otherwise.  Where the OS has no such advice (macOS,
+Windows) the array is still 2 MiB-aligned and otherwise an ordinary array.
 
 The array owns its mapping (through ``.base``); the memory is returned when the last view of it
 goes.  Pages are mapped on first touch -- fill the array from the thread that will read it, or

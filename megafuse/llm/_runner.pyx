@@ -43,9 +43,9 @@ from megafuse.llm.arch import BIAS_ROLES as _LAYER_BIASES, MATRIX_ROLES as _LAYE
 # so that the steps of many runners -- a chain of DecoderLayers, several models -- find the same
 # threads awake.  With a team per runner, each of them kept its own threads spinning for a while
 # after its step (MF_TEAM_IDLE_SPIN_NS), on the cores the next runner's step needed, and woke its
-# own sleeping threads at its next call: a ring of 46 SmolLM2-shaped Q4_1 DecoderLayers decoded
-# slower on 2 threads than on 1.  A runner whose step starts while another Python thread's step
-# holds it runs on a team of its own (ModelRunner.team).  Taken and released with the GIL held.
+# own sleeping threads at its next call: a chain of runners could run slower on two threads
+# than on one.  A runner whose step starts while another Python thread's step holds it runs on a
+# team of its own (ModelRunner.team).  Taken and released with the GIL held.
 cdef mf_team *_shared_team = NULL
 # float16 caches are read by mf_attend_range_f16 (include/megafuse/mf_attention.h), which takes
 # head dims up to MF_ATT_MAX_HEAD_DIM

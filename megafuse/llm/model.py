@@ -73,8 +73,7 @@ def _pack_weights(layers: List[Dict[str, Any]], head: Any) -> Any:
     Why: a decode step streams every weight byte from DRAM once.  From the file's mmap (4 KiB
     page-cache pages, tensors in the file's order) the reads cross a page every 4 KiB, and the
     prefetch that runs ahead of one matrix's rows lands in whatever tensor the file puts next.
-    On 2 MiB pages in step order, it lands in the next matrix the step reads.  Measured on
-    SmolLM2-135M Q4_1 (2 threads): tg64 about 10 % faster."""
+    On 2 MiB pages in step order, it lands in the next matrix the step reads."""
     from megafuse.kernels.memory import empty
     order: List[Tuple[Optional[Dict[str, Any]], str]] = [
         (spec, name) for spec in layers for name in _arch.MATRIX_ROLES]
@@ -146,9 +145,8 @@ class Model:
         self._layers = layers
         # Every layer's KV cache in one arena on 2 MiB pages (decode reads them whole), its pages
         # mapped here, as llama.cpp clears its cache at load: one 2 MiB-aligned mapping a cache
-        # took a whole huge page for each (60 x 2 MiB for SmolLM2's 60 caches of 48 KiB at
-        # C = 64), and the first forward paid for mapping them (the first 37-token prompt of
-        # `megafuse run`: ~200 ms more than the next, 4x its compute, on this workplace's VMs).
+        # would take a whole huge page for each (60 x 2 MiB for SmolLM2's 60 caches of 48 KiB at
+        # C = 64), and unmapped pages would make the first forward pay for mapping them.
         caches = huge_page_zeros((len(layers), 2, G, C, D), cache_dtype)   # [L, k|v, G, C, D]
         map_zero_pages(caches)
         for i, spec in enumerate(layers):

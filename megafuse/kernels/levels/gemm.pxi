@@ -223,9 +223,8 @@ cdef inline void one_token_rows(
         mf_dot4_q8_fn dot4_q8, const char *xq,      # the int8 dot and the token's quantized row,
         mf_dot4_f32_fn dot4_f32, const float *x) noexcept nogil:   # or the float dot and row
     """The block for one token through a 4-row dot straight, each result stored by store_results:
-    the same bits as the general paths, without their token loops.  A decode step
-    makes ~60 000 such calls a token; the token loops were ~15 % of its instructions in int8 mode
-    (callgrind)."""
+    the same bits as the general paths, without their token loops: a decode step makes tens of
+    thousands of such calls a token, so those loops would be a visible share of its work."""
     cdef float res[DOT_ROWS]
     cdef const char *rows[DOT_ROWS]
     cdef Py_ssize_t r0, r, nr
