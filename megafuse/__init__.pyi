@@ -32,7 +32,7 @@ _DType: TypeAlias = Union[CKDataType, SupportsIndex]  # a CKDataType or its int 
 _Shape: TypeAlias = Union[SupportsIndex, Sequence[SupportsIndex]]
 
 __version__: str
-# the same list as megafuse/__init__.py's (tests/test_typing.py compares them)
+# the same list as megafuse/__init__.py's (tests/project/test_typing.py compares them)
 __all__ = [
     # the header's functions
     "mega_fused_attention_decode", "mega_fused_attention_decode_workspace",

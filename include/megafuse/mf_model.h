@@ -186,7 +186,7 @@ typedef struct {
     int T, S;
     int R;                           /* rows of logits: tokens first_logit_row .. +R-1 */
     int first_logit_row;
-    /* one-token attention (T == 1): how its tasks are cut (_attention.pxi, OneTokenPlan) */
+    /* one-token attention (T == 1): how its tasks are cut (levels/attention.pxi, OneTokenPlan) */
     int att_kind;
     ptrdiff_t att_tasks, att_n_chunks, att_n_seg, att_seg_len, att_max_seg;
     /* a step whose weight bytes times tokens are fewer runs on the calling thread alone (its

@@ -19,7 +19,8 @@ is not used: a RuntimeWarning names the level and the families, and the next lev
   ``megafuse.show_config()`` (``megafuse info``).
 - Test hook: ``MEGAFUSE_SELFTEST_FAULT="avx2:attention_decode,generic:known_answer"`` perturbs the
   results of one family of one level before the comparison, as a broken kernel would
-  (tests/test_selftest.py); ``run_level(level, faults=..., kernels=...)`` does the same in process.
+  (tests/kernels/test_selftest.py); ``run_level(level, faults=..., kernels=...)`` does the same
+  in process.
 
 Dimension letters as everywhere: E / Ea embed dim (aligned), H / G heads / kv heads, D / Da head
 dim (aligned), T tokens, C cache capacity, I intermediate dim, V vocabulary, R rows, n columns.
@@ -51,15 +52,17 @@ FAMILIES = (
                           # and decode
 )
 
-# Between levels, the tolerances of the test suite (keep in step: tests/test_selftest.py checks).
+# Between levels, the tolerances of the test suite (keep in step: tests/kernels/test_selftest.py
+# checks).
 TOL = {
     "float": 1e-5,        # tests/helpers.py: float activations, max|got - want| / max|want|
     "q8_emulated": 1e-4,  # tests/helpers.py: int8 path, per token row (assert_q8_close's rule)
-    "float_dot": 1e-5,    # tests/test_quant.py: float dot, relative to sum |w_i x_i|
-    "int8_dot": 1e-6,     # tests/test_quant.py: int8 dot, relative to sum |w_i x_i|
-    "q8_model": 5e-3,     # tests/test_model.py: the int8 whole model
+    "float_dot": 1e-5,    # tests/kernels/test_quant.py: float dot, relative to sum |w_i x_i|
+    "int8_dot": 1e-6,     # tests/kernels/test_quant.py: int8 dot, relative to sum |w_i x_i|
+    "q8_model": 5e-3,     # tests/llm/test_model.py: the int8 whole model
 }
-# quantize and dequantize are bit for bit at every level (tests/test_quant.py; -ffp-contract=off).
+# quantize and dequantize are bit for bit at every level (tests/kernels/test_quant.py;
+# -ffp-contract=off).
 
 FAULT_ENV = "MEGAFUSE_SELFTEST_FAULT"
 

@@ -1,7 +1,7 @@
 """Which SIMD level of the kernels this process runs, and what the CPU offers.
 
-megafuse builds the same kernel sources once per SIMD level (``megafuse._simd_generic``,
-``_simd_avx2``, ``_simd_avx512``; only ``generic`` off x86-64).  At import the best level the CPU
+megafuse builds the same kernel sources once per SIMD level (``megafuse.kernels.levels.generic``,
+``.avx2``, ``.avx512``; only ``generic`` off x86-64).  At import the best level the CPU
 supports is chosen, once megafuse.kernels.selftest has proven it against ``generic``;
 ``MEGAFUSE_SIMD=generic|avx2|avx512`` forces a level (a level above what the CPU supports is
 refused with an ImportError rather than crashing on an illegal instruction).

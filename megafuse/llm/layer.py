@@ -11,7 +11,7 @@ kernels of the header functions and computes exactly what they compute, chained:
     activations="float": float32 activations through every projection, whatever the weights:
       mega_fused_attention_prefill, then mega_fused_mlp_prefill_f32;
 
-bit for bit (tests/test_model.py), for prefill and for decode (one token: the prefill path).
+bit for bit (tests/llm/test_model.py), for prefill and for decode (one token: the prefill path).
 
 Dimension letters (docs/contract.md §3): E = embed_dim, H = num_heads, G = num_kv_heads,
 D = head_dim, I = intermediate_dim, T = tokens, C = cache_capacity.  The layer uses no padding
@@ -220,8 +220,8 @@ class DecoderLayer:
 
         self.rope_cos, self.rope_sin = rope_tables(D, C, rope_theta, freq_factors=rope_freq_factors,
                                                    position_scale=rope_position_scale)
-        # the caches on 2 MiB pages (megafuse.memory): decode reads them end to end every token;
-        # float32, or float16 (kv_dtype: as megafuse.Model's)
+        # the caches on 2 MiB pages (megafuse.kernels.memory): decode reads them end to end every
+        # token; float32, or float16 (kv_dtype: as megafuse.Model's)
         self.kv_dtype = kv_dtype
         # k and v in one mapping, its pages mapped now (not by the first decode: as Model's)
         caches = _huge_page_zeros((2, G, C, D), cache_dtype)                    # [k|v, G, C, D]
@@ -319,7 +319,7 @@ class DecoderLayer:
                   activations: str = "int8", kv_dtype: str = "float32") -> DecoderLayer:
         """Layer ``layer_index`` of a llama- or qwen2-architecture GGUF file.
 
-        reader: a path, a ``megafuse.gguf.GGUFFile`` or a ``gguf.GGUFReader``.  Weights stay
+        reader: a path, a ``megafuse.llm.gguf.GGUFFile`` or a ``gguf.GGUFReader``.  Weights stay
         read-only views of the file in their GGML format, except w1 (gate and up rows
         concatenated) and llama's wq / wk (rows put back in rotate-half order), which are
         copies.  Hyper-parameters come from the metadata; cache_capacity defaults to

@@ -174,7 +174,7 @@ class Model:
     def from_gguf(cls, path: Any, *, cache_capacity: Optional[int] = None,
                   activations: str = "int8", kv_dtype: str = "float32") -> Model:
         """The model of a llama- or qwen2-architecture GGUF file (any other architecture is a
-        NotImplementedError naming it).  path: a path, a ``megafuse.gguf.GGUFFile`` or a
+        NotImplementedError naming it).  path: a path, a ``megafuse.llm.gguf.GGUFFile`` or a
         ``gguf.GGUFReader``.  Weights keep their GGML formats.  The layers' matrices and the
         output head are copied once into one arena on 2 MiB pages, in the order a step reads
         them (``_pack_weights``); an untied token embedding stays a read-only view of the file

@@ -30,7 +30,7 @@ before anything else, as llama.cpp does; with ``parse_special=False`` CONTROL an
 are read as plain text (USER_DEFINED ones still match, as in llama.cpp and transformers).
 
 Where llama.cpp and transformers' GGUF tokenizer (``AutoTokenizer.from_pretrained(dir,
-gguf_file=...)``) disagree, this module follows (tests/test_tokenizer.py checks the ids against
+gguf_file=...)``) disagree, this module follows (tests/llm/test_tokenizer.py checks the ids against
 both):
 
 * llama.cpp's regexes for ``pre`` (transformers uses GPT-2's single regex for the names it does
@@ -352,7 +352,7 @@ class Tokenizer:
 
     @classmethod
     def from_gguf(cls, source: Any) -> Tokenizer:
-        """The tokenizer of a GGUF file (a path, a ``megafuse.gguf.GGUFFile`` or a
+        """The tokenizer of a GGUF file (a path, a ``megafuse.llm.gguf.GGUFFile`` or a
         ``gguf.GGUFReader``)."""
         from megafuse.llm import gguf as mf_gguf
         reader = mf_gguf.open_reader(source)

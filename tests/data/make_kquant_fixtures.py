@@ -17,7 +17,7 @@ source in about a minute), from the repository root:
 
 The .npz holds: ``x`` float32 [rows, 256], ``case`` (a name per row), ``Q4_K`` / ``Q5_K`` /
 ``Q6_K`` uint8 [rows, bytes per block], and ``ggml_python_version`` / ``numpy_version``.
-tests/test_quant.py checks megafuse.reference's port against it byte for byte.  This script
+tests/kernels/test_quant.py checks megafuse.reference's port against it byte for byte.  This script
 imports nothing of megafuse (ggml-python and megafuse need not share an environment).
 """
 import ctypes

@@ -1,6 +1,6 @@
 """Make tests/data/smollm2_hf_reference.npz: what HF transformers' float32 model of
 SmolLM2-135M-Instruct.Q4_1.gguf predicts on an English passage (its top-1 token at each position
-and the margin to the second), for tests/test_model.py -- so the tests need no torch.
+and the margin to the second), for tests/llm/test_model.py -- so the tests need no torch.
 
 Run once, in a venv with torch==2.13.0, transformers, accelerate and gguf (not megafuse's test
 environment):

@@ -13,7 +13,7 @@ either).  Two passes, each where its reference is installed:
         --model SmolLM2-135M-Instruct.Q4_1.gguf --keep /tmp/synthetic
 
 (--model defaults to megafuse.llm.fetch.default_model_path(), which fetches it once.)  Pass 1
-writes the synthetic GGUF files of tests/gguf_vocab.py (into --keep, else a temporary folder),
+writes the synthetic GGUF files of tests/llm/gguf_vocab.py (into --keep, else a temporary folder),
 and for each file (the real SmolLM2 and the synthetic ones) records, per text:
 ``AutoTokenizer.from_pretrained(dir, gguf_file=name).encode(text)`` (with the special tokens
 transformers adds) and the same without them; and per conversation: ``apply_chat_template`` as

@@ -1,6 +1,6 @@
 """megafuse.Tokenizer against transformers' GGUF tokenizer, on the real SmolLM2 file and on small
 synthetic llama (SentencePiece), llama-bpe (Llama 3) and qwen2 vocabularies written here with
-gguf.GGUFWriter (tests/gguf_vocab.py).
+gguf.GGUFWriter (tests/llm/gguf_vocab.py).
 
 transformers reads GGUF vocabularies only with torch installed, so its answers are recorded in
 tests/data/tokenizer_reference.json by tests/data/make_tokenizer_reference.py, with llama.cpp's

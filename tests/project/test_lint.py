@@ -1,8 +1,8 @@
 """The linters, run by the test suite: ruff on the Python files and the stubs (pyproject.toml
 [tool.ruff]), cython-lint on the Cython files ([tool.cython-lint]).  mypy runs in
-tests/test_typing.py.  Both tools are pinned in the `test` extra, so a new release cannot bring
-a new rule into CI unannounced.  They lint the source tree, so they skip where there is none (the
-tests run against an installed wheel)."""
+tests/project/test_typing.py.  Both tools are pinned in the `test` extra, so a new release cannot
+bring a new rule into CI unannounced.  They lint the source tree, so they skip where there is none
+(the tests run against an installed wheel)."""
 import glob
 import importlib.util
 import os

@@ -1,5 +1,5 @@
 """The type stubs (megafuse/__init__.pyi, megafuse/py.typed): `mypy --strict` accepts a typed
-client of the whole public API (tests/typing_client.py) and rejects misuse; the client also
+client of the whole public API (tests/project/typing_client.py) and rejects misuse; the client also
 runs, so the stubs describe what the module really does."""
 import ast
 import os

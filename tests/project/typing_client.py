@@ -1,6 +1,6 @@
 """A small, strictly typed client of megafuse's public API.
 
-tests/test_typing.py type-checks it with ``mypy --strict`` against the stubs
+tests/project/test_typing.py type-checks it with ``mypy --strict`` against the stubs
 (megafuse/__init__.pyi, megafuse/py.typed) and also runs it, so the stubs and the run-time
 API cannot drift apart unnoticed.  Not a test module itself (pytest does not collect it).
 """

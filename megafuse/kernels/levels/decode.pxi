@@ -1,6 +1,6 @@
 # The fused single-token layer: RMSNorm -> Q/K/V -> RoPE -> KV-cache write -> attention over the
 # cache -> out-projection + bias + residual.  Float32 weights, float32 activations throughout.
-# The attention itself is attend_one_token (_attention.pxi): split-KV over long contexts.
+# The attention itself is attend_one_token (attention.pxi): split-KV over long contexts.
 #
 # Kernel of mega_fused_attention_decode_workspace (and of mega_fused_attention_decode, whose
 # boundary allocates the two workspaces): mega_fused_attention_decode_workspace_kernel.
@@ -71,7 +71,7 @@ cdef void mega_fused_attention_decode_workspace_kernel(
         memcpy(kv_cache_k + (g * C + P) * Da, k + g * Da, Da * sizeof(float))
         memcpy(kv_cache_v + (g * C + P) * Da, v + g * Da, Da * sizeof(float))
 
-    # attention of the token's query heads over positions 0..pos (_attention.pxi)
+    # attention of the token's query heads over positions 0..pos (attention.pxi)
     attend_one_token(q, kv_cache_k, kv_cache_v, P, H, G, D, Da, C, scale, kv_tile, attn,
                      num_threads)
 

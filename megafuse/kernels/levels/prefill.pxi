@@ -295,7 +295,7 @@ cdef void fused_prefill(
                                       rope_sin + (S + t) * (D // 2))
 
         # ---- phase 2: causal flash attention, one task per (head, query tile) -------------------
-        # (one token over a long context: decode's split-KV attention, _attention.pxi)
+        # (one token over a long context: decode's split-KV attention, attention.pxi)
         if T == 1:
             attend_one_token(q, kv_cache_k, kv_cache_v, S, H, G, D, Da, C, scale, kv_tile, attn,
                              num_threads)
