@@ -4,10 +4,11 @@
 #
 # One slot per function of include/megafuse/mega_fused_attention.h that runs a kernel, named
 # after it, holding the kernel <name>_kernel: the def <name> (and c_<name>) calls slot <name>,
-# which is <name>_kernel in one of the family files (the README's source map lists them).  A slot
-# takes the header function's parameters, in its order (already validated: kernels cannot fail),
-# then what the boundary decides: the attention tiles where the kernel has attention, and the
-# thread count.  The format layer's slots are named after the defs of megafuse/kernels/formats.pxi.
+# which is <name>_kernel in one of the family files (docs/design.md's source map lists them).  A
+# slot takes the header function's parameters, in its order (already validated: kernels cannot
+# fail), then what the boundary decides: the attention tiles where the kernel has attention, and
+# the thread count.  The format layer's slots are named after the defs of
+# megafuse/kernels/formats.pxi.
 #
 # Dimension letters: E = embed_dim, Ea = aligned, D = head_dim, Da = aligned, H = num_heads,
 # G = num_kv_heads, T = tokens, I / Ia = (aligned) intermediate_dim.
