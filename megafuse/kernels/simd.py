@@ -51,7 +51,8 @@ def choose_level():
     (megafuse.kernels.selftest.select_level proves it before it is used.)"""
     supported = supported_levels()
     if not supported:
-        raise ImportError("megafuse: no kernel module is built (expected megafuse._simd_generic)")
+        raise ImportError("megafuse: no kernel module is built "
+                          "(expected megafuse.kernels.levels.generic)")
     wanted = forced_level()
     if not wanted:
         return supported[-1]
