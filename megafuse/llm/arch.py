@@ -64,8 +64,8 @@ def evaluate(expr: str, dims: Mapping[str, int]) -> int:
     def value(node: ast.expr) -> int:
         if isinstance(node, ast.Name):
             return int(dims[node.id])
-        if isinstance(node, ast.Constant):
-            return int(node.value)
+        if isinstance(node, ast.Constant) and isinstance(node.value, int):
+            return node.value
         assert isinstance(node, ast.BinOp)
         return int(_OPS[type(node.op)](value(node.left), value(node.right)))
     return value(_rule(expr))

@@ -50,7 +50,7 @@ import math
 import mmap
 import os
 import struct
-from typing import Any, Dict, List, NamedTuple, Optional, Tuple, Union
+from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Tuple, Union
 
 import numpy as np
 import numpy.typing as npt
@@ -803,7 +803,7 @@ def _layer_tensor(reader: Any, name: str, spec: _arch.TensorSpec,
     return data, dt
 
 
-def model_arrays(source: PathOrReader, dims: Dict[str, int],
+def model_arrays(source: PathOrReader, dims: Mapping[str, Optional[int]],
                  roles: Optional[Tuple[str, ...]] = None) -> Dict[str, Any]:
     """The model's own tensors (megafuse.llm.arch.COMMON_MODEL_TENSORS and the architecture's
     ``model_tensors``) by role: matrices as (data, format), vectors as float32; None for an
@@ -812,7 +812,7 @@ def model_arrays(source: PathOrReader, dims: Dict[str, int],
     reader = open_reader(source)
     arch = _arch.architecture(_str_field(reader, "general.architecture"))
     names = _tensor_map(reader)
-    dims = dict(dims)
+    known: Dict[str, int] = {k: v for k, v in dims.items() if v is not None}
     out: Dict[str, Any] = {}
     for spec in _arch.COMMON_MODEL_TENSORS + arch.model_tensors:
         if roles is not None and spec.role not in roles:
@@ -823,9 +823,9 @@ def model_arrays(source: PathOrReader, dims: Dict[str, int],
                                  f"file has none")
             out[spec.role] = None
             continue
-        if dims.get("V") is None and "V" in spec.shape[:1]:
-            dims["V"] = int(tensor(reader, spec.gguf)[0].shape[0])
-        shape = _arch.shape_of(spec, dims)
+        if "V" not in known and "V" in spec.shape[:1]:
+            known["V"] = int(tensor(reader, spec.gguf)[0].shape[0])
+        shape = _arch.shape_of(spec, known)
         if len(shape) == 1:
             out[spec.role] = _float_vector(reader, spec.gguf, shape[0])
         else:
@@ -866,6 +866,7 @@ def layer_arrays(source: PathOrReader, layer_index: int) -> Dict[str, Any]:
         data, dt = _layer_tensor(reader, full, spec, dims)
         if spec.parts:                          # a fused tensor, cut into its roles by rows
             row = 0
+            assert dt is not None                # (a matrix)
             for role, rows in spec.parts:
                 n = _arch.evaluate(rows, dims)
                 found[role], dtypes[role] = data[row:row + n], dt
