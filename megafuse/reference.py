@@ -839,12 +839,14 @@ def rope_tables_rows(rope_cos, rope_sin, positions, D):
     return cos[positions], sin[positions]
 
 
-def attention(q, k, v, positions):
+def attention(q, k, v, positions, *, scale=None, window=0, softcap=0.0):
     """Causal multi-head attention with GQA, by absolute position.
 
     q: [T, H, D] (queries at absolute ``positions`` [T]); k, v: [G, P, D] (keys and values of
     positions 0..P-1, P > max(positions)).  Query head h reads kv head h // (H // G).
-    Row t of head h: softmax(q·k / sqrt(D)) over positions 0..positions[t], times v.
+    Row t of head h: softmax(q·k * scale) over positions 0..positions[t], times v; scale
+    defaults to 1 / sqrt(D).  window > 0: only the keys positions[t] - window < j are visible
+    (a sliding window).  softcap > 0: each scaled score s becomes softcap * tanh(s / softcap).
     Returns [T, H, D] float64.  (The kernel uses tiled flash attention; same math.)
     """
     q = np.asarray(q, dtype=np.float64)
@@ -854,12 +856,17 @@ def attention(q, k, v, positions):
     G, P, _ = k.shape
     group = H // G
     positions = np.asarray(positions)
-    # mask[t, j]: key position j is visible to query row t (j <= its position).
+    # mask[t, j]: key position j is visible to query row t (j <= its position; in its window).
     visible = np.arange(P)[None, :] <= positions[:, None]
+    if window > 0:
+        visible &= np.arange(P)[None, :] > positions[:, None] - window
     out = np.empty((T, H, D))
     for h in range(H):
         g = h // group
-        scores = q[:, h, :] @ k[g].T / math.sqrt(D)                  # [T, P]
+        scores = q[:, h, :] @ k[g].T                                 # [T, P]
+        scores = scores / math.sqrt(D) if scale is None else scores * float(scale)
+        if softcap > 0:
+            scores = softcap * np.tanh(scores / softcap)
         scores = np.where(visible, scores, -np.inf)
         scores = scores - scores.max(axis=1, keepdims=True)
         p = np.exp(scores)
@@ -872,6 +879,16 @@ def silu(x):
     """silu(x) = x / (1 + exp(-x))."""
     with np.errstate(over='ignore'):
         return x / (1.0 + np.exp(-x))
+
+
+def gelu_tanh(x):
+    """GELU in its tanh form: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))."""
+    x = np.asarray(x, dtype=np.float64)
+    return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3)))
+
+
+#: The gate activations of the MLP, by the name megafuse.llm.arch uses.
+GATES = {"silu": silu, "gelu_tanh": gelu_tanh}
 
 
 def _swiglu_mlp(h_rows, ln2_gamma, w1, b1, w1_dt, w2, b2, w2_dt, E, Ea, I, Ia, eps,
@@ -1291,46 +1308,99 @@ def mega_fuse_report_stats(hidden, num_layers, seq_len):
 # The whole model (megafuse.Model): embedding -> layers -> final norm -> head
 # ---------------------------------------------------------------------------------------------
 
+def layer_forward(x, ly, embed_dim, num_heads, num_kv_heads, head_dim, intermediate_dim, eps,
+                  rope_cos, rope_sin, *, quantize_activations=False, kv_dtype="float32",
+                  attn_scale=None, attn_softcap=0.0, gate="silu"):
+    """One decoder layer on the rows x [T, E] at positions 0 .. T-1 (an empty cache), float64
+    math; returns its output [T, E] float32 (the residual stream after it).
+
+    ly: the layer's arrays (ln1_gamma, wq, bq, ... w2, b2, ln2_gamma) and formats (wq_dt ...
+    w2_dt), and its features (megafuse.llm.arch), each optional: q_norm / k_norm [D] (RMSNorm
+    of each q / k head before RoPE), post_attn_norm / post_ffn_norm [E] (sandwich norms: each
+    block's output normalised before the residual add), window (sliding-window attention),
+    rope_cos / rope_sin (the layer's own tables, else the model's).  attn_scale (default
+    1/sqrt(D)), attn_softcap and gate (``GATES``) are the model's.  quantize_activations: the
+    int8 path's emulation (each projection's input quantized for its weight); kv_dtype
+    "float16": k and v rounded to float16 as they are cached.
+    """
+    E, H, G, D, I = embed_dim, num_heads, num_kv_heads, head_dim, intermediate_dim
+    qa = quantize_activations
+    x = np.asarray(x, dtype=np.float32).reshape(-1, E)
+    T = x.shape[0]
+    positions = np.arange(T)
+
+    def get(name, default=None):
+        value = ly.get(name, default)
+        return default if value is None else value
+
+    xn = rmsnorm(x, ly["ln1_gamma"], eps)
+    q = (_project(xn, ly["wq"], ly["wq_dt"], H * D, E, qa) + _bias(get("bq"), H * D))
+    k = (_project(xn, ly["wk"], ly["wk_dt"], G * D, E, qa) + _bias(get("bk"), G * D))
+    v = (_project(xn, ly["wv"], ly["wv_dt"], G * D, E, qa) + _bias(get("bv"), G * D))
+    q, k, v = q.reshape(T, H, D), k.reshape(T, G, D), v.reshape(T, G, D)
+    if get("q_norm") is not None:
+        q = rmsnorm(q, ly["q_norm"], eps)
+    if get("k_norm") is not None:
+        k = rmsnorm(k, ly["k_norm"], eps)
+    cos, sin = rope_tables_rows(get("rope_cos", rope_cos), get("rope_sin", rope_sin), positions,
+                                D)
+    if cos is not None:
+        q, k = rope(q, cos[:, None, :], sin[:, None, :]), rope(k, cos[:, None, :], sin[:, None, :])
+    cache = kv_cache_dtype(kv_dtype)
+    k = k.astype(np.float32).astype(cache).astype(np.float64)
+    v = v.astype(np.float32).astype(cache).astype(np.float64)
+    att = attention(q, k.transpose(1, 0, 2), v.transpose(1, 0, 2), positions, scale=attn_scale,
+                    window=int(get("window", 0)), softcap=float(attn_softcap))
+    o = _project(att.reshape(T, H * D), ly["wo"], ly["wo_dt"], E, H * D, qa) + _bias(get("bo"), E)
+    if get("post_attn_norm") is not None:
+        o = rmsnorm(o, ly["post_attn_norm"], eps)
+    h = (x + o).astype(np.float32)
+    z = rmsnorm(h, ly["ln2_gamma"], eps)
+    gate_up = _project(z, ly["w1"], ly["w1_dt"], 2 * I, E, qa) + _bias(get("b1"), 2 * I)
+    act = GATES[gate](gate_up[:, :I]) * gate_up[:, I:]
+    d = _project(act, ly["w2"], ly["w2_dt"], E, I, qa) + _bias(get("b2"), E)
+    if get("post_ffn_norm") is not None:
+        d = rmsnorm(d, ly["post_ffn_norm"], eps)
+    return (h + d).astype(np.float32)
+
+
 def model_forward(layers, embedding, embedding_dt, out_norm, head, head_dt, token_ids,
                   embed_dim, num_heads, num_kv_heads, head_dim, intermediate_dim, vocab_size,
-                  eps, rope_cos, rope_sin, *, quantize_activations=False, kv_dtype="float32"):
+                  eps, rope_cos, rope_sin, *, quantize_activations=False, kv_dtype="float32",
+                  embed_scale=1.0, attn_scale=None, attn_softcap=0.0, final_softcap=0.0,
+                  gate="silu"):
     """A decoder-only model on token_ids [T] (positions 0 .. T-1, an empty cache), the way
     megafuse.Model runs it.  Returns (logits [T, V], hidden [L, T, E]), float32: hidden[l] is
     layer l's output (the residual stream after it).
 
-    layers: one dict a layer of the layer functions' arrays (ln1_gamma, wq, bq, ... w2, b2,
-    ln2_gamma) and formats (wq_dt ... w2_dt); embedding / head [V, E] in embedding_dt /
-    head_dt (only the rows of token_ids are dequantized); out_norm [E]; rope tables [>= T, D/2]
-    or None.  quantize_activations: the int8 path's emulation (False: pure float math).
-    kv_dtype: what the KV cache holds, "float32" or "float16" (k and v rounded to float16 as
-    they are written, then read back from the cache).
-    Each layer is mega_fused_attention_prefill(_q8_0) then mega_fused_mlp_prefill, in float64.
+    layers: one dict a layer (``layer_forward``: its arrays, formats and features); embedding /
+    head [V, E] in embedding_dt / head_dt (only the rows of token_ids are dequantized);
+    out_norm [E]; rope tables [>= T, D/2] or None.  quantize_activations: the int8 path's
+    emulation (False: pure float math).  kv_dtype: what the KV cache holds, "float32" or
+    "float16".  The model's features (megafuse.llm.arch): embed_scale multiplies the embedding
+    rows (in float32), attn_scale / attn_softcap / gate as in ``layer_forward``, final_softcap
+    > 0 caps the logits (softcap * tanh(z / softcap)).
     """
-    E, H, G, D, I, V = (embed_dim, num_heads, num_kv_heads, head_dim, intermediate_dim,
-                        vocab_size)
+    E, V = embed_dim, vocab_size
     ids = np.asarray(token_ids, dtype=np.int64).reshape(-1)
     T = ids.size
     row_bytes = ck_dtype_row_bytes(embedding_dt, E)
     emb = np.asarray(embedding).reshape(V, -1)
     x = dequantize(np.ascontiguousarray(emb[ids]), embedding_dt, (T, E)).astype(np.float32)
     assert emb.shape[1] * emb.dtype.itemsize == row_bytes
-    attention_layer = (mega_fused_attention_prefill_q8_0 if quantize_activations
-                       else mega_fused_attention_prefill)
+    if embed_scale != 1.0:
+        x = x * np.float32(embed_scale)
     hidden = np.zeros((len(layers), T, E), np.float32)
     for n, ly in enumerate(layers):
-        cache_k = np.zeros((G, T, D), kv_cache_dtype(kv_dtype))
-        cache_v = np.zeros((G, T, D), cache_k.dtype)
-        h = np.zeros((T, E), np.float32)
-        attention_layer(h, x, x, ly["ln1_gamma"], ly["wq"], ly.get("bq"), ly["wq_dt"],
-                        ly["wk"], ly.get("bk"), ly["wk_dt"], ly["wv"], ly.get("bv"),
-                        ly["wv_dt"], ly["wo"], ly.get("bo"), ly["wo_dt"], cache_k, cache_v,
-                        rope_cos, rope_sin, 0, T, T, E, E, H, G, D, D, eps, None)
-        mega_fused_mlp_prefill(hidden[n], h, h, ly["ln2_gamma"], ly["w1"], ly.get("b1"),
-                               ly["w1_dt"], ly["w2"], ly.get("b2"), ly["w2_dt"], T, E, E, I, I,
-                               eps, None, quantize_activations=quantize_activations)
+        hidden[n] = layer_forward(x, ly, E, num_heads, num_kv_heads, head_dim, intermediate_dim,
+                                  eps, rope_cos, rope_sin,
+                                  quantize_activations=quantize_activations, kv_dtype=kv_dtype,
+                                  attn_scale=attn_scale, attn_softcap=attn_softcap, gate=gate)
         x = hidden[n]
     z = rmsnorm(x, out_norm, eps)
     logits = _project(z, head, head_dt, V, E, quantize_activations)
+    if final_softcap > 0:
+        logits = final_softcap * np.tanh(logits / final_softcap)
     return logits.astype(np.float32), hidden
 
 
@@ -1339,7 +1409,7 @@ __all__ = [
     'ck_dtype_row_bytes', 'float_to_bf16_bits', 'rel_err',
     'dequantize', 'quantize_q8_0', 'quantize_q8_K', 'dequantize_q8_0', 'dequantize_q8_K',
     'quantized_activations',
-    'rmsnorm', 'rope', 'rope_tables_rows', 'attention', 'silu',
+    'rmsnorm', 'rope', 'rope_tables_rows', 'attention', 'silu', 'gelu_tanh', 'GATES',
     'mega_fused_attention_decode', 'mega_fused_attention_decode_workspace',
     'mega_fused_attention_prefill', 'mega_fused_attention_prefill_q8_0',
     'mega_fused_attention_prefill_scratch_size', 'mega_fused_attention_prefill_q8_0_scratch_size',
@@ -1348,5 +1418,5 @@ __all__ = [
     'mega_fused_outproj_mlp_prefill_f32', 'mega_fused_mlp_prefill_f32',
     'mega_fuse_rmsnorm_qkv', 'mega_fuse_rmsnorm_qkv_rope',
     'mega_fuse_get_optimal_tiles', 'optimal_tiles_from_cache_sizes', 'cpu_cache_sizes',
-    'floor_pow2', 'mega_fuse_report_stats', 'model_forward',
+    'floor_pow2', 'mega_fuse_report_stats', 'layer_forward', 'model_forward',
 ]

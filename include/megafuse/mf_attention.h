@@ -28,6 +28,20 @@
 #define MF_ATT_MAX_KV_TILE 256   /* KV tile this kernel takes (MF_MAX_KV_TILE) */
 #define MF_ATT_F16_TILE_FLOATS 16384   /* a float16 cache's tile, converted: keys x Da at most */
 
+/*
+ * What a layer adds to causal attention (a NULL pointer, or zeros: none of it).
+ *   softcap > 0: a scaled score s becomes softcap * tanh(s / softcap) (Gemma 2's logit capping);
+ *   window > 0:  a row at position p sees keys p - window < k <= p only (sliding-window layers);
+ *   ring > 0:    key k's K and V rows are row k % ring of the cache (a cache that keeps only the
+ *                last `ring` positions: a sliding-window layer's, ring >= window + the rows one
+ *                call writes).
+ */
+typedef struct {
+    float softcap;
+    ptrdiff_t window;
+    ptrdiff_t ring;
+} mf_att_opts;
+
 /* s[i] = exp(s[i] - m[i]); sum[i] += s[i] for i < W (8 or 16). */
 MF_ALWAYS_INLINE void mf__exp_sub_acc(const int W, float *s, const float *m, float *sum)
 {
@@ -231,13 +245,15 @@ MF_ALWAYS_INLINE void mf__attend_range(
     const int W, const float *q, ptrdiff_t ldq, const float *k, const float *v, ptrdiff_t Da,
     ptrdiff_t first_pos, ptrdiff_t pos_step, int nq, ptrdiff_t D, float scale, ptrdiff_t kv_tile,
     ptrdiff_t key_begin, ptrdiff_t key_end, float *out, ptrdiff_t ldo, float *m_out, float *l_out,
-    const uint16_t *k16, const uint16_t *v16, float *kt, float *vt)
+    const uint16_t *k16, const uint16_t *v16, float *kt, float *vt, const mf_att_opts *opts)
 {
     MF_ALIGNED(64) float qp[MF_ATT_MAX_HEAD_DIM * MF_ATT_QUERIES];   /* [D][W] queries, packed */
     MF_ALIGNED(64) float st[MF_ATT_MAX_KV_TILE * MF_ATT_QUERIES];    /* [n][W] scores, then p */
     float m[MF_ATT_QUERIES], l[MF_ATT_QUERIES], alpha[MF_ATT_QUERIES], tsum[MF_ATT_QUERIES];
-    float tmax[MF_ATT_QUERIES];
+    float tmax[MF_ATT_QUERIES], msub[MF_ATT_QUERIES];
     ptrdiff_t pos[MF_ATT_QUERIES];
+    const float softcap = opts ? opts->softcap : 0.0f;
+    const ptrdiff_t window = opts ? opts->window : 0, ring = opts ? opts->ring : 0;
     const float *rows[MF_ATT_QUERIES];
     ptrdiff_t n_keys = first_pos + (nq - 1) * pos_step + 1;   /* keys the last row sees */
     ptrdiff_t d16 = D / 16 * 16;
@@ -260,15 +276,27 @@ MF_ALWAYS_INLINE void mf__attend_range(
     }
     for (int i = 0; i < nq; i++)
         memset(out + i * ldo, 0, (size_t)Da * sizeof(float));
+    /* a window: the tiles before the first row's first visible key are skipped whole (the
+     * range's tile grid kept), the keys of the others that a row may not see are masked */
+    ptrdiff_t t_first = key_begin, pos_last = first_pos + (nq - 1) * pos_step;
+    if (window > 0 && first_pos - window + 1 > key_begin)
+        t_first = key_begin + (first_pos - window + 1 - key_begin) / kv_tile * kv_tile;
 
-    for (ptrdiff_t t0 = key_begin; t0 < n_keys; t0 += kv_tile) {
-        ptrdiff_t n = kv_tile < n_keys - t0 ? kv_tile : n_keys - t0;
-        const float *kb = k16 ? kt : k + t0 * Da, *vb = k16 ? vt : v + t0 * Da;   /* the tile */
+    for (ptrdiff_t t0 = t_first, n; t0 < n_keys; t0 += n) {
+        n = kv_tile < n_keys - t0 ? kv_tile : n_keys - t0;
+        ptrdiff_t row = t0;               /* the tile's first K/V row: a ring wraps between tiles */
+        if (ring > 0) {
+            row = t0 % ring;
+            if (n > ring - row)
+                n = ring - row;
+        }
+        const float *kb = k16 ? kt : k + row * Da, *vb = k16 ? vt : v + row * Da;   /* the tile */
         if (k16) {                        /* a float16 cache: the tile converted, in order */
             if (pos_step == 0)            /* decode: read in address order first, as below */
-                mf__touch_tile(k16 + t0 * Da, v16 + t0 * Da, n * Da * (ptrdiff_t)sizeof(uint16_t));
-            mf__f16_to_f32(k16 + t0 * Da, kt, n * Da);
-            mf__f16_to_f32(v16 + t0 * Da, vt, n * Da);
+                mf__touch_tile(k16 + row * Da, v16 + row * Da,
+                               n * Da * (ptrdiff_t)sizeof(uint16_t));
+            mf__f16_to_f32(k16 + row * Da, kt, n * Da);
+            mf__f16_to_f32(v16 + row * Da, vt, n * Da);
         } else if (pos_step == 0) {       /* decode: the tile read in address order first */
             mf__touch_tile(kb, vb, n * Da * (ptrdiff_t)sizeof(float));
         }
@@ -289,22 +317,36 @@ MF_ALWAYS_INLINE void mf__attend_range(
             else
                 mf_gemm_panel8_f32(mr, kb + j0 * Da, Da, qp, D, st + j0 * W);
         }
-        /* scale, causal mask (keys past a row's position weigh nothing), tile max (NaN skipped) */
+        /* scale (and cap), mask (keys past a row's position, or before its window, weigh
+         * nothing), tile max (NaN skipped) */
         int diagonal = t0 + n - 1 > pos[0];
+        int early = window > 0 && t0 <= pos_last - window;   /* keys before some row's window */
+        float sc = scale;
+        if (softcap > 0.0f) {             /* capped scores: s = softcap * tanh(s * scale / cap) */
+            for (ptrdiff_t j = 0; j < n * W; j++)
+                st[j] = softcap * tanhf(st[j] * scale / softcap);
+            sc = 1.0f;
+        }
 #if defined(__AVX2__) && defined(__FMA__)
-        {   /* the same per lane: x = s * scale, -inf past the row's position, max(x, tmax) */
-            __m256 vs = _mm256_set1_ps(scale), ninf = _mm256_set1_ps(-INFINITY);
+        {   /* the same per lane: x = s * sc, -inf where masked, max(x, tmax) */
+            __m256 vs = _mm256_set1_ps(sc), ninf = _mm256_set1_ps(-INFINITY);
             for (int h = 0; h < W; h += 8) {
                 __m256i vpos = _mm256_set_epi32((int)pos[h + 7], (int)pos[h + 6], (int)pos[h + 5],
                                                 (int)pos[h + 4], (int)pos[h + 3], (int)pos[h + 2],
                                                 (int)pos[h + 1], (int)pos[h]);
+                __m256i vlow = _mm256_sub_epi32(vpos, _mm256_set1_epi32((int)window - 1));
                 __m256 vmax = ninf;
                 for (ptrdiff_t j = 0; j < n; j++) {
                     float *s = st + j * W + h;
                     __m256 x = _mm256_mul_ps(_mm256_loadu_ps(s), vs);
+                    __m256i key = _mm256_set1_epi32((int)(t0 + j));
                     if (diagonal) {
-                        __m256i past = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(t0 + j)), vpos);
+                        __m256i past = _mm256_cmpgt_epi32(key, vpos);
                         x = _mm256_blendv_ps(x, ninf, _mm256_castsi256_ps(past));
+                    }
+                    if (early) {          /* key < pos - window + 1 */
+                        __m256i before = _mm256_cmpgt_epi32(vlow, key);
+                        x = _mm256_blendv_ps(x, ninf, _mm256_castsi256_ps(before));
                     }
                     _mm256_storeu_ps(s, x);
                     vmax = _mm256_max_ps(x, vmax);    /* x > max ? x : max (a NaN x skipped) */
@@ -318,23 +360,25 @@ MF_ALWAYS_INLINE void mf__attend_range(
         for (ptrdiff_t j = 0; j < n; j++) {
             float *s = st + j * W;
             for (int i = 0; i < W; i++) {
-                float x = s[i] * scale;
-                if (diagonal && t0 + j > pos[i])
+                float x = s[i] * sc;
+                if ((diagonal && t0 + j > pos[i]) || (early && t0 + j <= pos[i] - window))
                     x = -INFINITY;
                 s[i] = x;
                 tmax[i] = x > tmax[i] ? x : tmax[i];
             }
         }
 #endif
-        /* online softmax: new max, the factor the earlier tiles are rescaled by */
+        /* online softmax: new max, the factor the earlier tiles are rescaled by; a row that has
+         * seen no key yet (max -inf) takes exp(-inf - 0) = 0 for its masked keys */
         for (int i = 0; i < W; i++) {
             float m_new = m[i] >= tmax[i] ? m[i] : tmax[i];
             alpha[i] = (m_new > m[i] && l[i] != 0.0f) ? expf(m[i] - m_new) : 1.0f;
             m[i] = m_new;
+            msub[i] = m_new == -INFINITY ? 0.0f : m_new;
             tsum[i] = 0.0f;
         }
         for (ptrdiff_t j = 0; j < n; j++)
-            mf__exp_sub_acc(W, st + j * W, m, tsum);
+            mf__exp_sub_acc(W, st + j * W, msub, tsum);
         for (int i = 0; i < nq; i++) {
             l[i] = l[i] * alpha[i] + tsum[i];
             if (alpha[i] != 1.0f)
@@ -398,10 +442,10 @@ MF_ALWAYS_INLINE void mf__attend_range(
     } while (0)
 #define MF__ATTEND32(W, DA)                                                                      \
     mf__attend_range(W, q, ldq, k, v, DA, first_pos, pos_step, nq, D, scale, kv_tile,          \
-                     key_begin, key_end, out, ldo, m_out, l_out, NULL, NULL, NULL, NULL)
+                     key_begin, key_end, out, ldo, m_out, l_out, NULL, NULL, NULL, NULL, opts)
 #define MF__ATTEND16(W, DA)                                                                      \
     mf__attend_range(W, q, ldq, NULL, NULL, DA, first_pos, pos_step, nq, D, scale, kv_tile,    \
-                     key_begin, key_end, out, ldo, m_out, l_out, k, v, kt, vt)
+                     key_begin, key_end, out, ldo, m_out, l_out, k, v, kt, vt, opts)
 
 /*
  * Keys key_begin .. key_end-1 (and none past a row's position) of the attention of nq (1..16)
@@ -413,13 +457,14 @@ MF_ALWAYS_INLINE void mf__attend_range(
  *   e^(s_ij - m_i).
  * D <= MF_ATT_MAX_HEAD_DIM, kv_tile <= MF_ATT_MAX_KV_TILE.  Up to 8 rows (decode's query heads of
  * a kv group: 4 in Llama-3, 7 in Qwen2, 3 in SmolLM2) take a panel 8 queries wide, half the
- * score products and exps of the 16-wide one.
+ * score products and exps of the 16-wide one.  opts: a layer's capping, window and ring cache
+ * (mf_att_opts; NULL: none).  With a window, each row's keys are also cut to its window.
  */
 static void mf_attend_range_f32(const float *q, ptrdiff_t ldq, const float *k, const float *v,
                                 ptrdiff_t Da, ptrdiff_t first_pos, ptrdiff_t pos_step, int nq,
                                 ptrdiff_t D, float scale, ptrdiff_t kv_tile, ptrdiff_t key_begin,
                                 ptrdiff_t key_end, float *out, ptrdiff_t ldo, float *m_out,
-                                float *l_out)
+                                float *l_out, const mf_att_opts *opts)
 {
     MF__ATTEND_BY_SHAPE(MF__ATTEND32);
 }
@@ -436,7 +481,8 @@ static void mf_attend_range_f16(const float *q, ptrdiff_t ldq, const uint16_t *k
                                 const uint16_t *v, ptrdiff_t Da, ptrdiff_t first_pos,
                                 ptrdiff_t pos_step, int nq, ptrdiff_t D, float scale,
                                 ptrdiff_t kv_tile, ptrdiff_t key_begin, ptrdiff_t key_end,
-                                float *out, ptrdiff_t ldo, float *m_out, float *l_out)
+                                float *out, ptrdiff_t ldo, float *m_out, float *l_out,
+                                const mf_att_opts *opts)
 {
     MF_ALIGNED(64) float kt[MF_ATT_F16_TILE_FLOATS];     /* [tile keys][Da]: the tile's K */
     MF_ALIGNED(64) float vt[MF_ATT_F16_TILE_FLOATS];     /* [tile keys][Da]: its V */
@@ -452,10 +498,11 @@ static void mf_attend_range_f16(const float *q, ptrdiff_t ldq, const uint16_t *k
 static inline void mf_attend_block_f32(const float *q, ptrdiff_t ldq, const float *k,
                                        const float *v, ptrdiff_t Da, ptrdiff_t first_pos,
                                        ptrdiff_t pos_step, int nq, ptrdiff_t D, float scale,
-                                       ptrdiff_t kv_tile, float *out, ptrdiff_t ldo)
+                                       ptrdiff_t kv_tile, float *out, ptrdiff_t ldo,
+                                       const mf_att_opts *opts)
 {
     mf_attend_range_f32(q, ldq, k, v, Da, first_pos, pos_step, nq, D, scale, kv_tile, 0,
-                        first_pos + (nq - 1) * pos_step + 1, out, ldo, NULL, NULL);
+                        first_pos + (nq - 1) * pos_step + 1, out, ldo, NULL, NULL, opts);
 }
 
 /*

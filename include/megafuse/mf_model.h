@@ -1,7 +1,8 @@
 /*
- * mf_model.h -- a whole decoder-only model (llama / qwen2 layout) as the native step sees it:
- * pointers to every weight, each in its own format, the KV caches, the RoPE tables; and the
- * layout of the step's scratch.  Filled and validated once by the Python boundary
+ * mf_model.h -- a whole decoder-only model as the native step sees it: pointers to every
+ * weight, each in its own format, the KV caches, the RoPE tables, the layer features of its
+ * architecture (megafuse/llm/arch.py: the optional slots below, NULL or 0 where an architecture
+ * has no such feature); and the layout of the step's scratch.  Filled and validated once by the Python boundary
  * (megafuse/llm/_runner.pyx), run by the step kernel (megafuse/kernels/levels/model_step.pxi).
  *
  * Dimension letters: L = layers, E = embed dim, H / G = query / kv heads, D = head dim,
@@ -21,6 +22,10 @@
 #define MF_STEP_TOKENS MF_MLP_TOKEN_TILE   /* tokens a step runs at once (the MLP's token tile) */
 #define MF_STEP_SPLIT_FLOATS 16384         /* split-KV parts of one-token attention */
 
+/* The gate's activation in the MLP (mf_model.activation). */
+#define MF_ACT_SILU 0                      /* silu(g) * u: Llama, Qwen, Phi-3 */
+#define MF_ACT_GELU_TANH 1                 /* gelu_tanh(g) * u: Gemma */
+
 typedef struct {
     const float *ln1_gamma;          /* [E] */
     const float *ln2_gamma;          /* [E] */
@@ -31,8 +36,16 @@ typedef struct {
     const float *bq, *bk, *bv;       /* [H*D], [G*D], [G*D] or NULL */
     const float *bo, *b1, *b2;       /* [E], [2*F], [E] or NULL */
     int wq_dt, wk_dt, wv_dt, wo_dt, w1_dt, w2_dt;
-    void *k_cache, *v_cache;         /* [G, C, D] float32, or float16 (mf_model.kv_f16):
-                                        position p of kv head g is row [g, p] */
+    void *k_cache, *v_cache;         /* [G, cache_rows, D] float32, or float16 (mf_model.kv_f16):
+                                        position p of kv head g is row [g, p % cache_rows] */
+    int cache_rows;                  /* C, or (a sliding-window layer) a ring of fewer rows,
+                                        at least window + MF_STEP_TOKENS */
+    int window;                      /* > 0: a token at p attends to keys p - window < k <= p */
+    const float *rope_cos, *rope_sin;   /* [C, D/2], or NULL (no rotation): this layer's tables */
+    const float *q_norm, *k_norm;    /* [D] or NULL: RMSNorm of each query / key head before RoPE */
+    const float *post_attn_norm;     /* [E] or NULL: RMSNorm of the attention block's output
+                                        before it is added to the residual stream */
+    const float *post_ffn_norm;      /* [E] or NULL: the same for the MLP's output */
 } mf_model_layer;
 
 typedef struct {
@@ -49,8 +62,19 @@ typedef struct {
     const float *out_norm;           /* [E], or NULL (no head: hidden states out) */
     const void *head;                /* [V, E] in head_dt, or NULL */
     int head_dt;
-    const float *rope_cos, *rope_sin;   /* [C, D/2], or NULL (no rotation) */
+    float embed_scale;               /* the embedding rows are multiplied by it (1: as they are) */
+    float attn_scale;                /* the scores' scale (1/sqrt(D) unless the model says) */
+    float attn_softcap;              /* > 0: scores capped, softcap * tanh(s / softcap) */
+    float final_softcap;             /* > 0: the logits capped the same way */
+    int activation;                  /* MF_ACT_SILU or MF_ACT_GELU_TANH */
 } mf_model;
+
+/* How one token's attention over keys first_key .. P is cut into tasks (one plan a kind of
+ * layer: full attention, sliding window), by one_token_plan (levels/attention.pxi). */
+typedef struct {
+    int kind;
+    ptrdiff_t first_key, tasks, n_chunks, n_seg, seg_len, max_seg;
+} mf_one_token_plan;
 
 /*
  * Scratch of a step, for at most MF_STEP_TOKENS tokens (every region 64-byte aligned):
@@ -64,13 +88,15 @@ typedef struct {
  *   act    [T, F]  float32       silu(gate) * up
  *   actq   [T, actq_row]         act quantized for w2                     (int8 mode)
  *   parts  [MF_STEP_SPLIT_FLOATS] float32   split-KV partial sums of one-token attention
- *   kv     [2G, T, D] float32    float16 caches: each kv head's k and v rows before rounding
- *                                (kv_floats = 2G * D; 0 for float32 caches)
+ *   kv     [2G, T, D] float32    each kv head's k and v rows before they go to the cache, for
+ *                                float16 caches and ring caches (kv_floats = 2G * D; else 0)
+ *   y      [T, E]  float32       a projection's output before its sandwich norm (y_floats =
+ *                                E where a layer has post norms; else 0)
  * The quantized row sizes are the activation rows of the model's formats (the caller takes the
  * largest, mf_activation_row_bytes); 0 where nothing is quantized.
  */
 typedef struct {
-    size_t x, xn, xq, xqk, q, attn, attnq, act, actq, parts, kv;
+    size_t x, xn, xq, xqk, q, attn, attnq, act, actq, parts, kv, y;
     size_t xq_row, xqk_row, attnq_row, actq_row;
     size_t total;
 } mf_step_scratch;
@@ -78,7 +104,7 @@ typedef struct {
 static inline mf_step_scratch mf_step_scratch_layout(size_t E, size_t HD, size_t F,
                                                      size_t xq_row, size_t xqk_row,
                                                      size_t attnq_row, size_t actq_row,
-                                                     size_t kv_floats)
+                                                     size_t kv_floats, size_t y_floats)
 {
     mf_step_scratch s;
     size_t T = MF_STEP_TOKENS, at = 0;
@@ -97,6 +123,7 @@ static inline mf_step_scratch mf_step_scratch_layout(size_t E, size_t HD, size_t
     s.actq = at;   at = mf_round_up_64(at + T * actq_row);
     s.parts = at;  at = mf_round_up_64(at + MF_STEP_SPLIT_FLOATS * sizeof(float));
     s.kv = at;     at = mf_round_up_64(at + T * kv_floats * sizeof(float));
+    s.y = at;      at = mf_round_up_64(at + T * y_floats * sizeof(float));
     s.total = at;
     return s;
 }
@@ -161,7 +188,7 @@ static inline uint32_t mf_phase_take(mf_phase *ph, int lane)
     return 0;      /* not reached: a ticket holder always finds a chunk */
 }
 
-#define MF_STEP_PHASES_PER_LAYER 10  /* at most, per layer; plus 3 for the model (load, head) */
+#define MF_STEP_PHASES_PER_LAYER 12  /* at most, per layer; plus 3 for the model (load, head) */
 
 static inline size_t mf_step_max_phases(size_t n_layers)
 {
@@ -186,9 +213,9 @@ typedef struct {
     int T, S;
     int R;                           /* rows of logits: tokens first_logit_row .. +R-1 */
     int first_logit_row;
-    /* one-token attention (T == 1): how its tasks are cut (levels/attention.pxi, OneTokenPlan) */
-    int att_kind;
-    ptrdiff_t att_tasks, att_n_chunks, att_n_seg, att_seg_len, att_max_seg;
+    /* one-token attention (T == 1): how its tasks are cut, for full-attention layers [0] and
+     * sliding-window layers [1] */
+    mf_one_token_plan att[2];
     /* a step whose weight bytes times tokens are fewer runs on the calling thread alone (its
      * chunks in order, no team): MF_STEP_SOLO_BYTES by default, 0 never */
     size_t solo_bytes;

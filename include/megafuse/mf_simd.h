@@ -277,6 +277,32 @@ static inline void mf_silu_mul_f32(const float *g, const float *u, float *out, p
         out[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
 }
 
+/* out[i] = gelu_tanh(g[i]) * u[i]: GELU in its tanh form, 0.5 g (1 + tanh(z)) with
+ * z = sqrt(2/pi) (g + 0.044715 g^3), computed as g / (1 + exp(-2 z)) (the same function:
+ * 0.5 (1 + tanh(z)) = 1 / (1 + exp(-2z))), the sigmoid form silu uses. */
+static inline void mf_gelu_tanh_mul_f32(const float *g, const float *u, float *out, ptrdiff_t n)
+{
+    const float c2 = 1.5957691216057308f;          /* 2 sqrt(2/pi) */
+    ptrdiff_t i = 0;
+#if defined(__AVX2__) && defined(__FMA__)
+    const __m256 one = _mm256_set1_ps(1.0f), inf = _mm256_set1_ps(INFINITY);
+    const __m256 hi = _mm256_set1_ps(88.3762626647f), vc = _mm256_set1_ps(-c2);
+    const __m256 k = _mm256_set1_ps(0.044715f);
+    for (; i + 8 <= n; i += 8) {
+        __m256 x = _mm256_loadu_ps(g + i);
+        __m256 x3 = _mm256_mul_ps(_mm256_mul_ps(x, x), x);
+        __m256 nz = _mm256_mul_ps(vc, _mm256_add_ps(x, _mm256_mul_ps(k, x3)));   /* -2z */
+        __m256 e = _mm256_blendv_ps(mf_exp256(nz), inf, _mm256_cmp_ps(nz, hi, _CMP_GT_OQ));
+        _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_div_ps(x, _mm256_add_ps(one, e)),
+                                                _mm256_loadu_ps(u + i)));
+    }
+#endif
+    for (; i < n; i++) {
+        float x = g[i];
+        out[i] = x / (1.0f + expf(-c2 * (x + 0.044715f * (x * x * x)))) * u[i];
+    }
+}
+
 /* Decode's weight streams read 4 rows side by side; `ahead` is where the next block of rows
  * starts (4 rows further: the next block of the thread's share), prefetched into L2 in step with
  * the reading -- 128 bytes for each 8 columns of the 4 rows -- so that by the end of this block

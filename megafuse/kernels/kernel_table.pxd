@@ -42,6 +42,8 @@ cdef extern from "megafuse/mf_team.h" nogil:
 cdef extern from "megafuse/mf_model.h" nogil:
     enum: MF_STEP_TOKENS
     enum: MF_STEP_SPLIT_FLOATS
+    enum: MF_ACT_SILU
+    enum: MF_ACT_GELU_TANH
     ctypedef struct mf_model_layer:
         const float *ln1_gamma
         const float *ln2_gamma
@@ -60,6 +62,14 @@ cdef extern from "megafuse/mf_model.h" nogil:
         int wq_dt, wk_dt, wv_dt, wo_dt, w1_dt, w2_dt
         void *k_cache
         void *v_cache
+        int cache_rows
+        int window
+        const float *rope_cos
+        const float *rope_sin
+        const float *q_norm
+        const float *k_norm
+        const float *post_attn_norm
+        const float *post_ffn_norm
     ctypedef struct mf_model:
         int n_layers, E, H, G, D, F, V, C
         float eps
@@ -72,15 +82,21 @@ cdef extern from "megafuse/mf_model.h" nogil:
         const float *out_norm
         const void *head
         int head_dt
-        const float *rope_cos
-        const float *rope_sin
+        float embed_scale
+        float attn_scale
+        float attn_softcap
+        float final_softcap
+        int activation
+    ctypedef struct mf_one_token_plan:
+        int kind
+        ptrdiff_t first_key, tasks, n_chunks, n_seg, seg_len, max_seg
     ctypedef struct mf_step_scratch:
-        size_t x, xn, xq, xqk, q, attn, attnq, act, actq, parts, kv
+        size_t x, xn, xq, xqk, q, attn, attnq, act, actq, parts, kv, y
         size_t xq_row, xqk_row, attnq_row, actq_row
         size_t total
     mf_step_scratch mf_step_scratch_layout(size_t E, size_t HD, size_t F, size_t xq_row,
                                            size_t xqk_row, size_t attnq_row, size_t actq_row,
-                                           size_t kv_floats)
+                                           size_t kv_floats, size_t y_floats)
     ctypedef struct mf_lane:
         uint32_t start
         uint32_t end
@@ -108,17 +124,17 @@ cdef extern from "megafuse/mf_model.h" nogil:
         size_t hidden_layer_stride
         float *logits
         int T, S, R, first_logit_row
-        int att_kind
-        ptrdiff_t att_tasks, att_n_chunks, att_n_seg, att_seg_len, att_max_seg
+        mf_one_token_plan att[2]
         size_t solo_bytes
     enum: MF_STEP_SOLO_BYTES
 
 cdef extern from "megafuse/mf_attention.h" nogil:
     enum: MF_ATT_MAX_KV_TILE          # upper bound of the KV tile (a tile of scores on the stack)
+    enum: MF_ATT_MAX_HEAD_DIM         # head_dim of the attention kernels (larger: a simpler loop)
 
 # Bump when a slot is added or a signature changes: a level module of another version is refused.
 cdef enum:
-    KERNEL_TABLE_VERSION = 6
+    KERNEL_TABLE_VERSION = 7
     MF_MAX_Q_TILE = 128       # upper bound of the query tile (its softmax state lives on the stack)
 
 ctypedef void (*mega_fused_attention_decode_workspace_fn)(

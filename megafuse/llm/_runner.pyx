@@ -22,7 +22,8 @@ from megafuse.kernels.kernel_table cimport (
     KernelTable, mf_boundary, mf_team, mf_team_create, mf_team_destroy, mf_team_run,
     mf_team_claim_gen, mf_team_wait_done, mf_team_chunk_done, mf_atomic_load32, mf_atomic_add32,
     mf_model, mf_model_layer, mf_step, mf_step_scratch, mf_step_scratch_layout, mf_phase,
-    mf_step_max_phases, MF_STEP_SOLO_BYTES)
+    mf_step_max_phases, MF_STEP_SOLO_BYTES, MF_STEP_TOKENS, MF_ACT_SILU, MF_ACT_GELU_TANH,
+    MF_ATT_MAX_HEAD_DIM)
 from megafuse.kernels.mf_quant cimport mf_activation_row_bytes
 from megafuse cimport _ckernel_dtype as ckdt
 
@@ -50,6 +51,11 @@ cdef mf_team *_shared_team = NULL
 # float16 caches are read by mf_attend_range_f16 (include/megafuse/mf_attention.h), which takes
 # head dims up to MF_ATT_MAX_HEAD_DIM
 _KV_F16_MAX_HEAD_DIM = 256
+# tokens one native step runs (a sliding-window layer's ring cache holds its window and these)
+STEP_TOKENS = MF_STEP_TOKENS
+# the gate activations, in the order of mf_model.activation's values (MF_ACT_SILU = 0, ...)
+_GATES = ("silu", "gelu_tanh")
+assert MF_ACT_SILU == 0 and MF_ACT_GELU_TANH == 1
 cdef bint _shared_team_busy = False
 
 
@@ -63,6 +69,18 @@ cdef mf_team *_team_sized(mf_team **slot, int n_threads) except NULL:
     return slot[0]
 
 
+cdef float _finite(object value, str name, double minimum=-1.0):
+    """A model-wide scalar: a finite float (> 0; >= 0 where minimum is 0)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.floating, np.integer)):
+        raise TypeError(f"{name}: expected a float, got {type(value).__name__}")
+    v = float(value)
+    if not (np.isfinite(v) and np.isfinite(np.float32(v))) or v < minimum or \
+            (minimum < 0 and v <= 0):
+        raise ValueError(f"{name}: expected a finite float32 value "
+                         f"{'>= 0' if minimum == 0 else '> 0'}, got {v!r}")
+    return v
+
+
 cdef Py_ssize_t _activation_row(tuple formats, Py_ssize_t n, Py_ssize_t block):
     """Bytes of the largest activation row of n values that weights of these formats (those of
     the given block size) read on the int8 path; 0 if none does."""
@@ -74,10 +92,11 @@ cdef Py_ssize_t _activation_row(tuple formats, Py_ssize_t n, Py_ssize_t block):
 
 
 cdef class ModelRunner:
-    """A decoder-only model (llama / qwen2 layout) ready for the native step: every weight in its
-    own format, the KV caches, the RoPE tables.  All arrays are checked here, once, and kept
-    alive; `forward` runs tokens (or hidden states) through all layers in one call without the
-    GIL, on a team of ``megafuse.get_num_threads()`` threads kept between calls.
+    """A decoder-only model ready for the native step: every weight in its own format, the KV
+    caches, the RoPE tables, the layer features of its architecture.  All arrays are checked
+    here, once, and kept alive; `forward` runs tokens (or hidden states) through all layers in
+    one call without the GIL, on a team of ``megafuse.get_num_threads()`` threads kept between
+    calls.
 
     layers: one mapping a layer with ln1_gamma, ln2_gamma [E]; wq [H*D, E], wk, wv [G*D, E],
     wo [E, H*D], w1 [2*I, E] (gate rows, then up rows), w2 [E, I], each stored in its format
@@ -88,6 +107,14 @@ cdef class ModelRunner:
     [V, E] in head_dt (None: forward returns hidden states).  rope_cos / rope_sin [C, D/2] or
     None.  activations: "int8" (activations quantized for block-format weights, llama.cpp's
     scheme) or "float" (float32 throughout).
+
+    Layer features (megafuse/llm/arch.py), each optional in a layer's mapping: q_norm, k_norm
+    [D] (RMSNorm of each q / k head before RoPE); post_attn_norm, post_ffn_norm [E] (sandwich
+    norms); window (sliding-window attention over that many positions) with caches of fewer
+    rows than cache_capacity (a ring: at least window + MF_STEP_TOKENS rows); rope_cos /
+    rope_sin (the layer's own tables, else the model's).  Model-wide: embed_scale,
+    attn_scale (default 1/sqrt(head_dim)), attn_softcap, final_softcap (0: none), gate
+    ("silu" or "gelu_tanh").
 
     Kernel: kernels/levels/model_step.pxi (model_forward_kernel), include/megafuse/mf_model.h,
     include/megafuse/mf_team.h.
@@ -122,7 +149,8 @@ cdef class ModelRunner:
     def __init__(self, *, layers, embed_dim, num_heads, num_kv_heads, head_dim,
                  intermediate_dim, cache_capacity, eps, vocab_size=0, embedding=None,
                  embedding_dt=None, out_norm=None, head=None, head_dt=None, rope_cos=None,
-                 rope_sin=None, activations="int8"):
+                 rope_sin=None, activations="int8", embed_scale=1.0, attn_scale=None,
+                 attn_softcap=0.0, final_softcap=0.0, gate="silu"):
         cdef mf_model_layer *ly
         cdef mf_step_scratch layout
         if self.layers != NULL:
@@ -142,6 +170,14 @@ cdef class ModelRunner:
             raise ValueError(f"activations: expected 'int8' or 'float', got {activations!r}")
         if isinstance(eps, bool) or not isinstance(eps, (int, float, np.floating)):
             raise TypeError(f"eps: expected a float, got {type(eps).__name__}")
+        if gate not in _GATES:
+            raise ValueError(f"gate: expected one of {', '.join(_GATES)}, got {gate!r}")
+        if attn_scale is None:
+            attn_scale = 1.0 / float(np.sqrt(np.float32(D)))
+        scalars = {"embed_scale": _finite(embed_scale, "embed_scale"),
+                   "attn_scale": _finite(attn_scale, "attn_scale"),
+                   "attn_softcap": _finite(attn_softcap, "attn_softcap", 0.0),
+                   "final_softcap": _finite(final_softcap, "final_softcap", 0.0)}
         layer_list = list(layers)
         L = len(layer_list)
         if L < 1:
@@ -161,6 +197,8 @@ cdef class ModelRunner:
         written = []                       # (name, array) of every buffer the step writes
         read = []
         formats = {"xq": [], "attn": [], "act": []}
+        windows = set()
+        ring = post_norms = False
         self.layers = <mf_model_layer *>calloc(L, sizeof(mf_model_layer))
         if self.layers == NULL:
             raise MemoryError()
@@ -192,8 +230,36 @@ cdef class ModelRunner:
                 read.append((p + name, arr))
             g1 = _array(get("ln1_gamma"), p + "ln1_gamma", _F32, E, "[E]")
             g2 = _array(get("ln2_gamma"), p + "ln2_gamma", _F32, E, "[E]")
-            kc = _array(get("k_cache"), p + "k_cache", _KV_CACHE, G * C * D, "[G, C, D]", True)
-            vc = _array(get("v_cache"), p + "v_cache", _KV_CACHE, G * C * D, "[G, C, D]", True)
+            window = _int_arg(spec.get("window", 0) or 0, p + "window")
+            if window < 0:
+                raise ValueError(f"{p}window: expected a window >= 0 (0: none), got {window}")
+            rows = C
+            if window > 0:
+                windows.add(window)
+                if window < C:             # a ring of the window and one step's rows
+                    rows = min(C, window + MF_STEP_TOKENS)
+                    ring = ring or rows < C
+            kc = _array(get("k_cache"), p + "k_cache", _KV_CACHE, G * rows * D,
+                        "[G, C, D]" if rows == C else f"[G, {rows}, D] (a ring)", True)
+            vc = _array(get("v_cache"), p + "v_cache", _KV_CACHE, G * rows * D,
+                        "[G, C, D]" if rows == C else f"[G, {rows}, D] (a ring)", True)
+            norms = {}
+            for name, n, shape in (("q_norm", D, "[D]"), ("k_norm", D, "[D]"),
+                                   ("post_attn_norm", E, "[E]"), ("post_ffn_norm", E, "[E]")):
+                arr = spec.get(name) if hasattr(spec, "get") else None
+                norms[name] = _optional(arr, p + name, _F32, n, shape)
+                keep.append(arr)
+                read.append((p + name, arr))
+            post_norms = post_norms or norms["post_attn_norm"] is not None \
+                or norms["post_ffn_norm"] is not None
+            cos_l = spec.get("rope_cos", rope_cos) if hasattr(spec, "get") else rope_cos
+            sin_l = spec.get("rope_sin", rope_sin) if hasattr(spec, "get") else rope_sin
+            _rope_tables(cos_l, sin_l, D, C - 1)
+            if cos_l is not None:
+                _array(cos_l, p + "rope_cos", _F32, C * (D // 2), "[C, D/2]")
+                _array(sin_l, p + "rope_sin", _F32, C * (D // 2), "[C, D/2]")
+                keep.extend((cos_l, sin_l))
+                read.extend(((p + "rope_cos", cos_l), (p + "rope_sin", sin_l)))
             if l == 0:
                 kv_dt = kc.dtype
             for name, arr in (("k_cache", kc), ("v_cache", vc)):
@@ -217,6 +283,11 @@ cdef class ModelRunner:
             ly.bo, ly.b1, ly.b2 = _fp(biases["bo"]), _fp(biases["b1"]), _fp(biases["b2"])
             ly.k_cache = cnp.PyArray_DATA(<cnp.ndarray>kc)
             ly.v_cache = cnp.PyArray_DATA(<cnp.ndarray>vc)
+            ly.cache_rows, ly.window = rows, window
+            ly.rope_cos, ly.rope_sin = _fp(cos_l), _fp(sin_l)
+            ly.q_norm, ly.k_norm = _fp(norms["q_norm"]), _fp(norms["k_norm"])
+            ly.post_attn_norm = _fp(norms["post_attn_norm"])
+            ly.post_ffn_norm = _fp(norms["post_ffn_norm"])
             formats["xq"] += [dts["wq"], dts["wk"], dts["wv"], dts["w1"]]
             formats["attn"].append(dts["wo"])
             formats["act"].append(dts["w2"])
@@ -238,13 +309,12 @@ cdef class ModelRunner:
             keep.extend((head, norm))
             read.extend((("head", head), ("out_norm", norm)))
             formats["xq"].append(self.m.head_dt)
-        _rope_tables(rope_cos, rope_sin, D, C - 1)
-        if rope_cos is not None:
-            _array(rope_cos, "rope_cos", _F32, C * (D // 2), "[C, D/2]")
-            _array(rope_sin, "rope_sin", _F32, C * (D // 2), "[C, D/2]")
-            keep.extend((rope_cos, rope_sin))
-            read.extend((("rope_cos", rope_cos), ("rope_sin", rope_sin)))
-        self.m.rope_cos, self.m.rope_sin = _fp(rope_cos), _fp(rope_sin)
+        if len(windows) > 1:
+            raise NotImplementedError(f"layers[].window: every sliding-window layer of a model "
+                                      f"has one window, got {sorted(windows)}")
+        if (windows or scalars["attn_softcap"]) and D > MF_ATT_MAX_HEAD_DIM:
+            raise NotImplementedError(f"head_dim = {D}: sliding windows and attention capping "
+                                      f"take head_dim <= {MF_ATT_MAX_HEAD_DIM}")
         _check_separate(written, read)
 
         kv_f16 = kv_dt == np.float16
@@ -258,6 +328,11 @@ cdef class ModelRunner:
         self.m.eps = eps
         self.m.int8 = int8
         self.m.layers = self.layers
+        self.m.embed_scale = scalars["embed_scale"]
+        self.m.attn_scale = scalars["attn_scale"]
+        self.m.attn_softcap = scalars["attn_softcap"]
+        self.m.final_softcap = scalars["final_softcap"]
+        self.m.activation = _GATES.index(gate)
         xq = tuple(formats["xq"]) if int8 else ()
         layout = mf_step_scratch_layout(
             E, H * D, I, _activation_row(xq, E, 32), _activation_row(xq, E, 256),
@@ -265,7 +340,7 @@ cdef class ModelRunner:
                 _activation_row(tuple(formats["attn"]) if int8 else (), H * D, 256)),
             max(_activation_row(tuple(formats["act"]) if int8 else (), I, 32),
                 _activation_row(tuple(formats["act"]) if int8 else (), I, 256)),
-            2 * G * D if kv_f16 else 0)
+            2 * G * D if kv_f16 or ring else 0, E if post_norms else 0)
         self.scratch_raw = <char *>malloc(layout.total + 64)
         self.st.phases = <mf_phase *>malloc(mf_step_max_phases(L) * sizeof(mf_phase))
         if self.scratch_raw == NULL or self.st.phases == NULL:

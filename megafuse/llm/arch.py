@@ -29,6 +29,10 @@ MATRIX_ROLES: Tuple[str, ...] = ("wq", "wk", "wv", "wo", "w1", "w2")
 BIAS_ROLES: Tuple[str, ...] = ("bq", "bk", "bv", "bo", "b1", "b2")
 #: A layer's norm weights.
 NORM_ROLES: Tuple[str, ...] = ("ln1_gamma", "ln2_gamma")
+#: A layer's optional feature tensors: per-head q / k norms [D], sandwich norms [E].
+FEATURE_ROLES: Tuple[str, ...] = ("q_norm", "k_norm", "post_attn_norm", "post_ffn_norm")
+#: The gate activations the step runs (mf_model.h, MF_ACT_*).
+GATES: Tuple[str, ...] = ("silu", "gelu_tanh")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,6 +81,22 @@ def shape_of(spec: TensorSpec, dims: Mapping[str, int]) -> Tuple[int, ...]:
 
 
 @dataclasses.dataclass(frozen=True)
+class SlidingWindow:
+    """Which layers attend over a window of recent positions only, and their RoPE.
+
+    Layer l is a global (full-attention) layer when l % pattern == pattern - 1, a windowed
+    one otherwise (llama.cpp's swa pattern); the file's ``attention.sliding_window_pattern``
+    (an int, or one bool a layer) wins.  The window is the file's ``attention.sliding_window``,
+    else ``default_window`` (0: no windowed layers).  Windowed layers rotate with the file's
+    ``rope.freq_base_swa``, else ``rope_base`` (None: the model's base), and take the model's
+    RoPE scaling only if ``rope_scaling``."""
+    pattern: int
+    default_window: int = 0
+    rope_base: Optional[float] = None
+    rope_scaling: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
 class Architecture:
     """The layout of one GGUF architecture (see the module docstring)."""
     name: str
@@ -89,20 +109,43 @@ class Architecture:
     #: the model's own tensors beyond COMMON_MODEL_TENSORS
     model_tensors: Tuple[TensorSpec, ...] = ()
     # --- layer features (what the step plans from) -----------------------------------------
-    #: where a layer's norms sit: "pre" (x + f(norm(x)))
-    norm_placement: str = "pre"
-    #: the gate's activation in the MLP: "silu"
+    #: the gate's activation in the MLP (GATES)
     activation: str = "silu"
+    #: the embedding rows are multiplied by sqrt(E) ("sqrt_embed") or not ("none")
+    embedding_scale: str = "none"
+    #: the scores' scale is 1/sqrt(D), except for models of these layer counts, where it is
+    #: 1/sqrt(E/H) (llama.cpp's rule for Gemma's 27B)
+    attn_scale_by_embed_at: Tuple[int, ...] = ()
+    #: scores capped at softcap * tanh(s / softcap), and the logits likewise, when the file has
+    #: no attn_logit_softcapping / final_logit_softcapping (0: not capped)
+    attn_softcap: float = 0.0
+    final_softcap: float = 0.0
+    #: sliding-window layers, if the architecture has them
+    sliding_window: Optional[SlidingWindow] = None
 
     def tensor_names(self, layer: int) -> Dict[str, TensorSpec]:
         """{full GGUF name: spec} of layer ``layer``'s tensors."""
         return {f"blk.{layer}.{t.gguf}": t for t in self.layer_tensors}
 
+    @property
+    def norm_placement(self) -> str:
+        """"sandwich" when each block's output is normalised before the residual add, "pre"
+        when only its input is (the tensors say)."""
+        roles = {t.role for t in self.layer_tensors}
+        return "sandwich" if {"post_attn_norm", "post_ffn_norm"} & roles else "pre"
+
+    @property
+    def qk_norm(self) -> bool:
+        """Each q / k head is RMS-normalised before RoPE (the tensors say)."""
+        return any(t.role in ("q_norm", "k_norm") for t in self.layer_tensors)
+
 
 def _llama_layer(*, qkv_bias: bool = False, fused_qkv: bool = False,
-                 fused_gate_up: bool = False) -> Tuple[TensorSpec, ...]:
-    """The tensors of a pre-norm llama-family layer: attention norm, q / k / v (or one fused
-    qkv), output, ffn norm, gate + up (or one fused up of 2*I rows, gate first), down; optional
+                 fused_gate_up: bool = False, qk_norm: bool = False,
+                 sandwich: bool = False) -> Tuple[TensorSpec, ...]:
+    """The tensors of a llama-family layer: attention norm, q / k / v (or one fused qkv),
+    optional per-head q / k norms, output, the post-attention norm of a sandwich, ffn norm,
+    gate + up (or one fused up of 2*I rows, gate first), down, the post-MLP norm; optional
     biases everywhere llama.cpp reads them."""
     t = [TensorSpec("attn_norm.weight", "ln1_gamma", ("E",))]
     if fused_qkv:
@@ -115,9 +158,14 @@ def _llama_layer(*, qkv_bias: bool = False, fused_qkv: bool = False,
               TensorSpec("attn_q.bias", "bq", ("H*D",), required=qkv_bias),
               TensorSpec("attn_k.bias", "bk", ("G*D",), required=qkv_bias),
               TensorSpec("attn_v.bias", "bv", ("G*D",), required=qkv_bias)]
+    if qk_norm:
+        t += [TensorSpec("attn_q_norm.weight", "q_norm", ("D",)),
+              TensorSpec("attn_k_norm.weight", "k_norm", ("D",))]
     t += [TensorSpec("attn_output.weight", "wo", ("E", "H*D")),
-          TensorSpec("attn_output.bias", "bo", ("E",), required=False),
-          TensorSpec("ffn_norm.weight", "ln2_gamma", ("E",))]
+          TensorSpec("attn_output.bias", "bo", ("E",), required=False)]
+    if sandwich:
+        t.append(TensorSpec("post_attention_norm.weight", "post_attn_norm", ("E",)))
+    t.append(TensorSpec("ffn_norm.weight", "ln2_gamma", ("E",)))
     if fused_gate_up:
         t.append(TensorSpec("ffn_up.weight", "w1", ("2*I", "E")))
     else:
@@ -127,6 +175,8 @@ def _llama_layer(*, qkv_bias: bool = False, fused_qkv: bool = False,
               TensorSpec("ffn_up.bias", "b_up", ("I",), required=False)]
     t += [TensorSpec("ffn_down.weight", "w2", ("E", "I")),
           TensorSpec("ffn_down.bias", "b2", ("E",), required=False)]
+    if sandwich:
+        t.append(TensorSpec("post_ffw_norm.weight", "post_ffn_norm", ("E",)))
     return tuple(t)
 
 
@@ -146,6 +196,11 @@ COMMON_HPARAMS: Tuple[Tuple[str, str], ...] = (
     ("rope_scaling", "rope.scaling.type"),
     ("rope_scaling_factor", "rope.scaling.factor"),
     ("expert_count", "expert_count"),
+    ("sliding_window", "attention.sliding_window"),
+    ("sliding_window_pattern", "attention.sliding_window_pattern"),
+    ("rope_theta_swa", "rope.freq_base_swa"),
+    ("attn_softcap", "attn_logit_softcapping"),
+    ("final_softcap", "final_logit_softcapping"),
 )
 
 #: The model's tensors every architecture has: the token embedding, the final norm, the output
@@ -160,7 +215,16 @@ COMMON_MODEL_TENSORS: Tuple[TensorSpec, ...] = (
 ARCHITECTURES: Dict[str, Architecture] = {a.name: a for a in (
     Architecture("llama", _llama_layer(), permute_qk=True),
     Architecture("qwen2", _llama_layer(qkv_bias=True)),
+    Architecture("qwen3", _llama_layer(qk_norm=True)),
     Architecture("phi3", _llama_layer(fused_qkv=True, fused_gate_up=True)),
+    Architecture("gemma2", _llama_layer(sandwich=True), activation="gelu_tanh",
+                 embedding_scale="sqrt_embed", attn_scale_by_embed_at=(46,), attn_softcap=50.0,
+                 final_softcap=30.0,
+                 sliding_window=SlidingWindow(pattern=2, default_window=4096)),
+    Architecture("gemma3", _llama_layer(qk_norm=True, sandwich=True), activation="gelu_tanh",
+                 embedding_scale="sqrt_embed", attn_scale_by_embed_at=(62,),
+                 sliding_window=SlidingWindow(pattern=6, rope_base=10000.0,
+                                              rope_scaling=False)),
 )}
 
 
@@ -173,6 +237,6 @@ def architecture(name: str) -> Architecture:
     return arch
 
 
-__all__ = ["Architecture", "TensorSpec", "ARCHITECTURES", "COMMON_HPARAMS",
-           "COMMON_MODEL_TENSORS", "MATRIX_ROLES", "BIAS_ROLES", "NORM_ROLES", "architecture",
-           "evaluate", "shape_of"]
+__all__ = ["Architecture", "SlidingWindow", "TensorSpec", "ARCHITECTURES", "COMMON_HPARAMS",
+           "COMMON_MODEL_TENSORS", "MATRIX_ROLES", "BIAS_ROLES", "NORM_ROLES", "FEATURE_ROLES",
+           "GATES", "architecture", "evaluate", "shape_of"]

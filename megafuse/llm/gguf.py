@@ -678,6 +678,12 @@ def hparams(source: PathOrReader, layer_index: int = 0) -> Dict[str, Any]:
     elif scaling != "none":
         raise NotImplementedError(f"{key['rope_scaling']} = {scaling!r}: only linear RoPE "
                                   f"scaling is supported")
+    features = _features(reader, arch, key, L, E, H, D)
+    rope_theta = _float_field(reader, key["rope_theta"], 10000.0)
+    swa = arch.sliding_window
+    rope_theta_swa = rope_theta if swa is None or swa.rope_base is None else swa.rope_base
+    rope_theta_swa = _float_field(reader, key["rope_theta_swa"], rope_theta_swa)
+    scale_swa = position_scale if swa is None or swa.rope_scaling else 1.0
     return {
         "architecture": arch.name,
         "block_count": L,
@@ -688,8 +694,51 @@ def hparams(source: PathOrReader, layer_index: int = 0) -> Dict[str, Any]:
         "head_dim": D,
         "intermediate_dim": _int_field(reader, key["intermediate_dim"], **per_layer),
         "eps": _float_field(reader, key["eps"], 1e-6),
-        "rope_theta": _float_field(reader, key["rope_theta"], 10000.0),
+        "rope_theta": rope_theta,
         "rope_position_scale": position_scale,
+        "rope_theta_swa": rope_theta_swa,
+        "rope_position_scale_swa": scale_swa,
+        **features,
+    }
+
+
+def _features(reader: Any, arch: _arch.Architecture, key: Dict[str, str], L: int, E: int,
+              H: int, D: int) -> Dict[str, Any]:
+    """The layer features of a file (megafuse.llm.arch): embed_scale, attn_scale,
+    attn_softcap, final_softcap, gate, sliding_window and window_layers (one bool a layer)."""
+    def cap(role: str, default: float) -> float:
+        raw = _field(reader, key[role])
+        if raw is None:
+            return default
+        if not _is_number(raw) or not (math.isfinite(raw) and raw >= 0):
+            raise ValueError(f"GGUF metadata: {key[role]}: expected a finite value >= 0, got "
+                             f"{_describe(raw)}")
+        return float(raw)
+    window, layers = 0, [False] * L
+    swa = arch.sliding_window
+    if swa is not None:
+        window = _int_field(reader, key["sliding_window"], swa.default_window, minimum=0)
+        pattern = _field(reader, key["sliding_window_pattern"])
+        if isinstance(pattern, list):
+            if len(pattern) != L or not all(isinstance(b, bool) for b in pattern):
+                raise ValueError(f"GGUF metadata: {key['sliding_window_pattern']}: expected an "
+                                 f"integer or one boolean a layer ({L}), got {_describe(pattern)}")
+            layers = [bool(b) for b in pattern]
+        else:
+            n = _int_field(reader, key["sliding_window_pattern"], swa.pattern, minimum=0)
+            layers = [n == 0 or i % n < n - 1 for i in range(L)]
+        if window == 0:
+            layers = [False] * L
+    scale_dim = E // H if L in arch.attn_scale_by_embed_at else D
+    return {
+        "embed_scale": float(np.float32(math.sqrt(E))) if arch.embedding_scale == "sqrt_embed"
+        else 1.0,
+        "attn_scale": 1.0 / math.sqrt(scale_dim),
+        "attn_softcap": cap("attn_softcap", arch.attn_softcap),
+        "final_softcap": cap("final_softcap", arch.final_softcap),
+        "gate": arch.activation,
+        "sliding_window": window,
+        "window_layers": layers,
     }
 
 
@@ -889,13 +938,19 @@ def layer_arrays(source: PathOrReader, layer_index: int) -> Dict[str, Any]:
                 found[role] = unpermute_rows(found[role], heads)
 
     out: Dict[str, Any] = {role: found[role] for role in _arch.MATRIX_ROLES + _arch.NORM_ROLES}
-    for role in _arch.BIAS_ROLES:
+    for role in _arch.BIAS_ROLES + _arch.FEATURE_ROLES:
         out[role] = found.get(role)
+    windowed = hp["window_layers"][layer_index]
     freq_factors = model_arrays(reader, dims, roles=("rope_freq_factors",))["rope_freq_factors"]
     out.update(
         dtypes=dtypes, embed_dim=E, num_heads=H, num_kv_heads=G, head_dim=D,
-        intermediate_dim=I, eps=hp["eps"], rope_theta=hp["rope_theta"],
-        rope_freq_factors=freq_factors, rope_position_scale=hp["rope_position_scale"],
+        intermediate_dim=I, eps=hp["eps"],
+        rope_theta=hp["rope_theta_swa"] if windowed else hp["rope_theta"],
+        rope_freq_factors=freq_factors,
+        rope_position_scale=(hp["rope_position_scale_swa"] if windowed
+                             else hp["rope_position_scale"]),
+        window=hp["sliding_window"] if windowed else 0,
+        attn_scale=hp["attn_scale"], attn_softcap=hp["attn_softcap"], gate=hp["gate"],
         context_length=hp["context_length"])
     return out
 

@@ -117,6 +117,14 @@ def _activations_arg(value: Any) -> str:
     return value
 
 
+def _nonnegative_int(value: Any, name: str) -> int:
+    if isinstance(value, bool) or not hasattr(value, "__index__"):
+        raise TypeError(f"{name}: expected an int, got {type(value).__name__}")
+    if value.__index__() < 0:
+        raise ValueError(f"{name}: expected a value >= 0, got {value.__index__()}")
+    return int(value.__index__())
+
+
 def _positive_int(value: Any, name: str) -> int:
     if isinstance(value, bool) or not hasattr(value, "__index__"):
         raise TypeError(f"{name}: expected an int, got {type(value).__name__}")
@@ -163,7 +171,12 @@ class DecoderLayer:
                  max_tokens: Optional[int] = None,
                  rope_freq_factors: Optional[npt.ArrayLike] = None,
                  rope_position_scale: float = 1.0, activations: str = "int8",
-                 kv_dtype: str = "float32") -> None:
+                 kv_dtype: str = "float32", q_norm: Optional[npt.ArrayLike] = None,
+                 k_norm: Optional[npt.ArrayLike] = None,
+                 post_attn_norm: Optional[npt.ArrayLike] = None,
+                 post_ffn_norm: Optional[npt.ArrayLike] = None, window: int = 0,
+                 attn_scale: Optional[float] = None, attn_softcap: float = 0.0,
+                 gate: str = "silu") -> None:
         cache_dtype = kv_cache_dtype(kv_dtype)
         gamma1 = self._vector(ln1_gamma, "ln1_gamma")
         E = _positive_int(embed_dim if embed_dim is not None else gamma1.size, "embed_dim")
@@ -210,6 +223,20 @@ class DecoderLayer:
         self._biases: Dict[str, Optional[F32Array]] = {
             n: None if biases[n] is None else self._vector(biases[n], n, *bias_sizes[n])
             for n in BIAS_NAMES}
+        # the layer features of an architecture (megafuse.llm.arch), each optional
+        feature_sizes = {"q_norm": (D, "[head_dim]"), "k_norm": (D, "[head_dim]"),
+                         "post_attn_norm": (E, "[embed_dim]"),
+                         "post_ffn_norm": (E, "[embed_dim]")}
+        given_features = {"q_norm": q_norm, "k_norm": k_norm, "post_attn_norm": post_attn_norm,
+                          "post_ffn_norm": post_ffn_norm}
+        self._features: Dict[str, Optional[F32Array]] = {
+            n: None if given_features[n] is None
+            else self._vector(given_features[n], n, *feature_sizes[n])
+            for n in _arch.FEATURE_ROLES}
+        self.window = _nonnegative_int(window, "window")
+        self.attn_scale = attn_scale
+        self.attn_softcap = float(attn_softcap)
+        self.gate = str(gate)
 
         # activations="int8": the int8 path as soon as any weight is block-quantized (with float
         # weights only, the two paths are the same math).  activations="float": float32
@@ -224,7 +251,9 @@ class DecoderLayer:
         # token; float32, or float16 (kv_dtype: as megafuse.Model's)
         self.kv_dtype = kv_dtype
         # k and v in one mapping, its pages mapped now (not by the first decode: as Model's)
-        caches = _huge_page_zeros((2, G, C, D), cache_dtype)                    # [k|v, G, C, D]
+        from megafuse.llm.model import cache_rows
+        rows = cache_rows(C, self.window)             # a sliding-window layer: a ring
+        caches = _huge_page_zeros((2, G, rows, D), cache_dtype)              # [k|v, G, rows, D]
         _map_zero_pages(caches)
         self.kv_cache_k: npt.NDArray[Any] = caches[0]                          # [G, C, D]
         self.kv_cache_v: npt.NDArray[Any] = caches[1]                          # [G, C, D]
@@ -232,11 +261,14 @@ class DecoderLayer:
                                 "k_cache": self.kv_cache_k, "v_cache": self.kv_cache_v}
         spec.update(self._weights)
         spec.update(self._biases)
+        spec.update(self._features)
+        spec["window"] = self.window
         spec.update({name + "_dt": int(dt) for name, dt in self._dtypes.items()})
         self._runner = _runner.ModelRunner(
             layers=[spec], embed_dim=E, num_heads=H, num_kv_heads=G, head_dim=D,
             intermediate_dim=I, cache_capacity=C, eps=self.eps, rope_cos=self.rope_cos,
-            rope_sin=self.rope_sin, activations=self._activations)
+            rope_sin=self.rope_sin, activations=self._activations, attn_scale=attn_scale,
+            attn_softcap=self.attn_softcap, gate=self.gate)
         self._position = 0
         self.max_tokens: Optional[int] = (None if max_tokens is None
                                           else _positive_int(max_tokens, "max_tokens"))
@@ -259,7 +291,13 @@ class DecoderLayer:
                     max_tokens: Optional[int] = None,
                     rope_freq_factors: Optional[npt.ArrayLike] = None,
                     rope_position_scale: float = 1.0,
-                    activations: str = "int8", kv_dtype: str = "float32") -> DecoderLayer:
+                    activations: str = "int8", kv_dtype: str = "float32",
+                    q_norm: Optional[npt.ArrayLike] = None,
+                    k_norm: Optional[npt.ArrayLike] = None,
+                    post_attn_norm: Optional[npt.ArrayLike] = None,
+                    post_ffn_norm: Optional[npt.ArrayLike] = None, window: int = 0,
+                    attn_scale: Optional[float] = None, attn_softcap: float = 0.0,
+                    gate: str = "silu") -> DecoderLayer:
         """A layer from NumPy weights in the torch ``Linear.weight`` layout:
 
         wq [H*D, E], wk / wv [G*D, E], wo [E, H*D], w1 [2*I, E] (the gate rows, then the up
@@ -285,6 +323,14 @@ class DecoderLayer:
 
         kv_dtype: what the KV cache (``kv_cache_k`` / ``kv_cache_v``) holds, "float32" (default)
         or "float16" (k and v rounded to float16 as they are written; see ``megafuse.Model``).
+
+        Layer features of the architectures of megafuse.llm.arch (each off by default):
+        q_norm / k_norm [head_dim] (RMSNorm of each q / k head before RoPE), post_attn_norm /
+        post_ffn_norm [embed_dim] (sandwich norms: each block's output normalised before the
+        residual add), window (sliding-window attention over the last `window` positions; the
+        cache is then a ring of window + 128 rows), attn_scale (the scores' scale, default
+        1/sqrt(head_dim)), attn_softcap (scores capped at softcap * tanh(s / softcap); 0: not),
+        gate ("silu" or "gelu_tanh": the MLP gate's activation).
         """
         formats = cls._formats(dtype, dtypes)
         given = {"wq": wq, "wk": wk, "wv": wv, "wo": wo, "w1": w1, "w2": w2}
@@ -309,7 +355,9 @@ class DecoderLayer:
                    cache_capacity=cache_capacity, max_tokens=max_tokens,
                    rope_freq_factors=rope_freq_factors,
                    rope_position_scale=rope_position_scale, activations=activations,
-                   kv_dtype=kv_dtype, wq=converted["wq"],
+                   kv_dtype=kv_dtype, q_norm=q_norm, k_norm=k_norm, post_attn_norm=post_attn_norm,
+                   post_ffn_norm=post_ffn_norm, window=window, attn_scale=attn_scale,
+                   attn_softcap=attn_softcap, gate=gate, wq=converted["wq"],
                    wk=converted["wk"], wv=converted["wv"], wo=converted["wo"],
                    w1=converted["w1"], w2=converted["w2"])
 
@@ -513,22 +561,17 @@ class DecoderLayer:
         if T > self.cache_capacity:  # noqa: SIM300 -- T is the token count, not a constant
             raise ValueError(f"reference: {T} tokens exceed cache_capacity = "
                              f"{self.cache_capacity}")
-        E, H, G, D, I = (self.embed_dim, self.num_heads, self.num_kv_heads, self.head_dim,
-                         self.intermediate_dim)
-        w, dt, b = self._weights, self._dtypes, self._biases
-        cache_k = np.zeros((G, T, D), self.kv_cache_k.dtype)     # the layer's cache dtype
-        cache_v = np.zeros((G, T, D), self.kv_cache_v.dtype)
-        h = np.zeros((T, E), np.float32)
-        attention = (ref.mega_fused_attention_prefill_q8_0 if quantize_activations
-                     else ref.mega_fused_attention_prefill)
-        attention(h, xa, xa, self.ln1_gamma, w["wq"], b["bq"], dt["wq"], w["wk"], b["bk"],
-                  dt["wk"], w["wv"], b["bv"], dt["wv"], w["wo"], b["bo"], dt["wo"], cache_k,
-                  cache_v, self.rope_cos, self.rope_sin, 0, T, T, E, E, H, G, D, D, self.eps,
-                  None)
-        out = np.zeros((T, E), np.float32)
-        ref.mega_fused_mlp_prefill(out, h, h, self.ln2_gamma, w["w1"], b["b1"], dt["w1"],
-                                   w["w2"], b["b2"], dt["w2"], T, E, E, I, I, self.eps, None,
-                                   quantize_activations=quantize_activations)
+        spec: Dict[str, Any] = {"ln1_gamma": self.ln1_gamma, "ln2_gamma": self.ln2_gamma,
+                                "window": self.window}
+        spec.update(self._weights)
+        spec.update(self._biases)
+        spec.update(self._features)
+        spec.update({name + "_dt": int(dt) for name, dt in self._dtypes.items()})
+        out: F32Array = ref.layer_forward(
+            xa, spec, self.embed_dim, self.num_heads, self.num_kv_heads, self.head_dim,
+            self.intermediate_dim, self.eps, self.rope_cos, self.rope_sin,
+            quantize_activations=quantize_activations, kv_dtype=self.kv_dtype,
+            attn_scale=self.attn_scale, attn_softcap=self.attn_softcap, gate=self.gate)
         return out
 
     # ---- figures for benchmarks --------------------------------------------------------------

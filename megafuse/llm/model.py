@@ -44,8 +44,9 @@ _ACTIVATIONS = ("int8", "float")
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-    """The hyper-parameters of a model (from the GGUF metadata)."""
-    architecture: str              # "llama" or "qwen2"
+    """The hyper-parameters of a model (from the GGUF metadata), and the layer features of its
+    architecture (megafuse.llm.arch)."""
+    architecture: str              # general.architecture: a row of megafuse.llm.arch
     n_layers: int
     embed_dim: int                 # E
     num_heads: int                 # H
@@ -60,9 +61,36 @@ class ModelConfig:
     has_rope_freqs: bool           # Llama 3's per-frequency factors (rope_freqs.weight)
     tied_embedding: bool           # the head is the token embedding
     name: str = ""                 # general.name
+    embed_scale: float = 1.0       # the embedding rows are multiplied by it (Gemma: sqrt(E))
+    attn_scale: float = 0.0        # the scores' scale (0: 1/sqrt(head_dim))
+    attn_softcap: float = 0.0      # scores capped at softcap * tanh(s / softcap) (0: not)
+    final_softcap: float = 0.0     # logits capped the same way (0: not)
+    gate: str = "silu"             # the MLP gate's activation: "silu" or "gelu_tanh"
+    sliding_window: int = 0        # the window of sliding-window layers (0: none)
+    window_layers: Tuple[bool, ...] = ()   # which layers attend over the window (empty: none)
+    rope_theta_swa: float = 0.0    # the RoPE base of the windowed layers (0: rope_theta)
+
+    def features(self) -> Dict[str, Any]:
+        """The model-wide features as ModelRunner and megafuse.reference take them."""
+        return {"embed_scale": self.embed_scale,
+                "attn_scale": self.attn_scale or 1.0 / float(np.sqrt(np.float32(self.head_dim))),
+                "attn_softcap": self.attn_softcap, "final_softcap": self.final_softcap,
+                "gate": self.gate}
 
 
 
+
+
+def cache_rows(cache_capacity: int, window: int) -> int:
+    """Rows of a layer's KV cache: cache_capacity, or for a sliding-window layer a ring of its
+    window and one native step's tokens (fewer when that is less than cache_capacity):
+    position p lives in row p % rows, and the rows a step writes never overwrite a key it still
+    reads."""
+    import importlib
+    runner: Any = importlib.import_module("megafuse.llm._runner")
+    if window <= 0:
+        return cache_capacity
+    return int(min(cache_capacity, window + runner.STEP_TOKENS))
 
 
 def _pack_weights(layers: List[Dict[str, Any]], head: Any) -> Any:
@@ -146,11 +174,17 @@ class Model:
         # Every layer's KV cache in one arena on 2 MiB pages (decode reads them whole), its pages
         # mapped here, as llama.cpp clears its cache at load: one 2 MiB-aligned mapping a cache
         # would take a whole huge page for each (60 x 2 MiB for SmolLM2's 60 caches of 48 KiB at
-        # C = 64), and unmapped pages would make the first forward pay for mapping them.
-        caches = huge_page_zeros((len(layers), 2, G, C, D), cache_dtype)   # [L, k|v, G, C, D]
-        map_zero_pages(caches)
-        for i, spec in enumerate(layers):
-            spec["k_cache"], spec["v_cache"] = caches[i, 0], caches[i, 1]   # [G, C, D] each
+        # C = 64), and unmapped pages would make the first forward pay for mapping them.  A
+        # sliding-window layer keeps only its window and one step's rows (a ring).
+        rows = [cache_rows(C, int(spec.get("window", 0) or 0)) for spec in layers]
+        arena = huge_page_zeros(2 * G * D * sum(rows), cache_dtype)   # [L x (k|v, G, rows, D)]
+        map_zero_pages(arena)
+        at = 0
+        for spec, n in zip(layers, rows):
+            kv = arena[at:at + 2 * G * n * D].reshape(2, G, n, D)
+            spec["k_cache"], spec["v_cache"] = kv[0], kv[1]          # [G, rows, D] each
+            at += 2 * G * n * D
+        self._cache_arena = arena
         self._embedding, self._embedding_dt = embedding, CKDataType(embedding_dt)
         self._head, self._head_dt = head, CKDataType(head_dt)
         self._out_norm = out_norm
@@ -161,7 +195,7 @@ class Model:
             num_kv_heads=G, head_dim=D, intermediate_dim=cfg.intermediate_dim,
             cache_capacity=C, eps=cfg.eps, vocab_size=cfg.vocab_size, embedding=embedding,
             embedding_dt=int(embedding_dt), out_norm=out_norm, head=head, head_dt=int(head_dt),
-            rope_cos=rope_cos, rope_sin=rope_sin, activations=activations)
+            rope_cos=rope_cos, rope_sin=rope_sin, activations=activations, **cfg.features())
         self._position = 0
         self._source = source
         self._tokenizer: Any = None
@@ -200,8 +234,10 @@ class Model:
                                               f"layer 0's {hp[key]}: not supported")
             freq_factors = arrays["rope_freq_factors"]
             spec = {name: arrays[name] for name in _arch.NORM_ROLES + _arch.MATRIX_ROLES}
-            for name in _arch.BIAS_ROLES:
+            for name in _arch.BIAS_ROLES + _arch.FEATURE_ROLES:
                 spec[name] = arrays.get(name)
+            for name in ("window", "rope_theta", "rope_position_scale"):
+                spec[name] = arrays[name]
             for name, dt in arrays["dtypes"].items():
                 spec[name + "_dt"] = int(dt)
             spec["intermediate_dim"] = arrays["intermediate_dim"]
@@ -226,15 +262,27 @@ class Model:
         C = int(cache_capacity)
         if C < 1:
             raise ValueError(f"cache_capacity: expected a positive value, got {C}")
-        cos, sin = rope_tables(hp["head_dim"], C, hp["rope_theta"], freq_factors=freq_factors,
-                               position_scale=hp["rope_position_scale"])
+        tables: Dict[Tuple[float, float], Tuple[F32Array, F32Array]] = {}
+        for spec in layers:                       # one pair of tables a RoPE base and scale
+            theta, scale = spec["rope_theta"], spec["rope_position_scale"]
+            if (theta, scale) not in tables:
+                tables[theta, scale] = rope_tables(hp["head_dim"], C, theta,
+                                                   freq_factors=freq_factors,
+                                                   position_scale=scale)
+            spec["rope_cos"], spec["rope_sin"] = tables[theta, scale]
+        cos, sin = tables.get((hp["rope_theta"], hp["rope_position_scale"]),
+                              (layers[0]["rope_cos"], layers[0]["rope_sin"]))
         name = _gguf._field(reader, "general.name", "") or ""
         config = ModelConfig(
             architecture=hp["architecture"], n_layers=L, embed_dim=E, num_heads=hp["num_heads"],
             num_kv_heads=hp["num_kv_heads"], head_dim=hp["head_dim"],
             intermediate_dim=sizes.pop(), vocab_size=V, context_length=ctx, eps=hp["eps"],
             rope_theta=hp["rope_theta"], rope_position_scale=hp["rope_position_scale"],
-            has_rope_freqs=freq_factors is not None, tied_embedding=tied, name=str(name))
+            has_rope_freqs=freq_factors is not None, tied_embedding=tied, name=str(name),
+            embed_scale=hp["embed_scale"], attn_scale=hp["attn_scale"],
+            attn_softcap=hp["attn_softcap"], final_softcap=hp["final_softcap"], gate=hp["gate"],
+            sliding_window=hp["sliding_window"], window_layers=tuple(hp["window_layers"]),
+            rope_theta_swa=hp["rope_theta_swa"])
         return cls(config=config, layers=layers, embedding=embedding, embedding_dt=emb_dt,
                    out_norm=out_norm, head=head, head_dt=head_dt, rope_cos=cos, rope_sin=sin,
                    cache_capacity=C, activations=activations, source=reader,
@@ -473,7 +521,8 @@ class Model:
             self._layers, self._embedding, int(self._embedding_dt), self._out_norm, self._head,
             int(self._head_dt), ids, c.embed_dim, c.num_heads, c.num_kv_heads, c.head_dim,
             c.intermediate_dim, c.vocab_size, c.eps, self.rope_cos, self.rope_sin,
-            quantize_activations=bool(quantize_activations), kv_dtype=self.kv_dtype)
+            quantize_activations=bool(quantize_activations), kv_dtype=self.kv_dtype,
+            **c.features())
         return out
 
     def layer(self, index: int, *, cache_capacity: Optional[int] = None) -> Any:
@@ -487,17 +536,22 @@ class Model:
             raise ValueError(f"index: expected a layer in 0..{self.config.n_layers - 1}, got "
                              f"{index}")
         spec, cfg = self._layers[index], self.config
-        kwargs = {name: spec[name] for name in _arch.NORM_ROLES + _arch.MATRIX_ROLES
-                  + _arch.BIAS_ROLES}
+        kwargs = {name: spec.get(name) for name in _arch.NORM_ROLES + _arch.MATRIX_ROLES
+                  + _arch.BIAS_ROLES + _arch.FEATURE_ROLES}
         dtypes = {name: CKDataType(spec[name + "_dt"]) for name in _arch.MATRIX_ROLES}
+        features = cfg.features()
+        features.pop("embed_scale")
+        features.pop("final_softcap")
         layer = DecoderLayer(**kwargs, dtypes=dtypes, embed_dim=cfg.embed_dim,
                              num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads,
                              head_dim=cfg.head_dim, intermediate_dim=cfg.intermediate_dim,
-                             eps=cfg.eps, rope_theta=cfg.rope_theta,
+                             eps=cfg.eps, rope_theta=spec.get("rope_theta", cfg.rope_theta),
                              cache_capacity=cache_capacity or self.cache_capacity,
-                             rope_position_scale=cfg.rope_position_scale,
+                             rope_position_scale=spec.get("rope_position_scale",
+                                                          cfg.rope_position_scale),
                              rope_freq_factors=self._rope_freq_factors,
-                             activations=self.activations, kv_dtype=self.kv_dtype)
+                             window=int(spec.get("window", 0) or 0),
+                             activations=self.activations, kv_dtype=self.kv_dtype, **features)
         return layer
 
 

@@ -14,20 +14,25 @@
 cdef extern from "megafuse/mf_attention.h" nogil:
     enum: MF_ATT_QUERIES                 # 16 query rows a block
     enum: MF_ATT_MAX_HEAD_DIM            # 256
+    ctypedef struct mf_att_opts:         # a layer's capping, window and ring cache (all 0: none)
+        float softcap
+        ptrdiff_t window
+        ptrdiff_t ring
     void mf_attend_block_f32(const float *q, Py_ssize_t ldq, const float *k, const float *v,
                              Py_ssize_t Da, Py_ssize_t first_pos, Py_ssize_t pos_step, int nq,
                              Py_ssize_t D, float scale, Py_ssize_t kv_tile, float *out,
-                             Py_ssize_t ldo)
+                             Py_ssize_t ldo, const mf_att_opts *opts)
     void mf_attend_range_f32(const float *q, Py_ssize_t ldq, const float *k, const float *v,
                              Py_ssize_t Da, Py_ssize_t first_pos, Py_ssize_t pos_step, int nq,
                              Py_ssize_t D, float scale, Py_ssize_t kv_tile, Py_ssize_t key_begin,
                              Py_ssize_t key_end, float *out, Py_ssize_t ldo, float *m_out,
-                             float *l_out)
+                             float *l_out, const mf_att_opts *opts)
     void mf_attend_range_f16(const float *q, Py_ssize_t ldq, const uint16_t *k,
                              const uint16_t *v, Py_ssize_t Da, Py_ssize_t first_pos,
                              Py_ssize_t pos_step, int nq, Py_ssize_t D, float scale,
                              Py_ssize_t kv_tile, Py_ssize_t key_begin, Py_ssize_t key_end,
-                             float *out, Py_ssize_t ldo, float *m_out, float *l_out)
+                             float *out, Py_ssize_t ldo, float *m_out, float *l_out,
+                             const mf_att_opts *opts)
     void mf_attend_combine_f32(const float *acc, Py_ssize_t ld_part, const float *m,
                                const float *l, Py_ssize_t ld_ml, int n_seg, Py_ssize_t D,
                                Py_ssize_t Da, float *out)
@@ -128,9 +133,10 @@ cdef void attend_query_rows(
         Py_ssize_t first_pos,  # absolute position of query row 0 (row i: first_pos + i)
         Py_ssize_t nq, Py_ssize_t D, Py_ssize_t Da, float scale, Py_ssize_t kv_tile,
         float *out,            # [nq, ldo] out: row i = causal attention of query row i
-        Py_ssize_t ldo) noexcept nogil:
+        Py_ssize_t ldo,
+        const mf_att_opts *opts) noexcept nogil:   # capping / window / ring, or NULL
     """Prefill's attention for one (head, query tile): blocks of 16 rows by mf_attend_block_f32
-    (attend_query_tile for head dims above MF_ATT_MAX_HEAD_DIM: float32 caches only)."""
+    (attend_query_tile for head dims above MF_ATT_MAX_HEAD_DIM: float32 caches, no opts)."""
     cdef Py_ssize_t b0 = 0, nb
     if D > MF_ATT_MAX_HEAD_DIM:
         attend_query_tile(q, ldq, <const float *>k_g, <const float *>v_g, first_pos, 1, nq, D, Da,
@@ -141,11 +147,11 @@ cdef void attend_query_rows(
         if kv_f16:
             mf_attend_range_f16(q + b0 * ldq, ldq, <const uint16_t *>k_g, <const uint16_t *>v_g,
                                 Da, first_pos + b0, 1, <int>nb, D, scale, kv_tile, 0,
-                                first_pos + b0 + nb, out + b0 * ldo, ldo, NULL, NULL)
+                                first_pos + b0 + nb, out + b0 * ldo, ldo, NULL, NULL, opts)
         else:
             mf_attend_block_f32(q + b0 * ldq, ldq, <const float *>k_g, <const float *>v_g, Da,
                                 first_pos + b0, 1, <int>nb, D, scale, kv_tile, out + b0 * ldo,
-                                ldo)
+                                ldo, opts)
         b0 += MF_ATT_QUERIES
 
 
@@ -163,14 +169,13 @@ cdef enum:
     SPLIT_PART_FLOATS = 16384     # the parts of every range and head, on the caller's stack
 
 
-cdef struct OneTokenPlan:
-    # how the attention of one token at position P is cut into tasks (fixed by P, H, G, D, Da)
-    int kind                  # ONE_TOKEN_SPLIT, ONE_TOKEN_BLOCKS or ONE_TOKEN_TILES
-    Py_ssize_t tasks          # tasks of the first pass
-    Py_ssize_t n_chunks       # query-head chunks of a kv group
-    Py_ssize_t n_seg          # key ranges (split-KV; 1 otherwise)
-    Py_ssize_t seg_len        # keys a range
-    Py_ssize_t max_seg        # ranges the parts buffer holds
+# How the attention of one token at position P over keys first_key .. P is cut into tasks (fixed
+# by P, first_key, H, G, D, Da): mf_one_token_plan of include/megafuse/mf_model.h, whose fields
+# are kind (ONE_TOKEN_*), first_key, tasks (of the first pass), n_chunks (query-head chunks of a
+# kv group), n_seg (key ranges: split-KV, else 1), seg_len (keys a range), max_seg (ranges the
+# parts buffer holds).
+ctypedef mf_one_token_plan OneTokenPlan
+
 
 cdef enum:
     ONE_TOKEN_SPLIT = 0       # split-KV: (group, head chunk, key range) tasks, then a combine
@@ -178,13 +183,15 @@ cdef enum:
     ONE_TOKEN_TILES = 2       # head dims above 256: (group, 3 heads) tasks, attend_query_tile
 
 
-cdef inline OneTokenPlan one_token_plan(Py_ssize_t P, Py_ssize_t H, Py_ssize_t G, Py_ssize_t D,
-                                        Py_ssize_t Da) noexcept nogil:
+cdef inline OneTokenPlan one_token_plan(Py_ssize_t P, Py_ssize_t K0, Py_ssize_t H, Py_ssize_t G,
+                                        Py_ssize_t D, Py_ssize_t Da) noexcept nogil:
+    """The tasks of one token at position P over keys K0 .. P (K0 > 0: a sliding window)."""
     cdef OneTokenPlan p
-    cdef Py_ssize_t group = H // G
+    cdef Py_ssize_t group = H // G, n_keys = P + 1 - K0
+    p.first_key = K0
     p.max_seg = SPLIT_PART_FLOATS // (H * (Da + 2))
-    p.n_seg = min((P + SPLIT_MIN_KEYS) // SPLIT_MIN_KEYS, p.max_seg)
-    p.seg_len = P + 1
+    p.n_seg = min((n_keys - 1 + SPLIT_MIN_KEYS) // SPLIT_MIN_KEYS, p.max_seg)
+    p.seg_len = n_keys
     if D > MF_ATT_MAX_HEAD_DIM:
         p.kind = ONE_TOKEN_TILES
         p.n_seg = 1
@@ -194,7 +201,7 @@ cdef inline OneTokenPlan one_token_plan(Py_ssize_t P, Py_ssize_t H, Py_ssize_t G
     p.n_chunks = (group + MF_ATT_QUERIES - 1) // MF_ATT_QUERIES
     if p.n_seg > 1:
         p.kind = ONE_TOKEN_SPLIT
-        p.seg_len = (P + p.n_seg) // p.n_seg                  # ceil((P + 1) / n_seg)
+        p.seg_len = (n_keys - 1 + p.n_seg) // p.n_seg         # ceil(n_keys / n_seg)
         p.tasks = G * p.n_chunks * p.n_seg
     else:
         p.kind = ONE_TOKEN_BLOCKS
@@ -226,9 +233,10 @@ cdef void one_token_task(
         Py_ssize_t P, Py_ssize_t H, Py_ssize_t G, Py_ssize_t D, Py_ssize_t Da, Py_ssize_t C,
         float scale, Py_ssize_t kv_tile,
         float *attn,           # [H, Da] out (ONE_TOKEN_BLOCKS / TILES)
-        float *parts) noexcept nogil:   # [max_seg, H, Da] sums, then m, l (split-KV; else NULL)
+        float *parts,          # [max_seg, H, Da] sums, then m, l (split-KV; else NULL)
+        const mf_att_opts *opts) noexcept nogil:   # capping / window / ring, or NULL
     """Task `task` (< p.tasks) of one token's attention."""
-    cdef Py_ssize_t s, nh, k0 = 0, k1 = P + 1
+    cdef Py_ssize_t s, nh, k0 = p.first_key, k1 = P + 1
     cdef Py_ssize_t h = one_token_task_heads(p, task, H, G, &nh)
     cdef Py_ssize_t g = h // (H // G)
     cdef float *part_m           # [max_seg, H] (split-KV: after the parts' sums)
@@ -247,17 +255,18 @@ cdef void one_token_task(
         part_m = parts + p.max_seg * H * Da
         part_l = part_m + p.max_seg * H
         s = task % p.n_seg
-        k0, k1 = s * p.seg_len, min(P + 1, (s + 1) * p.seg_len)
+        k0 = p.first_key + s * p.seg_len
+        k1 = min(P + 1, k0 + p.seg_len)
         out, m_out, l_out = parts + (s * H + h) * Da, part_m + s * H + h, part_l + s * H + h
     if kv_f16:
         mf_attend_range_f16(q + h * Da, Da, <const uint16_t *>k_g, <const uint16_t *>v_g, Da, P,
-                            0, <int>nh, D, scale, kv_tile, k0, k1, out, ldo, m_out, l_out)
-    elif p.kind == ONE_TOKEN_SPLIT:
+                            0, <int>nh, D, scale, kv_tile, k0, k1, out, ldo, m_out, l_out, opts)
+    elif p.kind == ONE_TOKEN_SPLIT or k0 > 0:
         mf_attend_range_f32(q + h * Da, Da, <const float *>k_g, <const float *>v_g, Da, P, 0,
-                            <int>nh, D, scale, kv_tile, k0, k1, out, ldo, m_out, l_out)
+                            <int>nh, D, scale, kv_tile, k0, k1, out, ldo, m_out, l_out, opts)
     else:
         mf_attend_block_f32(q + h * Da, Da, <const float *>k_g, <const float *>v_g, Da, P, 0,
-                            <int>nh, D, scale, kv_tile, out, ldo)
+                            <int>nh, D, scale, kv_tile, out, ldo, opts)
 
 
 cdef inline void one_token_combine(const OneTokenPlan *p, Py_ssize_t h, const float *parts,
@@ -280,11 +289,11 @@ cdef void attend_one_token(
         float *attn,           # [H, Da] out: head h's attention output (dims >= D: 0)
         int num_threads) noexcept nogil:
     cdef float parts[SPLIT_PART_FLOATS]        # split-KV: [n_seg, H, Da] sums, then m, l
-    cdef OneTokenPlan plan = one_token_plan(P, H, G, D, Da)
+    cdef OneTokenPlan plan = one_token_plan(P, 0, H, G, D, Da)
     cdef Py_ssize_t task, h
     for task in prange(plan.tasks, num_threads=num_threads, schedule='dynamic', nogil=True):
         one_token_task(&plan, task, q, kv_cache_k, kv_cache_v, False, P, H, G, D, Da, C, scale,
-                       kv_tile, attn, parts)
+                       kv_tile, attn, parts, NULL)
     if plan.kind == ONE_TOKEN_SPLIT:
         for h in prange(H, num_threads=num_threads, schedule='static', nogil=True):
             one_token_combine(&plan, h, parts, H, D, Da, attn)

@@ -5,17 +5,18 @@
 # kernels compiled here.  megafuse/_kernels.pyx validates every argument and then calls through it.
 
 from cpython.pycapsule cimport PyCapsule_New
-from libc.math cimport sqrtf, expf, INFINITY
+from libc.math cimport sqrtf, expf, tanhf, INFINITY
 from libc.string cimport memcpy, memset
 from cython.parallel cimport prange
 
+from libc.stddef cimport ptrdiff_t
 from libc.stdint cimport int32_t, int64_t, uint16_t, uint32_t
 from megafuse.kernels.kernel_table cimport (
     KernelTable, KERNEL_TABLE_VERSION, MF_ATT_MAX_KV_TILE, MF_MAX_Q_TILE, MF_SIMD_NAME,
     mf_team, mf_team_claim_gen, mf_team_wait_done, mf_team_chunk_done, mf_team_run,
     mf_atomic_load32, mf_atomic_store32, MF_TEAM_PAUSE,
     mf_model, mf_model_layer, mf_step, mf_phase, mf_phase_cut_lanes, mf_phase_take,
-    MF_STEP_TOKENS)
+    mf_one_token_plan, MF_STEP_TOKENS, MF_ACT_GELU_TANH)
 from megafuse._ckernel_dtype cimport (
     CKDataType, CK_DT_FP32, CK_DT_FP16, CK_DT_Q8_0, CK_DT_Q8_K, ck_dtype_block_size,
     ck_dtype_row_bytes)
@@ -42,6 +43,7 @@ cdef extern from "megafuse/mf_simd.h" nogil:
                          float *out, const void *ahead)
     float mf_exp_shift_sum_f32(float *s, float m, Py_ssize_t n)
     void mf_silu_mul_f32(const float *g, const float *u, float *out, Py_ssize_t n)
+    void mf_gelu_tanh_mul_f32(const float *g, const float *u, float *out, Py_ssize_t n)
 
 include "quant.pxi"
 include "norm_qkv_rope.pxi"

@@ -15,12 +15,22 @@
 #               (none when wo reads Q8_0 rows and D is a multiple of 32: each ATTN / COMBINE
 #               chunk quantizes the Q8_0 blocks of the heads it computed)
 #   OUTPROJ     x += attn @ wo.T + bo                                    rows of wo, 32 or 64
+#               (a layer with a post-attention norm: y = attn @ wo.T + bo, then
+#   POST_ATTN   x += rmsnorm(y, post_attn_norm))                                        tokens
 #   NORM_FFN    xn = rmsnorm(x, ln2_gamma)  (+ quantized)                               tokens
 #   GATEUP      act = silu(xn @ Wg.T + bg) * (xn @ Wu.T + bu)            64 intermediate rows
+#               (gelu_tanh instead of silu where the model says, mf_model.activation)
 #   QUANT_ACT   act quantized for w2 (int8 mode, K-quant w2; a Q8_0 row is quantized by the
 #               GATEUP chunks, 2 blocks each)                                           tokens
 #   DOWN        x += act @ w2.T + b2  (the last layer may write x_out instead)  rows of w2
+#               (a layer with a post-MLP norm: y = act @ w2.T + b2, then
+#   POST_FFN    x += rmsnorm(y, post_ffn_norm))                                         tokens
 #
+# The layer features of an architecture (megafuse/llm/arch.py) are the optional slots of
+# mf_model_layer and mf_model: q / k norms (in QKV), a sliding window and a ring cache (QKV,
+# ATTN), per-layer RoPE tables, sandwich norms (the POST phases), the embedding's scale (LOAD),
+# the attention's scale and capping (ATTN), the gate's activation (GATEUP), the logits' capping
+# (HEAD).
 # then NORM_OUT (the rows that want logits) and HEAD (HEAD_ROWS vocabulary rows a chunk).
 #
 # Prefetch.  The one-token dots prefetch MF_Q_PF_MIN_BYTES ahead as they stream, but in a decode
@@ -54,6 +64,8 @@ cdef enum:
     PHASE_DOWN = 10
     PHASE_NORM_OUT = 11
     PHASE_HEAD = 12
+    PHASE_POST_ATTN = 13
+    PHASE_POST_FFN = 14
     STEP_ROW_TOKENS = 8       # token rows a chunk of the norm / quantize / load phases
     HEAD_ROWS = 256           # vocabulary rows a chunk of the head
     PREFETCH_HEAD_BYTES = 16384   # of a head chunk's rows, prefetched as it starts
@@ -85,29 +97,46 @@ cdef inline void add_phase(mf_step *st, int kind, int layer, Py_ssize_t n,
     st.n_phases += 1
 
 
+cdef inline const mf_one_token_plan *layer_plan(const mf_step *st,
+                                                const mf_model_layer *ly) noexcept nogil:
+    """The one-token plan of a layer: st.att[1] for sliding-window layers, st.att[0] else."""
+    return &st.att[1] if ly.window > 0 else &st.att[0]
+
+
+cdef inline mf_att_opts layer_att_opts(const mf_model *m,
+                                       const mf_model_layer *ly) noexcept nogil:
+    """A layer's capping, window and ring cache for the attention kernels."""
+    cdef mf_att_opts o
+    o.softcap = m.attn_softcap
+    o.window = ly.window
+    o.ring = ly.cache_rows if ly.cache_rows < m.C else 0
+    return o
+
+
 cdef uint32_t plan_step(mf_step *st) noexcept nogil:
     """Fill st.phases for the step described by st.T, st.S, st.R; return the chunk count."""
     cdef const mf_model *m = st.m
     cdef const mf_model_layer *ly = NULL
     cdef Py_ssize_t T = st.T, rows_tokens = ceil_div(st.T, STEP_ROW_TOKENS)
     cdef uint32_t total = 0
-    cdef OneTokenPlan att
+    cdef const mf_one_token_plan *att
     cdef int l
     st.n_phases = 0
     if T == 1:
-        att = one_token_plan(st.S, m.H, m.G, m.D, m.D)
-        st.att_kind = att.kind
-        st.att_tasks = att.tasks
-        st.att_n_chunks = att.n_chunks
-        st.att_n_seg = att.n_seg
-        st.att_seg_len = att.seg_len
-        st.att_max_seg = att.max_seg
+        st.att[0] = one_token_plan(st.S, 0, m.H, m.G, m.D, m.D)
+        st.att[1] = st.att[0]
+        for l in range(m.n_layers):              # (every windowed layer has the same window)
+            if m.layers[l].window > 0:
+                st.att[1] = one_token_plan(st.S, max(0, st.S - m.layers[l].window + 1), m.H,
+                                           m.G, m.D, m.D)
+                break
     add_phase(st, PHASE_LOAD, -1, rows_tokens, &total)
     for l in range(m.n_layers):
         ly = &m.layers[l]
         add_phase(st, PHASE_NORM_ATTN, l, rows_tokens, &total)
         add_phase(st, PHASE_QKV, l, m.H + 2 * m.G, &total)
         if T == 1:
+            att = layer_plan(st, ly)
             add_phase(st, PHASE_ATTN, l, att.tasks, &total)
             if att.kind == ONE_TOKEN_SPLIT:
                 add_phase(st, PHASE_COMBINE, l, m.H, &total)
@@ -116,12 +145,16 @@ cdef uint32_t plan_step(mf_step *st) noexcept nogil:
         if m.int8 and uses_q8_activations(ly.wo_dt) and not quantized_in_place(m, ly.wo_dt, m.D):
             add_phase(st, PHASE_QUANT_ATTN, l, rows_tokens, &total)
         add_phase(st, PHASE_OUTPROJ, l, ceil_div(m.E, proj_rows(st)), &total)
+        if ly.post_attn_norm != NULL:
+            add_phase(st, PHASE_POST_ATTN, l, rows_tokens, &total)
         add_phase(st, PHASE_NORM_FFN, l, rows_tokens, &total)
         add_phase(st, PHASE_GATEUP, l, ceil_div(m.F, GEMM_ROWS), &total)
         if (m.int8 and uses_q8_activations(ly.w2_dt)
                 and not quantized_in_place(m, ly.w2_dt, GEMM_ROWS)):
             add_phase(st, PHASE_QUANT_ACT, l, rows_tokens, &total)
         add_phase(st, PHASE_DOWN, l, ceil_div(m.E, proj_rows(st)), &total)
+        if ly.post_ffn_norm != NULL:
+            add_phase(st, PHASE_POST_FFN, l, rows_tokens, &total)
     if m.head != NULL and st.R > 0:
         add_phase(st, PHASE_NORM_OUT, -1, ceil_div(st.R, STEP_ROW_TOKENS), &total)
         add_phase(st, PHASE_HEAD, -1, ceil_div(m.V, HEAD_ROWS), &total)
@@ -192,56 +225,64 @@ cdef void qkv_head(const mf_step *st, const mf_model_layer *ly, Py_ssize_t hh) n
     """q, k or v of head hh (< H + 2G) for every token of the step: projected, biased, roped;
     k and v straight into the cache at positions S .. S+T-1."""
     cdef const mf_model *m = st.m
-    cdef Py_ssize_t E = m.E, H = m.H, G = m.G, D = m.D, C = m.C, S = st.S, T = st.T
-    cdef Py_ssize_t HD = H * D, row_bytes, ld, g, t, r0, xq_row
+    cdef Py_ssize_t E = m.E, H = m.H, G = m.G, D = m.D, C = ly.cache_rows, S = st.S, T = st.T
+    cdef Py_ssize_t HD = H * D, row_bytes, ld, g, t, r0, xq_row, row
     cdef const float *xn = <const float *>(st.scratch + st.layout.xn)
     cdef float *q = <float *>(st.scratch + st.layout.q)
     cdef const char *w
     cdef const float *b
+    cdef const float *norm = NULL
     cdef float *out = NULL
     cdef char *xq
-    cdef void *cache = NULL               # a float16 cache: where the rows go once rounded
+    cdef char *cache = NULL               # a float16 or ring cache: the kv head's rows there
+    cdef bint ring = ly.cache_rows < m.C  # position p at row p % C
+    cdef Py_ssize_t elem = 2 if m.kv_f16 else 4
     cdef int dt
     cdef bint rope
     if hh < H:
         dt, row_bytes = ly.wq_dt, ck_dtype_row_bytes(ly.wq_dt, E)
         w = <const char *>ly.wq + hh * D * row_bytes
         b = ly.bq + hh * D if ly.bq != NULL else NULL
-        out, ld, rope = q + hh * D, HD, True
+        out, ld, rope, norm = q + hh * D, HD, True, ly.q_norm
     elif hh < H + G:
         g = hh - H
         dt, row_bytes = ly.wk_dt, ck_dtype_row_bytes(ly.wk_dt, E)
         w = <const char *>ly.wk + g * D * row_bytes
         b = ly.bk + g * D if ly.bk != NULL else NULL
-        ld, rope = D, True
-        if m.kv_f16:
-            cache = <uint16_t *>ly.k_cache + (g * C + S) * D
-        else:
-            out = <float *>ly.k_cache + (g * C + S) * D
+        ld, rope, norm = D, True, ly.k_norm
+        cache = <char *>ly.k_cache + g * C * D * elem
     else:
         g = hh - H - G
         dt, row_bytes = ly.wv_dt, ck_dtype_row_bytes(ly.wv_dt, E)
         w = <const char *>ly.wv + g * D * row_bytes
         b = ly.bv + g * D if ly.bv != NULL else NULL
         ld, rope = D, False
-        if m.kv_f16:
-            cache = <uint16_t *>ly.v_cache + (g * C + S) * D
-        else:
-            out = <float *>ly.v_cache + (g * C + S) * D
-    if cache != NULL:                     # computed in float32 first: kv head hh - H's rows
-        out = <float *>(st.scratch + st.layout.kv) + (hh - H) * T * D
+        cache = <char *>ly.v_cache + g * C * D * elem
+    if cache != NULL:
+        if m.kv_f16 or ring:              # computed in float32 first: kv head hh - H's rows
+            out = <float *>(st.scratch + st.layout.kv) + (hh - H) * T * D
+        else:                             # straight into the cache rows S .. S+T-1
+            out = <float *>cache + S * D
+            cache = NULL
     xq = q8_rows_for(st, dt, &xq_row)
     r0 = 0
     while r0 < D:
         linear_block(r0, w, row_bytes, dt, E, b, D, D, xn, E, xq, xq_row, T, out, NULL, ld)
         r0 += GEMM_ROWS
-    if rope and m.rope_cos != NULL:
+    if norm != NULL:                      # each head's q or k normalised over its D dims
         for t in range(T):
-            rope_rotate_heads(out + t * ld, 1, D, D, m.rope_cos + (S + t) * (D // 2),
-                              m.rope_sin + (S + t) * (D // 2))
-    if cache != NULL:                     # rounded to nearest-even float16 (NumPy's cast)
+            rmsnorm_row(out + t * ld, norm, D, D, m.eps, out + t * ld)
+    if rope and ly.rope_cos != NULL:
         for t in range(T):
-            mf_quantize_row(out + t * D, <uint16_t *>cache + t * D, D, CK_DT_FP16)
+            rope_rotate_heads(out + t * ld, 1, D, D, ly.rope_cos + (S + t) * (D // 2),
+                              ly.rope_sin + (S + t) * (D // 2))
+    if cache != NULL:                     # into the cache's rows (a ring wraps)
+        for t in range(T):
+            row = (S + t) % C
+            if m.kv_f16:                  # rounded to nearest-even float16 (NumPy's cast)
+                mf_quantize_row(out + t * D, <uint16_t *>cache + row * D, D, CK_DT_FP16)
+            else:
+                memcpy(<float *>cache + row * D, out + t * D, D * sizeof(float))
 
 
 cdef void attention_chunk(const mf_step *st, const mf_model_layer *ly,
@@ -249,22 +290,22 @@ cdef void attention_chunk(const mf_step *st, const mf_model_layer *ly,
     """Chunk c of PHASE_ATTN; with wo quantized in place, the Q8_0 blocks of the heads it computed
     too (a split-KV pass: PHASE_COMBINE does it)."""
     cdef const mf_model *m = st.m
-    cdef Py_ssize_t H = m.H, G = m.G, D = m.D, C = m.C, HD = H * D, T = st.T
+    cdef Py_ssize_t H = m.H, G = m.G, D = m.D, C = ly.cache_rows, HD = H * D, T = st.T
     cdef Py_ssize_t n_qt, h, i0, nq, g, t, nh
     cdef const float *q = <const float *>(st.scratch + st.layout.q)
     cdef float *attn = <float *>(st.scratch + st.layout.attn)
     cdef float *parts = <float *>(st.scratch + st.layout.parts)
     cdef char *attnq = st.scratch + st.layout.attnq
-    cdef float scale = 1.0 / sqrtf(<float>D)
+    cdef float scale = m.attn_scale
     cdef bint quantize = quantized_in_place(m, ly.wo_dt, D)
-    cdef OneTokenPlan p
+    cdef const mf_one_token_plan *p
+    cdef mf_att_opts opts = layer_att_opts(m, ly)
     if T == 1:
-        p.kind, p.tasks, p.n_chunks = st.att_kind, st.att_tasks, st.att_n_chunks
-        p.n_seg, p.seg_len, p.max_seg = st.att_n_seg, st.att_seg_len, st.att_max_seg
-        one_token_task(&p, c, q, ly.k_cache, ly.v_cache, m.kv_f16, st.S, H, G, D, D, C, scale,
-                       m.kv_tile, attn, parts)
+        p = layer_plan(st, ly)
+        one_token_task(p, c, q, ly.k_cache, ly.v_cache, m.kv_f16, st.S, H, G, D, D, C, scale,
+                       m.kv_tile, attn, parts, &opts)
         if quantize and p.kind != ONE_TOKEN_SPLIT:
-            h = one_token_task_heads(&p, c, H, G, &nh)
+            h = one_token_task_heads(p, c, H, G, &nh)
             quantize_row_piece(attn, attnq, HD, h * D, (h + nh) * D)
         return
     n_qt = ceil_div(T, m.q_tile)
@@ -274,11 +315,27 @@ cdef void attention_chunk(const mf_step *st, const mf_model_layer *ly,
     g = h // (H // G)
     attend_query_rows(q + i0 * HD + h * D, HD, kv_rows(ly.k_cache, m.kv_f16, g * C * D),
                       kv_rows(ly.v_cache, m.kv_f16, g * C * D), m.kv_f16, st.S + i0, nq, D, D,
-                      scale, m.kv_tile, attn + i0 * HD + h * D, HD)
+                      scale, m.kv_tile, attn + i0 * HD + h * D, HD, &opts)
     if quantize:
         for t in range(i0, i0 + nq):
             quantize_row_piece(attn + t * HD, attnq + t * st.layout.attnq_row, HD, h * D,
                                (h + 1) * D)
+
+
+cdef inline float *layer_out(const mf_step *st, int layer, float *x) noexcept nogil:
+    """Where layer `layer`'s output rows go: x, or the caller's x_out for the last layer."""
+    if st.x_out != NULL and layer == st.m.n_layers - 1:
+        return st.x_out
+    return x
+
+
+cdef inline void add_normalised(const float *y, const float *gamma, Py_ssize_t E, float eps,
+                                const float *x, float *out) noexcept nogil:
+    """out[:E] = x[:E] + rmsnorm(y[:E], gamma) (a sandwich norm's residual add; out may be x)."""
+    cdef float inv = rms_inverse(y, E, eps)
+    cdef Py_ssize_t e
+    for e in range(E):
+        out[e] = x[e] + y[e] * inv * gamma[e]
 
 
 cdef bint prefetch_chunk_weights(const mf_step *st, const mf_phase *ph,
@@ -333,7 +390,7 @@ cdef void run_chunk(const mf_step *st, const mf_phase *ph, Py_ssize_t c) noexcep
     cdef const mf_model *m = st.m
     cdef const mf_model_layer *ly = NULL
     cdef Py_ssize_t E = m.E, H = m.H, D = m.D, I = m.F, V = m.V, T = st.T, HD = H * D
-    cdef Py_ssize_t t0 = c * STEP_ROW_TOKENS, t1, t, e0, rows, row_bytes, xq_row, rb
+    cdef Py_ssize_t t0 = c * STEP_ROW_TOKENS, t1, t, e0, rows, row_bytes, xq_row, rb, r
     cdef float *x = <float *>(st.scratch + st.layout.x)
     cdef float *xn = <float *>(st.scratch + st.layout.xn)
     cdef float *attn = <float *>(st.scratch + st.layout.attn)
@@ -342,8 +399,8 @@ cdef void run_chunk(const mf_step *st, const mf_phase *ph, Py_ssize_t c) noexcep
     cdef char *actq = st.scratch + st.layout.actq
     cdef float *out
     cdef float *hid
+    cdef float *y = <float *>(st.scratch + st.layout.y)
     cdef char *xq
-    cdef OneTokenPlan p
     cdef int kind = ph.kind
     if ph.layer >= 0:
         ly = &m.layers[ph.layer]
@@ -355,6 +412,8 @@ cdef void run_chunk(const mf_step *st, const mf_phase *ph, Py_ssize_t c) noexcep
                 row_bytes = ck_dtype_row_bytes(m.embedding_dt, E)
                 dequantize_row(<const char *>m.embedding + <Py_ssize_t>st.tokens[t] * row_bytes,
                                x + t * E, E, m.embedding_dt)
+                if m.embed_scale != 1.0:
+                    mf_scale_f32(x + t * E, m.embed_scale, E)
             else:
                 memcpy(x + t * E, st.x_in + t * E, E * sizeof(float))
     elif kind == PHASE_NORM_ATTN:
@@ -364,9 +423,8 @@ cdef void run_chunk(const mf_step *st, const mf_phase *ph, Py_ssize_t c) noexcep
     elif kind == PHASE_ATTN:
         attention_chunk(st, ly, c)
     elif kind == PHASE_COMBINE:
-        p.kind, p.tasks, p.n_chunks = st.att_kind, st.att_tasks, st.att_n_chunks
-        p.n_seg, p.seg_len, p.max_seg = st.att_n_seg, st.att_seg_len, st.att_max_seg
-        one_token_combine(&p, c, <const float *>(st.scratch + st.layout.parts), H, D, D, attn)
+        one_token_combine(layer_plan(st, ly), c, <const float *>(st.scratch + st.layout.parts), H,
+                          D, D, attn)
         if quantized_in_place(m, ly.wo_dt, D):
             quantize_row_piece(attn, attnq, HD, c * D, (c + 1) * D)
     elif kind == PHASE_QUANT_ATTN:
@@ -378,13 +436,17 @@ cdef void run_chunk(const mf_step *st, const mf_phase *ph, Py_ssize_t c) noexcep
         rb = ck_dtype_row_bytes(ly.wo_dt, HD)
         linear_block(e0, <const char *>ly.wo, rb, ly.wo_dt, HD, ly.bo, E, min(E, e0 + rows),
                      attn, HD, attnq if m.int8 and uses_q8_activations(ly.wo_dt) else NULL,
-                     st.layout.attnq_row, T, x, x, E)
+                     st.layout.attnq_row, T, x if ly.post_attn_norm == NULL else y,
+                     x if ly.post_attn_norm == NULL else NULL, E)
+    elif kind == PHASE_POST_ATTN:
+        for t in range(t0, t1):                 # x += rmsnorm(y, post_attn_norm)
+            add_normalised(y + t * E, ly.post_attn_norm, E, m.eps, x + t * E, x + t * E)
     elif kind == PHASE_NORM_FFN:
         normalise_rows(st, x, ly.ln2_gamma, t0, t1, ly.w1_dt, ly.w1_dt, ly.w1_dt)
     elif kind == PHASE_GATEUP:
         xq = q8_rows_for(st, ly.w1_dt, &xq_row)
         swiglu_block(c * GEMM_ROWS, <const char *>ly.w1, ck_dtype_row_bytes(ly.w1_dt, E),
-                     ly.w1_dt, E, ly.b1, xn, xq, xq_row, T, I, I, act)
+                     ly.w1_dt, E, ly.b1, xn, xq, xq_row, T, I, I, act, m.activation)
         if quantized_in_place(m, ly.w2_dt, GEMM_ROWS):
             for t in range(T):
                 quantize_row_piece(act + t * I, actq + t * st.layout.actq_row, I, c * GEMM_ROWS,
@@ -395,18 +457,25 @@ cdef void run_chunk(const mf_step *st, const mf_phase *ph, Py_ssize_t c) noexcep
     elif kind == PHASE_DOWN:
         rows = proj_rows(st)
         e0 = c * rows
-        out = x
-        if st.x_out != NULL and ph.layer == m.n_layers - 1:
-            out = st.x_out                      # the last layer's result goes to the caller
+        out = layer_out(st, ph.layer, x)
+        if ly.post_ffn_norm != NULL:            # the MLP's output first, normalised below
+            out = y
         linear_block(e0, <const char *>ly.w2, ck_dtype_row_bytes(ly.w2_dt, I), ly.w2_dt, I,
                      ly.b2, E, min(E, e0 + rows), act, I,
                      actq if m.int8 and uses_q8_activations(ly.w2_dt) else NULL,
-                     st.layout.actq_row, T, out, x, E)
-        if st.hidden != NULL:
+                     st.layout.actq_row, T, out, x if ly.post_ffn_norm == NULL else NULL, E)
+        if st.hidden != NULL and ly.post_ffn_norm == NULL:
             hid = st.hidden + ph.layer * st.hidden_layer_stride
             for t in range(T):
                 memcpy(hid + t * E + e0, out + t * E + e0,
                        (min(E, e0 + rows) - e0) * sizeof(float))
+    elif kind == PHASE_POST_FFN:
+        out = layer_out(st, ph.layer, x)
+        for t in range(t0, t1):                 # x += rmsnorm(y, post_ffn_norm)
+            add_normalised(y + t * E, ly.post_ffn_norm, E, m.eps, x + t * E, out + t * E)
+            if st.hidden != NULL:
+                memcpy(st.hidden + ph.layer * st.hidden_layer_stride + t * E, out + t * E,
+                       E * sizeof(float))
     elif kind == PHASE_NORM_OUT:
         t1 = min(t0 + STEP_ROW_TOKENS, <Py_ssize_t>st.R)
         for t in range(t0, t1):            # logit row t is token first_logit_row + t
@@ -423,6 +492,12 @@ cdef void run_chunk(const mf_step *st, const mf_phase *ph, Py_ssize_t c) noexcep
                          min(V, (c + 1) * HEAD_ROWS), xn, E, xq, xq_row, st.R, st.logits, NULL,
                          V)
             e0 += GEMM_ROWS
+        if m.final_softcap > 0.0:              # logits capped: softcap * tanh(z / softcap)
+            e0 = c * HEAD_ROWS
+            for t in range(st.R):
+                for r in range(e0, min(V, e0 + HEAD_ROWS)):
+                    st.logits[t * V + r] = m.final_softcap * tanhf(st.logits[t * V + r]
+                                                                   / m.final_softcap)
 
 
 cdef void step_job(void *ctx, mf_team *team, int thread_id, uint32_t gen) noexcept nogil:

@@ -176,7 +176,7 @@ cdef void one_token_queue_task(
     while mf_atomic_load32(&ready[g]) == 0:
         MF_TEAM_PAUSE()
     one_token_task(plan, g * n_att + r, q, kv_cache_k, kv_cache_v, False, S, H, G, D, Da, C,
-                   scale, kv_tile, attn, NULL)
+                   scale, kv_tile, attn, NULL, NULL)
 
 
 cdef void fused_prefill(
@@ -230,7 +230,7 @@ cdef void fused_prefill(
                 else:
                     need_q8_k = True
     if T == 1:
-        plan = one_token_plan(S, H, G, D, Da)
+        plan = one_token_plan(S, 0, H, G, D, Da)
         # (a few groups -- Qwen2's 2, SmolLM2's 3 on 2 threads -- would leave a thread idle
         # through the projections, which the phases below share row block by row block)
         queue = (plan.kind != ONE_TOKEN_SPLIT and G >= 2 * num_threads
@@ -309,7 +309,7 @@ cdef void fused_prefill(
             nq = min(<Py_ssize_t>q_tile, T - i0)
             attend_query_rows(q + i0 * HDa + h * Da, HDa, kv_cache_k + (h // group) * C * Da,
                               kv_cache_v + (h // group) * C * Da, False, S + i0, nq, D, Da,
-                              scale, kv_tile, attn + i0 * HDa + h * Da, HDa)
+                              scale, kv_tile, attn + i0 * HDa + h * Da, HDa, NULL)
 
     # ---- phase 3: out-projection + bias + residual -----------------------------------------------
     if int8_path and uses_q8_activations(wo_dt):
