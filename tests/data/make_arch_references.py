@@ -56,6 +56,49 @@ CASES = {
                "mlp.up_proj.weight": "ffn_up.weight",
                "mlp.down_proj.weight": "ffn_down.weight"}),
 }
+GEMMA_LAYER = {"input_layernorm.weight": "attn_norm.weight",
+               "self_attn.q_proj.weight": "attn_q.weight",
+               "self_attn.k_proj.weight": "attn_k.weight",
+               "self_attn.v_proj.weight": "attn_v.weight",
+               "self_attn.o_proj.weight": "attn_output.weight",
+               "post_attention_layernorm.weight": "post_attention_norm.weight",
+               "pre_feedforward_layernorm.weight": "ffn_norm.weight",
+               "mlp.gate_proj.weight": "ffn_gate.weight",
+               "mlp.up_proj.weight": "ffn_up.weight",
+               "mlp.down_proj.weight": "ffn_down.weight",
+               "post_feedforward_layernorm.weight": "post_ffw_norm.weight"}
+# Gemma's RMSNorm multiplies by (1 + w): llama.cpp's converter writes w + 1 (norm_shift)
+GEMMA_SMALL = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, rms_norm_eps=1e-6,
+                   max_position_embeddings=256, sliding_window=8, tie_word_embeddings=True)
+CASES.update({
+    "qwen3": dict(
+        config=("Qwen3Config", dict(COMMON, head_dim=32, rope_theta=1e6)),
+        arch="qwen3", key_length=32,
+        layer={"input_layernorm.weight": "attn_norm.weight",
+               "self_attn.q_proj.weight": "attn_q.weight",
+               "self_attn.k_proj.weight": "attn_k.weight",
+               "self_attn.v_proj.weight": "attn_v.weight",
+               "self_attn.q_norm.weight": "attn_q_norm.weight",
+               "self_attn.k_norm.weight": "attn_k_norm.weight",
+               "self_attn.o_proj.weight": "attn_output.weight",
+               "post_attention_layernorm.weight": "ffn_norm.weight",
+               "mlp.gate_proj.weight": "ffn_gate.weight",
+               "mlp.up_proj.weight": "ffn_up.weight",
+               "mlp.down_proj.weight": "ffn_down.weight"}),
+    "gemma2": dict(
+        config=("Gemma2Config", dict(GEMMA_SMALL, num_hidden_layers=2, num_attention_heads=4,
+                                     num_key_value_heads=2, head_dim=16,
+                                     query_pre_attn_scalar=16)),
+        arch="gemma2", key_length=16, norm_shift=1.0, sliding_window=8, theta=10000.0,
+        softcaps=(50.0, 30.0), layer={**GEMMA_LAYER}),
+    "gemma3": dict(
+        config=("Gemma3TextConfig", dict(GEMMA_SMALL, num_hidden_layers=6, num_attention_heads=4,
+                                         num_key_value_heads=1, head_dim=32,
+                                         query_pre_attn_scalar=32)),
+        arch="gemma3", key_length=32, norm_shift=1.0, sliding_window=8, theta=1e6,
+        layer={**GEMMA_LAYER, "self_attn.q_norm.weight": "attn_q_norm.weight",
+               "self_attn.k_norm.weight": "attn_k_norm.weight"}),
+})
 MODEL_TENSORS = {"model.embed_tokens.weight": "token_embd.weight",
                  "model.norm.weight": "output_norm.weight", "lm_head.weight": "output.weight"}
 
@@ -75,15 +118,21 @@ def make(name):
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.eval()
     with torch.no_grad():
-        for p in model.parameters():        # larger than init's 0.02 so layers matter
-            p.copy_(p * 0.05 / max(float(p.std()), 1e-6) if p.ndim > 1 else
-                    1 + 0.1 * torch.randn_like(p))
+        for pname, p in model.named_parameters():  # larger than init's 0.02 so layers matter
+            if p.ndim > 1:
+                p.copy_(p * 0.05 / max(float(p.std()), 1e-6))
+            else:                           # norms: around 1 (Gemma's: around 0, as 1 + w)
+                p.copy_((0.0 if "norm_shift" in case else 1.0) + 0.1 * torch.randn_like(p))
             p.copy_(p.half().float())
+        if "norm_shift" in case:            # (1 + w) rounded as the file will hold w + 1
+            for pname, p in model.named_parameters():
+                if pname.endswith("norm.weight"):
+                    p.copy_((p + 1).half().float() - 1)
     H, G = config.num_attention_heads, config.num_key_value_heads
-    D = getattr(config, "head_dim", None) or config.hidden_size // H
+    D = case.get("key_length") or config.hidden_size // H
     ids = np.random.default_rng(7).integers(0, VOCAB, SEQ)
     with torch.no_grad():
-        logits = model(torch.tensor([ids])).logits[0].numpy()
+        logits = model(torch.from_numpy(ids[None])).logits[0].numpy()
 
     os.makedirs(OUT, exist_ok=True)
     path = os.path.join(OUT, f"{name}.gguf")
@@ -97,13 +146,24 @@ def make(name):
     w.add_head_count(H)
     w.add_head_count_kv(G)
     w.add_layer_norm_rms_eps(config.rms_norm_eps)
-    theta = getattr(config, "rope_theta", None) or config.rope_parameters["rope_theta"]
+    theta = case.get("theta") or config.rope_parameters["rope_theta"]
     w.add_rope_freq_base(float(theta))
     w.add_rope_dimension_count(D)
     w.add_vocab_size(VOCAB)
-    state = {k: v.numpy() for k, v in model.state_dict().items()}
+    if case.get("key_length"):
+        w.add_key_length(D)
+        w.add_value_length(D)
+    if case.get("sliding_window"):
+        w.add_sliding_window(case["sliding_window"])
+    if case.get("softcaps"):
+        w.add_attn_logit_softcapping(case["softcaps"][0])
+        w.add_final_logit_softcapping(case["softcaps"][1])
+    shift = case.get("norm_shift", 0.0)
+    state = {k: v.numpy() + (shift if k.endswith("norm.weight") else 0.0)
+             for k, v in model.state_dict().items()}
     for hf, name_ in MODEL_TENSORS.items():
-        _add(w, name_, state[hf])
+        if hf in state:                       # (a tied model has no lm_head)
+            _add(w, name_, state[hf])
     for n in range(config.num_hidden_layers):
         for hf, target in case["layer"].items():
             value = state[f"model.layers.{n}.{hf}"]

@@ -21,7 +21,7 @@ CASES = sorted(os.path.basename(p)[:-5] for p in glob.glob(os.path.join(ARCH_DIR
 
 
 def test_the_recorded_cases_are_there():
-    assert {"phi3", "mistral"} <= set(CASES)
+    assert {"phi3", "mistral", "qwen3", "gemma2", "gemma3"} <= set(CASES)
 
 
 @pytest.mark.parametrize("name", CASES)
@@ -39,6 +39,120 @@ def test_every_layer_matches_the_float64_reference(name, mode):
     ids = np.load(os.path.join(ARCH_DIR, f"{name}_hf.npz"))["ids"]
     model = Model.from_gguf(os.path.join(ARCH_DIR, f"{name}.gguf"), activations=mode)
     assert_model_matches_reference(model, ids, tol_float=TOL["float"] * 10)
+
+
+def quantized_copy(src, dst, fmt):
+    """The model file src with every layer matrix requantized to fmt (the rest as it is), so
+    that the int8 path runs on the architecture's features."""
+    gguf = pytest.importorskip("gguf")
+    import megafuse
+    from megafuse.llm.gguf import GGUFFile
+    reader = GGUFFile(src)
+    arch = reader.get("general.architecture")
+    writer = gguf.GGUFWriter(str(dst), arch)
+    for key, field in reader.fields.items():
+        if key.startswith("GGUF.") or key == "general.architecture":
+            continue
+        value = field.contents()
+        if isinstance(value, str):
+            writer.add_string(key, value)
+        elif isinstance(value, float):
+            writer.add_float32(key, value)
+        elif isinstance(value, bool):
+            writer.add_bool(key, value)
+        elif isinstance(value, int):
+            writer.add_uint32(key, value)
+    qtype = getattr(gguf.GGMLQuantizationType, fmt)
+    for info in reader.tensors:
+        data = np.asarray(info.data)
+        if info.name.startswith("blk.") and data.ndim == 2:
+            dt = getattr(megafuse.CKDataType, fmt)
+            writer.add_tensor(info.name, megafuse.quantize(data.astype(np.float32), dt),
+                              raw_dtype=qtype)
+        else:
+            writer.add_tensor(info.name, data)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return dst
+
+
+@pytest.mark.parametrize("fmt", ["Q8_0", "Q4_1"])
+@pytest.mark.parametrize("name", ["qwen3", "gemma2", "gemma3"])
+def test_int8_mode_on_block_weights_matches_the_emulation(tmp_path, name, fmt):
+    path = quantized_copy(os.path.join(ARCH_DIR, f"{name}.gguf"), tmp_path / "q.gguf", fmt)
+    ids = np.load(os.path.join(ARCH_DIR, f"{name}_hf.npz"))["ids"]
+    for mode in ("int8", "float"):
+        model = Model.from_gguf(path, activations=mode)
+        assert fmt in model.formats
+        assert_model_matches_reference(model, ids)
+
+
+@pytest.mark.parametrize("mode", ["float", "int8"])
+@pytest.mark.parametrize("name", ["gemma2", "gemma3"])
+def test_sliding_windows_past_the_ring_and_split_kv(tmp_path, name, mode, threads):
+    """300 tokens (steps of 128) then 24 decoded one by one through windows of 8 keys, whose
+    ring caches (8 + 128 rows) wrap twice, and global layers past split-KV's 512 keys: the
+    logits of every position against the float64 reference, and the same bits for 1, 2 and 3
+    threads."""
+    import megafuse
+    path = quantized_copy(os.path.join(ARCH_DIR, f"{name}.gguf"), tmp_path / "q.gguf", "Q8_0")
+    ids = np.random.default_rng(3).integers(0, 128, 600)
+    results = []
+    for n_threads in (1, 2, 3):
+        megafuse.set_num_threads(n_threads)
+        model = Model.from_gguf(path, activations=mode, cache_capacity=640)
+        model._runner.solo_bytes = 0                  # on the team, even this small model
+        assert model._layers[0]["k_cache"].shape[1] == 136 < 640
+        rows = [model.forward(ids[:300], logits="all")]
+        rows += [model.forward(ids[t:t + 1], logits="all") for t in range(300, 324)]
+        results.append(np.concatenate(rows))
+        if n_threads == 1:
+            want, _ = model.reference(ids[:324])
+            tol = TOL["float"] * 10 if mode == "float" else 2e-2
+            assert rel_err(results[0], want) < tol
+            # decode at 560 .. 599 too: the global layers' keys split, the windows' do not
+            model.forward(ids[324:560])
+            far = np.concatenate([model.forward(ids[t:t + 1], logits="all")
+                                  for t in range(560, 600)])
+            want, _ = model.reference(ids[:600])
+            assert rel_err(far, want[560:600]) < tol
+    np.testing.assert_array_equal(results[0], results[1])
+    np.testing.assert_array_equal(results[0], results[2])
+
+
+def test_gemma3_float16_cache_and_its_reference():
+    model = Model.from_gguf(os.path.join(ARCH_DIR, "gemma3.gguf"), activations="float",
+                            kv_dtype="float16")
+    ids = np.load(os.path.join(ARCH_DIR, "gemma3_hf.npz"))["ids"]
+    assert_model_matches_reference(model, ids, tol_float=TOL["float"] * 10)
+
+
+def test_a_gemma3_layer_from_the_file_matches_its_reference():
+    import megafuse
+    path = os.path.join(ARCH_DIR, "gemma3.gguf")
+    for index, window in ((0, 8), (5, 0)):       # a windowed layer, the global one
+        layer = megafuse.DecoderLayer.from_gguf(path, index, activations="float")
+        assert layer.window == window and layer.gate == "gelu_tanh"
+        x = np.random.default_rng(index).standard_normal((20, 64)).astype(np.float32)
+        assert rel_err(layer.prefill(x), layer.reference(x)) < TOL["float"] * 10
+
+
+def test_the_table_describes_each_architectures_features():
+    rows = _arch.ARCHITECTURES
+    assert rows["gemma3"].norm_placement == "sandwich" and rows["gemma3"].qk_norm
+    assert rows["qwen3"].norm_placement == "pre" and rows["qwen3"].qk_norm
+    assert rows["llama"].norm_placement == "pre" and not rows["llama"].qk_norm
+    assert rows["gemma2"].activation == rows["gemma3"].activation == "gelu_tanh"
+    from megafuse.llm.gguf import hparams
+    hp = hparams(os.path.join(ARCH_DIR, "gemma3.gguf"))
+    assert hp["window_layers"] == [True] * 5 + [False] and hp["sliding_window"] == 8
+    assert hp["rope_theta_swa"] == 10000.0 and hp["rope_theta"] == 1e6
+    assert hp["attn_scale"] == 1 / np.sqrt(32) and hp["embed_scale"] == np.float32(8.0)
+    hp2 = hparams(os.path.join(ARCH_DIR, "gemma2.gguf"))
+    assert hp2["window_layers"] == [True, False]
+    assert (hp2["attn_softcap"], hp2["final_softcap"]) == (50.0, 30.0)
 
 
 def test_phi3_fused_tensors_are_cut_into_the_layer_roles():
