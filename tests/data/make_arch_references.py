@@ -118,7 +118,7 @@ def make(name):
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.eval()
     with torch.no_grad():
-        for pname, p in model.named_parameters():  # larger than init's 0.02 so layers matter
+        for _name, p in model.named_parameters():  # larger than init's 0.02 so layers matter
             if p.ndim > 1:
                 p.copy_(p * 0.05 / max(float(p.std()), 1e-6))
             else:                           # norms: around 1 (Gemma's: around 0, as 1 + w)
