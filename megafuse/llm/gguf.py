@@ -668,16 +668,25 @@ def hparams(source: PathOrReader, layer_index: int = 0) -> Dict[str, Any]:
         raise NotImplementedError(f"{key['rope_dims']} = {rope_dims}: partial rotary "
                                   f"embeddings (head_dim = {D}) are not supported")
     scaling = _str_field(reader, key["rope_scaling"], "none")
-    position_scale = 1.0
-    if scaling == "linear":
+    position_scale, yarn = 1.0, None
+    context = _int_field(reader, key["context_length"], 0, minimum=0)
+    original = _int_field(reader, key["rope_original_context"], context or None)
+    if scaling in ("linear", "yarn"):
         # llama.cpp reads a factor of 0 as no scaling (rope_freq_scale_train = 1), as we do
         raw = _field(reader, key["rope_scaling_factor"])
         factor = (1.0 if _is_number(raw) and raw == 0
                   else _float_field(reader, key["rope_scaling_factor"], 1.0))
-        position_scale = 1.0 / factor
+        if scaling == "linear":
+            position_scale = 1.0 / factor
+        elif original is None:
+            raise ValueError(f"GGUF metadata: {key['rope_scaling']} = 'yarn' needs "
+                             f"{key['rope_original_context']} (or {key['context_length']})")
+        else:
+            yarn = (factor, original, _float_field(reader, key["yarn_beta_fast"], 32.0),
+                    _float_field(reader, key["yarn_beta_slow"], 1.0))
     elif scaling != "none":
-        raise NotImplementedError(f"{key['rope_scaling']} = {scaling!r}: only linear RoPE "
-                                  f"scaling is supported")
+        raise NotImplementedError(f"{key['rope_scaling']} = {scaling!r}: linear and yarn RoPE "
+                                  f"scaling are supported")
     features = _features(reader, arch, key, L, E, H, D)
     rope_theta = _float_field(reader, key["rope_theta"], 10000.0)
     swa = arch.sliding_window
@@ -687,7 +696,7 @@ def hparams(source: PathOrReader, layer_index: int = 0) -> Dict[str, Any]:
     return {
         "architecture": arch.name,
         "block_count": L,
-        "context_length": _int_field(reader, key["context_length"], 0, minimum=0),
+        "context_length": context,
         "embed_dim": E,
         "num_heads": H,
         "num_kv_heads": G,
@@ -696,6 +705,9 @@ def hparams(source: PathOrReader, layer_index: int = 0) -> Dict[str, Any]:
         "eps": _float_field(reader, key["eps"], 1e-6),
         "rope_theta": rope_theta,
         "rope_position_scale": position_scale,
+        "rope_yarn": yarn,
+        "rope_attn_factor": _float_field(reader, key["rope_attn_factor"], 1.0),
+        "rope_original_context": original or 0,
         "rope_theta_swa": rope_theta_swa,
         "rope_position_scale_swa": scale_swa,
         **features,
@@ -884,6 +896,19 @@ def model_arrays(source: PathOrReader, dims: Mapping[str, Optional[int]],
     return out
 
 
+def rope_freq_factors(arrays: Mapping[str, Any], cache_capacity: int) -> Any:
+    """The RoPE frequency divisors a model of these arrays (``layer_arrays``) runs with:
+    Llama 3's rope_freqs, or Phi-3's LongRoPE factors -- the long ones when the cache holds
+    more than the original context, the short ones otherwise (llama.cpp's choice) -- or None."""
+    if arrays.get("rope_freq_factors") is not None:
+        return arrays["rope_freq_factors"]
+    long, short = arrays.get("rope_factors_long"), arrays.get("rope_factors_short")
+    if long is None or short is None:
+        return long if long is not None else short
+    original = arrays.get("rope_original_context") or 0
+    return long if original and cache_capacity > original else short
+
+
 def layer_arrays(source: PathOrReader, layer_index: int) -> Dict[str, Any]:
     """Everything ``DecoderLayer(...)`` needs for layer ``layer_index``: the weights (stored
     format, zero-copy where possible), their ``dtypes``, the biases, the hyper-parameters, and
@@ -941,7 +966,9 @@ def layer_arrays(source: PathOrReader, layer_index: int) -> Dict[str, Any]:
     for role in _arch.BIAS_ROLES + _arch.FEATURE_ROLES:
         out[role] = found.get(role)
     windowed = hp["window_layers"][layer_index]
-    freq_factors = model_arrays(reader, dims, roles=("rope_freq_factors",))["rope_freq_factors"]
+    rope = model_arrays(reader, dims, roles=("rope_freq_factors", "rope_factors_long",
+                                             "rope_factors_short"))
+    freq_factors = rope["rope_freq_factors"]
     out.update(
         dtypes=dtypes, embed_dim=E, num_heads=H, num_kv_heads=G, head_dim=D,
         intermediate_dim=I, eps=hp["eps"],
@@ -950,6 +977,10 @@ def layer_arrays(source: PathOrReader, layer_index: int) -> Dict[str, Any]:
         rope_position_scale=(hp["rope_position_scale_swa"] if windowed
                              else hp["rope_position_scale"]),
         window=hp["sliding_window"] if windowed else 0,
+        rope_yarn=hp["rope_yarn"], rope_attn_factor=hp["rope_attn_factor"],
+        rope_factors_long=rope.get("rope_factors_long"),
+        rope_factors_short=rope.get("rope_factors_short"),
+        rope_original_context=hp["rope_original_context"],
         attn_scale=hp["attn_scale"], attn_softcap=hp["attn_softcap"], gate=hp["gate"],
         context_length=hp["context_length"])
     return out
@@ -959,4 +990,4 @@ __all__ = ["GGUFFile", "GGUFField", "GGUFTensor", "GGUFValueType", "GGMLType",
            "GGML_BLOCK_SIZES", "ARCHITECTURES", "GGML_TO_CK", "BITS_PER_WEIGHT", "open_reader",
            "ck_dtype",
            "architecture", "hparams", "tensor", "unpermute_rows", "permute_rows",
-           "layer_arrays", "model_arrays"]
+           "layer_arrays", "model_arrays", "rope_freq_factors"]

@@ -20,6 +20,7 @@ D = head_dim, I = intermediate_dim, T = tokens, C = cache_capacity.  The layer u
 from __future__ import annotations
 
 import importlib
+import math
 from typing import Any, Dict, Mapping, Optional, Tuple, Union
 
 import numpy as np
@@ -76,17 +77,26 @@ def as_weight_format(dt: DTypeLike, name: str = "dtype") -> CKDataType:
 
 def rope_tables(head_dim: int, max_seq: int, theta: float = 10000.0, *,
                 freq_factors: Optional[npt.ArrayLike] = None,
-                position_scale: float = 1.0) -> Tuple[F32Array, F32Array]:
+                position_scale: float = 1.0,
+                yarn: Optional[Tuple[float, int, float, float]] = None,
+                attn_factor: float = 1.0) -> Tuple[F32Array, F32Array]:
     """RoPE tables (cos, sin), each float32 [max_seq, head_dim/2], in the rotate-half convention
     of HF Llama / Qwen2 (docs/contract.md §4):
 
         angle[p, i] = p * position_scale * theta ** (-2i / head_dim) / freq_factors[i]
 
     freq_factors (head_dim/2 values, default all 1) are the per-frequency divisors of Llama 3's
-    RoPE scaling (GGUF tensor ``rope_freqs.weight``); position_scale < 1 is linear RoPE scaling
-    (1 / factor).  Angles are computed in float64 and rounded once to float32.  Angles that are
-    not all finite (a theta <= 0 or NaN, a zero freq factor, a huge position_scale: from a
-    broken model file, say) are a ValueError, not NaN tables.
+    RoPE scaling (GGUF tensor ``rope_freqs.weight``) and of Phi-3's LongRoPE
+    (``rope_factors_long`` / ``_short``); position_scale < 1 is linear RoPE scaling
+    (1 / factor).
+
+    yarn = (factor, original_context, beta_fast, beta_slow) is YaRN, as llama.cpp and HF apply
+    it: frequency i blends its interpolated value (divided by factor) and its original one by a
+    ramp over the dims between the correction dims of beta_fast and beta_slow, and every value
+    is multiplied by 1 + 0.1 ln(factor).  attn_factor multiplies every value too (GGUF
+    ``rope.scaling.attn_factor``: LongRoPE's).  Angles are computed in float64 and rounded once
+    to float32.  Angles that are not all finite (a theta <= 0 or NaN, a zero freq factor, a
+    huge position_scale: from a broken model file, say) are a ValueError, not NaN tables.
     """
     D, rows = _positive_int(head_dim, "head_dim"), _positive_int(max_seq, "max_seq")
     if D % 2:
@@ -99,13 +109,29 @@ def rope_tables(head_dim: int, max_seq: int, theta: float = 10000.0, *,
                 raise ValueError(f"freq_factors: expected head_dim/2 = {D // 2} values, got "
                                  f"{factors.size}")
             inv_freq = inv_freq / factors
+        mscale = float(attn_factor)
+        if yarn is not None:
+            factor, original, beta_fast, beta_slow = (float(v) for v in yarn)
+
+            def corr_dim(n_rot: float) -> float:    # the dim whose wavelength fits n_rot turns
+                return D * math.log(original / (n_rot * 2 * math.pi)) / (2 * math.log(theta))
+            low = max(0.0, math.floor(corr_dim(beta_fast)))
+            high = min(D - 1.0, math.ceil(corr_dim(beta_slow)))
+            ramp = np.clip((np.arange(D // 2) - low) / max(0.001, high - low), 0.0, 1.0)
+            keep = 1.0 - ramp                       # 1: the original frequency, 0: interpolated
+            inv_freq = inv_freq / factor * (1.0 - keep) + inv_freq * keep
+            if factor > 1.0:
+                mscale *= 1.0 + 0.1 * math.log(factor)
         positions = np.arange(rows, dtype=np.float64) * float(position_scale)
         angles = positions[:, None] * inv_freq[None, :]                         # [rows, D/2]
-    if not np.isfinite(angles).all():
+    if not (np.isfinite(angles).all() and math.isfinite(mscale)):
         raise ValueError(f"rope_tables: the angles p * position_scale * theta ** (-2i / "
                          f"head_dim) / freq_factors[i] are not all finite (theta = {theta!r}, "
                          f"position_scale = {position_scale!r}"
                          f"{', freq_factors given' if freq_factors is not None else ''})")
+    if mscale != 1.0:
+        return ((np.cos(angles) * mscale).astype(np.float32),
+                (np.sin(angles) * mscale).astype(np.float32))
     return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
 
 
@@ -176,7 +202,8 @@ class DecoderLayer:
                  post_attn_norm: Optional[npt.ArrayLike] = None,
                  post_ffn_norm: Optional[npt.ArrayLike] = None, window: int = 0,
                  attn_scale: Optional[float] = None, attn_softcap: float = 0.0,
-                 gate: str = "silu") -> None:
+                 gate: str = "silu", rope_yarn: Optional[Tuple[float, int, float, float]] = None,
+                 rope_attn_factor: float = 1.0) -> None:
         cache_dtype = kv_cache_dtype(kv_dtype)
         gamma1 = self._vector(ln1_gamma, "ln1_gamma")
         E = _positive_int(embed_dim if embed_dim is not None else gamma1.size, "embed_dim")
@@ -245,7 +272,9 @@ class DecoderLayer:
         self._int8 = self._activations == "int8" and any(
             _mf.ck_dtype_is_quantized(dt) for dt in self._dtypes.values())
 
-        self.rope_cos, self.rope_sin = rope_tables(D, C, rope_theta, freq_factors=rope_freq_factors,
+        self.rope_cos, self.rope_sin = rope_tables(D, C, rope_theta, yarn=rope_yarn,
+                                                   attn_factor=rope_attn_factor,
+                                                   freq_factors=rope_freq_factors,
                                                    position_scale=rope_position_scale)
         # the caches on 2 MiB pages (megafuse.kernels.memory): decode reads them end to end every
         # token; float32, or float16 (kv_dtype: as megafuse.Model's)
@@ -297,7 +326,9 @@ class DecoderLayer:
                     post_attn_norm: Optional[npt.ArrayLike] = None,
                     post_ffn_norm: Optional[npt.ArrayLike] = None, window: int = 0,
                     attn_scale: Optional[float] = None, attn_softcap: float = 0.0,
-                    gate: str = "silu") -> DecoderLayer:
+                    gate: str = "silu",
+                    rope_yarn: Optional[Tuple[float, int, float, float]] = None,
+                    rope_attn_factor: float = 1.0) -> DecoderLayer:
         """A layer from NumPy weights in the torch ``Linear.weight`` layout:
 
         wq [H*D, E], wk / wv [G*D, E], wo [E, H*D], w1 [2*I, E] (the gate rows, then the up
@@ -313,8 +344,9 @@ class DecoderLayer:
         Hyper-parameters: embed_dim (default ln1_gamma.size), num_heads, num_kv_heads (default
         num_heads), head_dim (default embed_dim // num_heads), intermediate_dim (default
         w1.shape[0] // 2), eps, rope_theta, cache_capacity (KV-cache positions), max_tokens (the
-        most tokens one prefill call takes; None: any), rope_freq_factors / rope_position_scale
-        (see ``rope_tables``).
+        most tokens one prefill call takes; None: any), rope_freq_factors / rope_position_scale /
+        rope_yarn / rope_attn_factor (see ``rope_tables``: freq_factors, position_scale, yarn,
+        attn_factor).
 
         activations: "int8" (default) takes the int8 path whenever a weight is block-quantized
         (activations quantized to Q8_0 / Q8_K for those weights' integer dot products); "float"
@@ -357,7 +389,8 @@ class DecoderLayer:
                    rope_position_scale=rope_position_scale, activations=activations,
                    kv_dtype=kv_dtype, q_norm=q_norm, k_norm=k_norm, post_attn_norm=post_attn_norm,
                    post_ffn_norm=post_ffn_norm, window=window, attn_scale=attn_scale,
-                   attn_softcap=attn_softcap, gate=gate, wq=converted["wq"],
+                   attn_softcap=attn_softcap, gate=gate, rope_yarn=rope_yarn,
+                   rope_attn_factor=rope_attn_factor, wq=converted["wq"],
                    wk=converted["wk"], wv=converted["wv"], wo=converted["wo"],
                    w1=converted["w1"], w2=converted["w2"])
 
@@ -380,6 +413,9 @@ class DecoderLayer:
             cache_capacity = min(int(kwargs.pop("context_length", 4096) or 4096), 4096)
         else:
             kwargs.pop("context_length", None)
+        kwargs["rope_freq_factors"] = _gguf.rope_freq_factors(kwargs, cache_capacity)
+        for name in ("rope_factors_long", "rope_factors_short", "rope_original_context"):
+            kwargs.pop(name)
         return cls(cache_capacity=cache_capacity, max_tokens=max_tokens, activations=activations,
                    kv_dtype=kv_dtype, **kwargs)
 

@@ -69,6 +69,9 @@ class ModelConfig:
     sliding_window: int = 0        # the window of sliding-window layers (0: none)
     window_layers: Tuple[bool, ...] = ()   # which layers attend over the window (empty: none)
     rope_theta_swa: float = 0.0    # the RoPE base of the windowed layers (0: rope_theta)
+    rope_yarn: Optional[Tuple[float, int, float, float]] = None   # YaRN (factor, original
+                                   # context, beta_fast, beta_slow), or None
+    rope_attn_factor: float = 1.0  # the RoPE tables' magnitude (LongRoPE's attn_factor)
 
     def features(self) -> Dict[str, Any]:
         """The model-wide features as ModelRunner and megafuse.reference take them."""
@@ -225,14 +228,14 @@ class Model:
         hp = _gguf.hparams(reader)                 # NotImplementedError for other architectures
         L = hp["block_count"]
         layers: List[Dict[str, Any]] = []
-        freq_factors = None
+        freq_arrays: Dict[str, Any] = {}
         for index in range(L):
             arrays = _gguf.layer_arrays(reader, index)
             for key in ("num_heads", "num_kv_heads", "head_dim", "embed_dim"):
                 if arrays[key] != hp[key]:
                     raise NotImplementedError(f"blk.{index}: {key} = {arrays[key]} differs from "
                                               f"layer 0's {hp[key]}: not supported")
-            freq_factors = arrays["rope_freq_factors"]
+            freq_arrays = arrays
             spec = {name: arrays[name] for name in _arch.NORM_ROLES + _arch.MATRIX_ROLES}
             for name in _arch.BIAS_ROLES + _arch.FEATURE_ROLES:
                 spec[name] = arrays.get(name)
@@ -262,13 +265,15 @@ class Model:
         C = int(cache_capacity)
         if C < 1:
             raise ValueError(f"cache_capacity: expected a positive value, got {C}")
+        freq_factors = _gguf.rope_freq_factors(freq_arrays, C)
         tables: Dict[Tuple[float, float], Tuple[F32Array, F32Array]] = {}
         for spec in layers:                       # one pair of tables a RoPE base and scale
             theta, scale = spec["rope_theta"], spec["rope_position_scale"]
             if (theta, scale) not in tables:
                 tables[theta, scale] = rope_tables(hp["head_dim"], C, theta,
                                                    freq_factors=freq_factors,
-                                                   position_scale=scale)
+                                                   position_scale=scale, yarn=hp["rope_yarn"],
+                                                   attn_factor=hp["rope_attn_factor"])
             spec["rope_cos"], spec["rope_sin"] = tables[theta, scale]
         cos, sin = tables.get((hp["rope_theta"], hp["rope_position_scale"]),
                               (layers[0]["rope_cos"], layers[0]["rope_sin"]))
@@ -282,7 +287,8 @@ class Model:
             embed_scale=hp["embed_scale"], attn_scale=hp["attn_scale"],
             attn_softcap=hp["attn_softcap"], final_softcap=hp["final_softcap"], gate=hp["gate"],
             sliding_window=hp["sliding_window"], window_layers=tuple(hp["window_layers"]),
-            rope_theta_swa=hp["rope_theta_swa"])
+            rope_theta_swa=hp["rope_theta_swa"], rope_yarn=hp["rope_yarn"],
+            rope_attn_factor=hp["rope_attn_factor"])
         return cls(config=config, layers=layers, embedding=embedding, embedding_dt=emb_dt,
                    out_norm=out_norm, head=head, head_dt=head_dt, rope_cos=cos, rope_sin=sin,
                    cache_capacity=C, activations=activations, source=reader,
@@ -536,8 +542,8 @@ class Model:
             raise ValueError(f"index: expected a layer in 0..{self.config.n_layers - 1}, got "
                              f"{index}")
         spec, cfg = self._layers[index], self.config
-        kwargs = {name: spec.get(name) for name in _arch.NORM_ROLES + _arch.MATRIX_ROLES
-                  + _arch.BIAS_ROLES + _arch.FEATURE_ROLES}
+        kwargs: Dict[str, Any] = {name: spec.get(name) for name in _arch.NORM_ROLES
+                                  + _arch.MATRIX_ROLES + _arch.BIAS_ROLES + _arch.FEATURE_ROLES}
         dtypes = {name: CKDataType(spec[name + "_dt"]) for name in _arch.MATRIX_ROLES}
         features = cfg.features()
         features.pop("embed_scale")
@@ -550,7 +556,8 @@ class Model:
                              rope_position_scale=spec.get("rope_position_scale",
                                                           cfg.rope_position_scale),
                              rope_freq_factors=self._rope_freq_factors,
-                             window=int(spec.get("window", 0) or 0),
+                             window=int(spec.get("window", 0) or 0), rope_yarn=cfg.rope_yarn,
+                             rope_attn_factor=cfg.rope_attn_factor,
                              activations=self.activations, kv_dtype=self.kv_dtype, **features)
         return layer
 

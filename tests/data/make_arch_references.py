@@ -13,6 +13,7 @@ Run once, in a venv with torch==2.13.0, transformers and gguf (not megafuse's te
 
 Recorded with the versions stored in each .npz (``versions``).
 """
+import math
 import os
 import sys
 
@@ -99,6 +100,33 @@ CASES.update({
         layer={**GEMMA_LAYER, "self_attn.q_norm.weight": "attn_q_norm.weight",
                "self_attn.k_norm.weight": "attn_k_norm.weight"}),
 })
+CASES.update({
+    # YaRN (Qwen2.5's long-context files): factor 4 over an original context of 64
+    "qwen2_yarn": dict(
+        config=("Qwen2Config", dict(COMMON, rope_theta=10000.0, rope_scaling={
+            "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64})),
+        arch="qwen2", yarn=(4.0, 64),
+        layer={"input_layernorm.weight": "attn_norm.weight",
+               "self_attn.q_proj.weight": "attn_q.weight",
+               "self_attn.q_proj.bias": "attn_q.bias",
+               "self_attn.k_proj.weight": "attn_k.weight",
+               "self_attn.k_proj.bias": "attn_k.bias",
+               "self_attn.v_proj.weight": "attn_v.weight",
+               "self_attn.v_proj.bias": "attn_v.bias",
+               "self_attn.o_proj.weight": "attn_output.weight",
+               "post_attention_layernorm.weight": "ffn_norm.weight",
+               "mlp.gate_proj.weight": "ffn_gate.weight",
+               "mlp.up_proj.weight": "ffn_up.weight",
+               "mlp.down_proj.weight": "ffn_down.weight"}),
+    # LongRoPE (Phi-3's 128k files): short factors below the original context of 64
+    "phi3_longrope": dict(
+        config=("Phi3Config", dict(COMMON, pad_token_id=0, rope_theta=10000.0,
+                                   original_max_position_embeddings=64,
+                                   rope_scaling={"rope_type": "longrope",
+                                                 "short_factor": [1 + 0.05 * i for i in range(8)],
+                                                 "long_factor": [1 + 0.5 * i for i in range(8)]})),
+        arch="phi3", longrope=64, layer=CASES["phi3"]["layer"]),
+})
 MODEL_TENSORS = {"model.embed_tokens.weight": "token_embd.weight",
                  "model.norm.weight": "output_norm.weight", "lm_head.weight": "output.weight"}
 
@@ -118,7 +146,7 @@ def make(name):
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.eval()
     with torch.no_grad():
-        for _name, p in model.named_parameters():  # larger than init's 0.02 so layers matter
+        for p in model.parameters():        # larger than init's 0.02 so layers matter
             if p.ndim > 1:
                 p.copy_(p * 0.05 / max(float(p.std()), 1e-6))
             else:                           # norms: around 1 (Gemma's: around 0, as 1 + w)
@@ -158,6 +186,18 @@ def make(name):
     if case.get("softcaps"):
         w.add_attn_logit_softcapping(case["softcaps"][0])
         w.add_final_logit_softcapping(case["softcaps"][1])
+    if case.get("yarn"):
+        w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        w.add_rope_scaling_factor(case["yarn"][0])
+        w.add_rope_scaling_orig_ctx_len(case["yarn"][1])
+    if case.get("longrope"):                  # what the converter writes (conversion/phi)
+        original = case["longrope"]
+        scale = config.max_position_embeddings / original
+        w.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(scale) / math.log(original)))
+        w.add_rope_scaling_orig_ctx_len(original)
+        rope = getattr(config, "rope_parameters", None) or config.rope_scaling
+        w.add_tensor("rope_factors_long.weight", np.array(rope["long_factor"], np.float32))
+        w.add_tensor("rope_factors_short.weight", np.array(rope["short_factor"], np.float32))
     shift = case.get("norm_shift", 0.0)
     state = {k: v.numpy() + (shift if k.endswith("norm.weight") else 0.0)
              for k, v in model.state_dict().items()}

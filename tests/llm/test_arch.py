@@ -18,16 +18,21 @@ from test_model import assert_model_matches_reference
 
 ARCH_DIR = os.path.join(DATA_DIR, "arch")
 CASES = sorted(os.path.basename(p)[:-5] for p in glob.glob(os.path.join(ARCH_DIR, "*.gguf")))
+# LongRoPE takes its short factors up to the original context (64 here), as HF does for a
+# sequence that short: the cache must not be longer (llama.cpp's choice is by the cache)
+CACHE = {"phi3_longrope": 64}
 
 
 def test_the_recorded_cases_are_there():
-    assert {"phi3", "mistral", "qwen3", "gemma2", "gemma3"} <= set(CASES)
+    assert {"phi3", "mistral", "qwen3", "gemma2", "gemma3", "qwen2_yarn",
+            "phi3_longrope"} <= set(CASES)
 
 
 @pytest.mark.parametrize("name", CASES)
 def test_float_mode_matches_hf_on_the_same_weights(name):
     want = np.load(os.path.join(ARCH_DIR, f"{name}_hf.npz"))
-    model = Model.from_gguf(os.path.join(ARCH_DIR, f"{name}.gguf"), activations="float")
+    model = Model.from_gguf(os.path.join(ARCH_DIR, f"{name}.gguf"), activations="float",
+                            cache_capacity=CACHE.get(name))
     got = model.forward(want["ids"], logits="all")
     assert rel_err(got, want["logits"]) < 1e-4
     assert np.array_equal(got.argmax(1), want["logits"].argmax(1))
@@ -153,6 +158,27 @@ def test_the_table_describes_each_architectures_features():
     hp2 = hparams(os.path.join(ARCH_DIR, "gemma2.gguf"))
     assert hp2["window_layers"] == [True, False]
     assert (hp2["attn_softcap"], hp2["final_softcap"]) == (50.0, 30.0)
+
+
+def test_yarn_and_longrope_tables():
+    """YaRN: the file's factor and original context reach the tables; LongRoPE: the short
+    factors up to the original context, the long ones past it, and the attention factor."""
+    from megafuse.llm.layer import rope_tables
+    yarn = Model.from_gguf(os.path.join(ARCH_DIR, "qwen2_yarn.gguf"))
+    assert yarn.config.rope_yarn == (4.0, 64, 32.0, 1.0)
+    plain, _ = rope_tables(16, yarn.cache_capacity, 10000.0)
+    assert not np.allclose(yarn.rope_cos, plain)
+    path = os.path.join(ARCH_DIR, "phi3_longrope.gguf")
+    from megafuse.llm.gguf import GGUFFile, tensor
+    reader = GGUFFile(path)
+    long, _ = tensor(reader, "rope_factors_long.weight")
+    short, _ = tensor(reader, "rope_factors_short.weight")
+    for capacity, factors in ((64, short), (256, long)):
+        model = Model.from_gguf(path, cache_capacity=capacity)
+        factor = model.config.rope_attn_factor              # the file's (float32)
+        assert factor == np.float32(np.sqrt(1 + np.log(256 / 64) / np.log(64)))
+        want, _ = rope_tables(16, capacity, 10000.0, freq_factors=factors, attn_factor=factor)
+        np.testing.assert_array_equal(model.rope_cos, want)
 
 
 def test_phi3_fused_tensors_are_cut_into_the_layer_roles():

@@ -192,8 +192,8 @@ def test_llama_quantized_rows_are_unpermuted_whole(tmp_path):
 
 def test_permutation_helpers_are_inverse():
     w = np.arange(4 * 64 * 3).reshape(4 * 64, 3)
-    assert np.array_equal(megafuse.llm.gguf.permute_rows(w, 4), llama_cpp_permute(w, 4))
-    assert np.array_equal(megafuse.llm.gguf.unpermute_rows(llama_cpp_permute(w, 4), 4), w)
+    assert np.array_equal(megafuse.gguf.permute_rows(w, 4), llama_cpp_permute(w, 4))
+    assert np.array_equal(megafuse.gguf.unpermute_rows(llama_cpp_permute(w, 4), 4), w)
     assert np.array_equal(llama_cpp_permute(w, 4)[hf_row_order(4, 64)], w)
 
 
@@ -205,7 +205,7 @@ def test_qwen2_quantized_file_zero_copy(tmp_path, reader_kind):
     formats = {"wq": "Q8_0", "wk": "Q5_0", "wv": "Q4_1", "wo": "Q4_K", "gate": "Q4_0",
                "up": "Q4_0", "w2": "Q6_K"}
     hf = write_model(path, "qwen2", formats)
-    reader = (megafuse.llm.gguf.GGUFFile(path) if reader_kind == "megafuse" else
+    reader = (megafuse.gguf.GGUFFile(path) if reader_kind == "megafuse" else
               gguf.GGUFReader(str(path)))
     layer = DecoderLayer.from_gguf(reader, 1, cache_capacity=40)
     for key in ("wq", "wk", "wv", "wo", "w2", "ln1_gamma", "bq"):     # no copy of the file
@@ -231,7 +231,7 @@ def test_qwen2_f16_norms_key_length_and_mha(tmp_path):
                "w2": "F16"}
     write_model(path, "qwen2", formats, shape=shape, n_layers=1, norm_format="F16",
                 key_length=True, head_count_kv=False)
-    hp = megafuse.llm.gguf.hparams(str(path))
+    hp = megafuse.gguf.hparams(str(path))
     assert (hp["num_heads"], hp["num_kv_heads"], hp["head_dim"]) == (2, 2, 64)
     layer = DecoderLayer.from_gguf(str(path), 0, cache_capacity=16)
     assert layer.ln1_gamma.dtype == np.float32
@@ -314,12 +314,12 @@ def test_layer_index_and_cache_capacity(tmp_path):
 
 
 def test_type_mapping():
-    assert megafuse.llm.gguf.ck_dtype(Q.Q6_K) == CKDataType.Q6_K
-    assert megafuse.llm.gguf.ck_dtype(Q.F16) == CKDataType.FP16
-    assert megafuse.llm.gguf.ck_dtype(Q.BF16) == CKDataType.BF16
+    assert megafuse.gguf.ck_dtype(Q.Q6_K) == CKDataType.Q6_K
+    assert megafuse.gguf.ck_dtype(Q.F16) == CKDataType.FP16
+    assert megafuse.gguf.ck_dtype(Q.BF16) == CKDataType.BF16
     for name in ("Q8_1", "Q3_K", "IQ4_NL", "Q8_K", "F64"):
         with pytest.raises(NotImplementedError, match=f"my.tensor: GGML type {name}"):
-            megafuse.llm.gguf.ck_dtype(Q[name], "my.tensor")
+            megafuse.gguf.ck_dtype(Q[name], "my.tensor")
 
 
 def test_reading_needs_no_gguf_package(tmp_path, monkeypatch):
@@ -331,7 +331,7 @@ def test_reading_needs_no_gguf_package(tmp_path, monkeypatch):
         __import__("gguf")
     layer = DecoderLayer.from_gguf(str(path), 0, cache_capacity=8)
     assert layer.dtypes["wq"] == CKDataType.Q8_0
-    assert isinstance(megafuse.llm.gguf.open_reader(path), megafuse.llm.gguf.GGUFFile)
+    assert isinstance(megafuse.gguf.open_reader(path), megafuse.gguf.GGUFFile)
 
 
 # ---- hostile metadata: a ValueError naming the key ------------------------------------------
@@ -374,7 +374,7 @@ def write_metadata(path, **changes):
 
 def readers(path):
     """The file through megafuse's reader and through gguf's."""
-    return [megafuse.llm.gguf.GGUFFile(path), gguf.GGUFReader(path)]
+    return [megafuse.gguf.GGUFFile(path), gguf.GGUFReader(path)]
 
 
 def array(items, item_type=VT.UINT32):
@@ -384,13 +384,13 @@ def array(items, item_type=VT.UINT32):
 def assert_refused(path, match, layer_index=0):
     for reader in readers(path):
         with pytest.raises(ValueError, match=match):
-            megafuse.llm.gguf.hparams(reader, layer_index)
+            megafuse.gguf.hparams(reader, layer_index)
 
 
 def test_metadata_helper_writes_a_valid_file(tmp_path):
     path = write_metadata(tmp_path / "ok.gguf")
     for reader in readers(path):
-        hp = megafuse.llm.gguf.hparams(reader)
+        hp = megafuse.gguf.hparams(reader)
         assert (hp["block_count"], hp["embed_dim"], hp["num_heads"], hp["num_kv_heads"],
                 hp["head_dim"], hp["intermediate_dim"], hp["context_length"]) == \
             (2, 256, 4, 2, 64, 512, 8192)
@@ -466,7 +466,7 @@ def test_missing_and_derived_hparams(tmp_path):
                           llama__attention__layer_norm_rms_epsilon=None,
                           llama__rope__freq_base=None, llama__attention__head_count_kv=None)
     for reader in readers(path):
-        hp = megafuse.llm.gguf.hparams(reader)
+        hp = megafuse.gguf.hparams(reader)
         assert (hp["context_length"], hp["eps"], hp["rope_theta"], hp["num_kv_heads"]) == \
             (0, 1e-6, 10000.0, 4)
 
@@ -476,16 +476,16 @@ def test_per_layer_arrays(tmp_path):
     path = write_metadata(tmp_path / "m.gguf", llama__feed_forward_length=array([512, 768]),
                           llama__attention__head_count_kv=array([2, 4]))
     for reader in readers(path):
-        assert megafuse.llm.gguf.hparams(reader, 0)["intermediate_dim"] == 512
-        hp = megafuse.llm.gguf.hparams(reader, 1)
+        assert megafuse.gguf.hparams(reader, 0)["intermediate_dim"] == 512
+        hp = megafuse.gguf.hparams(reader, 1)
         assert (hp["intermediate_dim"], hp["num_kv_heads"]) == (768, 4)
         with pytest.raises(ValueError, match=r"^GGUF metadata: llama\.attention\."
                                              r"head_count_kv: an array of 2 values has no value "
                                              r"for layer 2$"):
-            megafuse.llm.gguf.hparams(reader, 2)
+            megafuse.gguf.hparams(reader, 2)
         with pytest.raises(ValueError, match=r"llama\.feed_forward_length: an array of 2 "
                                              r"values has no value for layer 5"):
-            megafuse.llm.gguf._field(reader, "llama.feed_forward_length", index=5)
+            megafuse.gguf._field(reader, "llama.feed_forward_length", index=5)
     # shorter than block_count: refused for every layer, not an IndexError for the last ones
     for key in ("llama.feed_forward_length", "llama.attention.head_count",
                 "llama.attention.head_count_kv"):
@@ -497,7 +497,7 @@ def test_per_layer_arrays(tmp_path):
             DecoderLayer.from_gguf(path, 1)
     # a bad entry: named with its layer
     path = write_metadata(tmp_path / "m.gguf", llama__attention__head_count_kv=array([2, 0]))
-    assert megafuse.llm.gguf.hparams(path, 0)["num_kv_heads"] == 2
+    assert megafuse.gguf.hparams(path, 0)["num_kv_heads"] == 2
     assert_refused(path, r"^GGUF metadata: llama\.attention\.head_count_kv\[1\]: expected an "
                          r"integer >= 1, got 0$", 1)
     path = write_metadata(tmp_path / "m.gguf",
@@ -530,7 +530,7 @@ def test_float_hparams_taken_as_integers(tmp_path):
     path = write_metadata(tmp_path / "m.gguf", llama__rope__freq_base=(500000, VT.UINT32),
                           llama__attention__layer_norm_rms_epsilon=(1e-6, VT.FLOAT64))
     for reader in readers(path):
-        hp = megafuse.llm.gguf.hparams(reader)
+        hp = megafuse.gguf.hparams(reader)
         assert hp["rope_theta"] == 500000.0 and type(hp["rope_theta"]) is float
         assert hp["eps"] == 1e-6
 
@@ -545,7 +545,7 @@ def test_linear_rope_scaling_factor(tmp_path, spec, scale):
         changes["llama__rope__scaling__factor"] = spec
     path = write_metadata(tmp_path / "m.gguf", **changes)
     for reader in readers(path):
-        assert megafuse.llm.gguf.hparams(reader)["rope_position_scale"] == scale
+        assert megafuse.gguf.hparams(reader)["rope_position_scale"] == scale
 
 
 @pytest.mark.parametrize("spec,message", [
@@ -575,9 +575,10 @@ def test_string_metadata_of_another_type(tmp_path):
     assert_refused(path, r"^GGUF metadata: llama\.rope\.scaling\.type: expected a string, got "
                          r"int 1$")
     # valid but unsupported values keep their NotImplementedError
-    path = write_metadata(tmp_path / "m.gguf", llama__rope__scaling__type=("yarn", VT.STRING))
-    with pytest.raises(NotImplementedError, match=r"rope\.scaling\.type = 'yarn'"):
-        megafuse.llm.gguf.hparams(path)
+    path = write_metadata(tmp_path / "m.gguf", llama__rope__scaling__type=("longrope",
+                                                                           VT.STRING))
+    with pytest.raises(NotImplementedError, match=r"rope\.scaling\.type = 'longrope'"):
+        megafuse.gguf.hparams(path)
     path = write_metadata(tmp_path / "m.gguf", llama__rope__dimension_count=(32, VT.UINT32))
     with pytest.raises(NotImplementedError, match=r"rope\.dimension_count = 32: partial"):
-        megafuse.llm.gguf.hparams(path)
+        megafuse.gguf.hparams(path)

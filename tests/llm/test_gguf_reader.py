@@ -1,4 +1,4 @@
-"""megafuse.llm.gguf.GGUFFile, megafuse's own GGUF reader: the same fields and tensors as
+"""megafuse.gguf.GGUFFile, megafuse's own GGUF reader: the same fields and tensors as
 gguf.GGUFReader (every key, type and value; every tensor's name, type, GGML shape, offset and
 bytes, and the array shape and dtype it is handed out with) on the real SmolLM2 file and on
 every kind of file the other tests write; zero-copy, read-only views; and every corrupt or
@@ -60,16 +60,16 @@ def assert_same_as_gguf(path):
 
 
 def assert_same_layer_arrays(path, *, layers=None):
-    """megafuse.llm.gguf.tensor() gives the same arrays through either reader."""
+    """megafuse.gguf.tensor() gives the same arrays through either reader."""
     ours, theirs = GGUFFile(path), gguf.GGUFReader(str(path))
     for t in theirs.tensors:
-        if t.tensor_type.name not in megafuse.llm.gguf.GGML_TO_CK:
+        if t.tensor_type.name not in megafuse.gguf.GGML_TO_CK:
             continue
-        a, a_dt = megafuse.llm.gguf.tensor(ours, t.name)
-        b, b_dt = megafuse.llm.gguf.tensor(theirs, t.name)
+        a, a_dt = megafuse.gguf.tensor(ours, t.name)
+        b, b_dt = megafuse.gguf.tensor(theirs, t.name)
         assert a_dt == b_dt and a.shape == b.shape and a.dtype == b.dtype, t.name
         assert np.array_equal(a.view(np.uint8), b.view(np.uint8)), t.name
-    assert megafuse.llm.gguf.hparams(ours) == megafuse.llm.gguf.hparams(theirs)
+    assert megafuse.gguf.hparams(ours) == megafuse.gguf.hparams(theirs)
 
 
 def test_smollm2_equals_gguf_reader(smollm2_path):
@@ -413,7 +413,7 @@ def test_corrupt_tensor_infos(small_file, tmp_path):
 def test_empty_tensors_are_refused(small_file, tmp_path):
     """A dimension of 0 is a ValueError naming the file and the tensor, whatever the other
     dims (a 0 makes the element count 0 and would hide a huge one from the size checks).
-    gguf.GGUFReader reads an empty tensor: megafuse.llm.gguf.tensor() refuses it too."""
+    gguf.GGUFReader reads an empty tensor: megafuse.gguf.tensor() refuses it too."""
     _, infos, _, _ = layout(small_file)
     c = tmp_path / "c.gguf"
     b = infos["b"] + 8 + 1                         # n_dims of tensor "b" (Q4_0, dims [64, 2])
@@ -421,7 +421,7 @@ def test_empty_tensors_are_refused(small_file, tmp_path):
     refused(corrupt_copy(small_file, c, b + 4 + 8, struct.pack("<Q", 0)),        # no rows
             r"b: dims \[64, 0\]: a dimension of 0 \(an empty tensor\)")
     with pytest.raises(ValueError, match=r"^b: GGML shape \[64, 0\]: a dimension of 0"):
-        megafuse.llm.gguf.tensor(gguf.GGUFReader(str(c)), "b")
+        megafuse.gguf.tensor(gguf.GGUFReader(str(c)), "b")
     refused(corrupt_copy(small_file, c, b + 4, struct.pack("<QQ", 0, 2)),         # no columns
             r"b: dims \[0, 2\]: a dimension of 0")
     refused(corrupt_copy(small_file, c, a + 4, struct.pack("<QQ", 0, 2**63 - 1)),
@@ -505,6 +505,6 @@ def test_type_tables_agree_with_gguf():
         q = known[t.name]
         assert int(q) == int(t) and gguf.GGML_QUANT_SIZES[q] == GGML_BLOCK_SIZES[t], t.name
     assert {v.name: int(v) for v in V} == {v.name: int(v) for v in gguf.GGUFValueType}
-    assert megafuse.llm.gguf.ck_dtype(GGMLType.Q6_K) == megafuse.CKDataType.Q6_K
+    assert megafuse.gguf.ck_dtype(GGMLType.Q6_K) == megafuse.CKDataType.Q6_K
     with pytest.raises(NotImplementedError, match=r"w: GGML type IQ4_NL is not supported"):
-        megafuse.llm.gguf.ck_dtype(GGMLType.IQ4_NL, "w")
+        megafuse.gguf.ck_dtype(GGMLType.IQ4_NL, "w")

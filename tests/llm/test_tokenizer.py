@@ -354,11 +354,11 @@ def test_vocabulary_of_synthetic_files(synthetic):
     assert llama.token_type(3) == 6 and llama.token_bytes(3) == b"\x00"
 
 
-@pytest.mark.parametrize("pre", sorted(megafuse.llm.tokenizer.PRE_TOKENIZERS))
+@pytest.mark.parametrize("pre", sorted(megafuse.tokenizer.PRE_TOKENIZERS))
 def test_every_pre_tokenizer_name(pre):
     """Each named regex set compiles and cuts text losslessly (a byte-level vocabulary with no
     merges: one token per byte)."""
-    spell, _ = megafuse.llm.tokenizer._byte_spelling()
+    spell, _ = megafuse.tokenizer._byte_spelling()
     tok = Tokenizer([spell[b] for b in range(256)], model="gpt2", merges=[], pre=pre)
     text = "Hello  WORLD's 12345 ½ — naïve\tcafé\n\n  日本語 😀!!"
     ids = tok.encode(text, add_special=False)
@@ -417,7 +417,7 @@ def test_import_is_lazy():
 
 def _byte_tokens(*extra):
     """A byte-level (gpt2) vocabulary: the 256 byte characters, then ``extra``."""
-    spell, _ = megafuse.llm.tokenizer._byte_spelling()
+    spell, _ = megafuse.tokenizer._byte_spelling()
     return [spell[b] for b in range(256)] + list(extra)
 
 
