@@ -1,18 +1,20 @@
 """The ``megafuse`` command (also ``python -m megafuse``): one small function per subcommand.
 
-    megafuse run [--model FILE.gguf] -p PROMPT [--chat] [-n 128] [--temperature T --top-k K
-                 --top-p P --min-p M --repeat-penalty R --seed S] [--activations float|int8]
-                 [--threads N] [--ctx N] [--kv-dtype float32|float16]
+    megafuse run [--model FILE.gguf|NAME] -p PROMPT [--chat [--system S]] [-n 128]
+                 [--temperature T --top-k K --top-p P --min-p M --repeat-penalty R --seed S]
+                 [--activations float|int8] [--threads N] [--ctx N] [--kv-dtype float32|float16]
     megafuse bench [--dtype q8_0] [--tokens 128] [--decode 32] [--repeat 5] [--threads N]
                    [--model FILE.gguf [--layer N] [--pp 128] [--tg 64] [--depth 0]
                                       [--activations int8] [--kv-dtype float32]]
                    [--json out.json] [--seed 0] [--no-check]
     megafuse info                                  # megafuse.show_config()
 
-``run`` generates text with a GGUF model (default: SmolLM2-135M-Instruct, fetched once into the
-user cache, see megafuse.llm.fetch): the text streams to stdout, the token counts and rates go to
-stderr.  Its default is ``--activations float`` (exact float32 activations); ``int8`` is
-llama.cpp's scheme.
+``run`` generates text with a GGUF model (default: SmolLM2-135M-Instruct; ``--model`` takes a path
+or the name of a model of megafuse.llm.fetch.MODELS, fetched once into the user cache): the text
+streams to stdout, the token counts and rates go to stderr.  Without ``--chat`` the prompt is
+continued as it is (BOS first where the file asks for it), which is what a base model such as
+Gemma 3 270M wants; ``--chat`` needs the file's ``tokenizer.chat_template``.  Its default is
+``--activations float`` (exact float32 activations); ``int8`` is llama.cpp's scheme.
 
 ``bench`` (the default command) builds one decoder layer -- a Qwen2-0.5B-shaped one (embed 896,
 14 heads, 2 kv heads, head_dim 64, ffn 4864, seeded random weights in --dtype), or layer N of a
@@ -264,12 +266,13 @@ def add_bench_arguments(parser):
 
 
 def add_run_arguments(parser):
-    parser.add_argument("--model", help="a llama / qwen2 GGUF file (default: "
-                                        "SmolLM2-135M-Instruct, fetched once)")
-    parser.add_argument("-p", "--prompt", required=True, help="the prompt (or the user's "
-                                                              "message with --chat)")
+    parser.add_argument("--model", help="a GGUF file, or a model megafuse fetches once by name: "
+                                        "smollm2-135m-instruct (the default), gemma-3-270m")
+    parser.add_argument("-p", "--prompt", required=True, help="the prompt: a text the model "
+                        "continues (or the user's message with --chat)")
     parser.add_argument("--chat", action="store_true",
-                        help="wrap the prompt in the model's chat template (a user message)")
+                        help="wrap the prompt in the model's chat template (a user message); "
+                             "without it the prompt is continued as it is (base models)")
     parser.add_argument("--system", help="with --chat: a system message")
     parser.add_argument("-n", "--max-tokens", type=int, default=128,
                         help="new tokens at most (128)")
@@ -410,19 +413,28 @@ def cmd_run(args, parser):
     """Generate: the text to stdout as it comes, the figures to stderr."""
     import megafuse
     from megafuse.llm import fetch as models
+    from megafuse.llm import gguf as _gguf
     from megafuse.llm.model import Model
 
     if args.max_tokens < 0:
         parser.error(f"--max-tokens: expected a value >= 0, got {args.max_tokens}")
     if args.ctx < 1:
         parser.error(f"--ctx: expected a positive value, got {args.ctx}")
+    if args.system is not None and not args.chat:
+        parser.error("--system: a system message needs --chat")
     if args.threads:
         megafuse.set_num_threads(args.threads)
     err = sys.stderr
     try:
-        path = args.model or models.default_model_path(file=err)
+        path = models.resolve(args.model, file=err)
         t0 = time.perf_counter()
-        model = Model.from_gguf(path, cache_capacity=args.ctx, activations=args.activations,
+        reader = _gguf.open_reader(path)
+        if args.chat and _gguf._field(reader, "tokenizer.chat_template") is None:
+            # (checked before the weights are loaded)
+            raise ValueError(f"--chat: {path} has no chat template (no tokenizer.chat_template "
+                             f"in its metadata: a base model?); run it without --chat to have "
+                             f"the prompt continued as plain text")
+        model = Model.from_gguf(reader, cache_capacity=args.ctx, activations=args.activations,
                                 kv_dtype=args.kv_dtype)
         tok = model.tokenizer
         if args.chat:

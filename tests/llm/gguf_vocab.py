@@ -1,4 +1,5 @@
-"""Small synthetic GGUF tokenizers for the tokenizer tests (not a test module).
+"""Small synthetic GGUF tokenizers for the tokenizer tests, and a tiny llama model around one
+(write_llama_model, for the CLI tests); not a test module.
 
 Each vocabulary is learned here, deterministically, by a plain BPE trainer on CORPUS, then written
 with ``gguf.GGUFWriter`` as llama.cpp's converter would write it (``tokenizer.ggml.*`` metadata,
@@ -257,6 +258,54 @@ def write_gpt2_gguf(path: str, pre: str) -> str:
         w.add_add_bos_token(False)
     w.add_chat_template(CHAT_TEMPLATES[pre])
     _finish(w)
+    return path
+
+
+def write_llama_model(path: str, *, chat_template: bool = False, n_layers: int = 1,
+                      seed: int = 0) -> str:
+    """A tiny whole llama model (embed 128, 2 heads, 1 kv head, head_dim 64, ffn 256; random
+    float32 weights, a tied head) with the SentencePiece vocabulary of llama_vocab() -- one
+    embedding row a token -- and, only with ``chat_template``, its chat template: a base model
+    for the CLI tests."""
+    import gguf
+    import numpy as np
+    tokens, scores, types = llama_vocab()
+    E, H, G, D, I = 128, 2, 1, 64, 256
+    rng = np.random.default_rng(seed)
+
+    def w(*shape):
+        return (rng.standard_normal(shape) * shape[-1] ** -0.5).astype(np.float32)
+
+    writer = gguf.GGUFWriter(path, "llama")
+    writer.add_block_count(n_layers)
+    writer.add_context_length(256)
+    writer.add_embedding_length(E)
+    writer.add_feed_forward_length(I)
+    writer.add_head_count(H)
+    writer.add_head_count_kv(G)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_rope_freq_base(10000.0)
+    writer.add_vocab_size(len(tokens))
+    writer.add_tokenizer_model("llama")
+    writer.add_token_list(tokens)
+    writer.add_token_scores(scores)
+    writer.add_token_types(types)
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+    writer.add_unk_token_id(0)
+    writer.add_add_bos_token(True)
+    if chat_template:
+        writer.add_chat_template(CHAT_TEMPLATES["llama"])
+    writer.add_tensor("token_embd.weight", w(len(tokens), E))
+    writer.add_tensor("output_norm.weight", np.ones(E, np.float32))
+    for n in range(n_layers):
+        for name, shape in (("attn_q", (H * D, E)), ("attn_k", (G * D, E)),
+                            ("attn_v", (G * D, E)), ("attn_output", (E, H * D)),
+                            ("ffn_gate", (I, E)), ("ffn_up", (I, E)), ("ffn_down", (E, I))):
+            writer.add_tensor(f"blk.{n}.{name}.weight", w(*shape))
+        writer.add_tensor(f"blk.{n}.attn_norm.weight", np.ones(E, np.float32))
+        writer.add_tensor(f"blk.{n}.ffn_norm.weight", np.ones(E, np.float32))
+    _finish(writer)
     return path
 
 

@@ -234,3 +234,105 @@ def test_run_needs_a_prompt(capsys):
     with pytest.raises(SystemExit) as exc:
         cli.main(["run"])
     assert exc.value.code == 2
+
+
+# ---- run on a base model ---------------------------------------------------------------------
+
+def _tiny_model(tmp_path, chat_template=False):
+    pytest.importorskip("gguf")
+    pytest.importorskip("tokenizers")
+    import gguf_vocab
+    return gguf_vocab.write_llama_model(str(tmp_path / "base.gguf"), chat_template=chat_template)
+
+
+def _recording_generate(monkeypatch):
+    """Model.generate wrapped to record the prompt ids and the tokens it yields."""
+    from megafuse.llm.model import Model
+    calls = []
+    generate = Model.generate
+
+    def recording(self, ids, *args, **kwargs):
+        call = {"ids": list(ids), "out": []}
+        calls.append(call)
+        for token in generate(self, ids, *args, **kwargs):
+            call["out"].append(token)
+            yield token
+    monkeypatch.setattr(Model, "generate", recording)
+    return calls
+
+
+def test_run_continues_a_prompt_on_a_model_without_a_chat_template(tmp_path, monkeypatch,
+                                                                   capsys):
+    """Without --chat the prompt is encoded as it is, BOS first as the file asks, and the
+    generated tokens stream to stdout: a base model needs no chat template."""
+    from megafuse.llm.model import Model
+    path = _tiny_model(tmp_path)
+    calls = _recording_generate(monkeypatch)
+    status, out, err = run(["run", "--model", path, "-p", "The quick brown fox", "-n", "6"],
+                           capsys)
+    assert status == 0, err
+    model = Model.from_gguf(path)
+    tok = model.tokenizer
+    assert tok.chat_template is None and tok.add_bos
+    want_ids = [tok.bos_id] + tok.encode("The quick brown fox", add_special=False)
+    assert [c["ids"] for c in calls] == [want_ids]
+    assert f"prompt {len(want_ids)} tokens" in err
+    generated = calls[0]["out"]
+    assert generated == list(model.generate(want_ids, 6))      # greedy: the same tokens
+    stream = tok.stream_decoder(skip_special=True, at_start=False)
+    assert out == "".join(stream.push(i) for i in generated) + stream.flush() + "\n"
+
+
+def test_run_chat_without_a_template_names_the_missing_key(tmp_path, monkeypatch, capsys):
+    """--chat on a file without tokenizer.chat_template: exit status 2 and a message naming the
+    key and the way out, before the weights are loaded."""
+    from megafuse.llm.model import Model
+    path = _tiny_model(tmp_path)
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("the weights were loaded")
+    monkeypatch.setattr(Model, "from_gguf", no_load)
+    status, out, err = run(["run", "--model", path, "--chat", "-p", "Hi"], capsys)
+    assert status == 2 and out == ""
+    assert "tokenizer.chat_template" in err and "without --chat" in err and path in err
+
+
+def test_run_chat_with_a_template(tmp_path, monkeypatch, capsys):
+    """The same model with a template: --chat (and --system) render it."""
+    from megafuse.llm.model import Model
+    path = _tiny_model(tmp_path, chat_template=True)
+    calls = _recording_generate(monkeypatch)
+    status, _, err = run(["run", "--model", path, "--chat", "--system", "Be brief.", "-p", "Hi",
+                          "-n", "2"], capsys)
+    assert status == 0, err
+    tok = Model.from_gguf(path).tokenizer
+    assert [c["ids"] for c in calls] == [tok.apply_chat_template(
+        [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}],
+        add_generation_prompt=True, tokenize=True)]
+
+
+def test_run_system_needs_chat(capsys):
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["run", "-p", "x", "--system", "Be brief."])
+    assert exc.value.code == 2 and "--system" in capsys.readouterr().err
+
+
+def test_run_takes_a_model_name(tmp_path, monkeypatch, capsys):
+    """--model NAME fetches (once) the model of that name in megafuse.llm.fetch.MODELS; an
+    unknown name that is no file is an error naming it."""
+    from megafuse.llm import fetch
+    path = _tiny_model(tmp_path)
+    asked = []
+    monkeypatch.setattr(fetch, "model_path", lambda name=None, **kw: asked.append(name) or path)
+    status, _, err = run(["run", "--model", "Gemma-3-270M", "-p", "x", "-n", "1"], capsys)
+    assert status == 0, err
+    assert asked == ["Gemma-3-270M"]
+    status, _, err = run(["run", "--model", str(tmp_path / "gemma-9"), "-p", "x"], capsys)
+    assert status == 2 and "gemma-9" in err
+
+
+def test_run_chat_on_gemma3_names_the_missing_template(gemma3_path, capsys):
+    """The real Gemma 3 270M is a base model: no chat template in the file."""
+    status, out, err = run(["run", "--model", gemma3_path, "--chat", "-p", "Hi"], capsys)
+    assert status == 2 and out == ""
+    assert "tokenizer.chat_template" in err and "without --chat" in err
