@@ -49,11 +49,15 @@ from __future__ import annotations
 import codecs
 import contextvars
 import functools
+import hashlib
 import importlib
+import itertools
 import json
 import math
 import operator
+import os
 import re
+import tempfile
 import time
 from typing import (Any, Callable, Dict, FrozenSet, Iterable, Iterator, List, Mapping, Optional,
                     Sequence, Tuple, Union)
@@ -205,17 +209,47 @@ def _byte_spelling_as_latin1() -> Dict[int, str]:
     return table
 
 
-def _metadata_array(value: Any, key: str, expected: str, ok: Callable[[Any], bool]) -> List[Any]:
+def _metadata_array(value: Any, key: str, expected: str, ok: Callable[[Any], bool],
+                    fast: Optional[Callable[[List[Any]], bool]] = None) -> List[Any]:
     """A metadata array as a list whose every element passes ``ok``; else a ValueError naming
-    the key (and the index of the first bad element)."""
+    the key (and the index of the first bad element).  ``fast``, if given, vouches for a whole
+    list at C speed (a 262k-token vocabulary: milliseconds, where ``ok`` on each element takes
+    a second); when it cannot, each element is checked with ``ok``."""
     if hasattr(value, "tolist") and getattr(value, "ndim", None) == 1:   # a NumPy array
         value = value.tolist()
     if not isinstance(value, (list, tuple)):
         raise ValueError(f"{key}: expected an array, got {describe(value)}")
-    for i, item in enumerate(value):
+    items: List[Any] = list(value)
+    if fast is not None and fast(items):
+        return items
+    for i, item in enumerate(items):
         if not ok(item):
             raise ValueError(f"{key}[{i}]: expected {expected}, got {describe(item)}")
-    return list(value)
+    return items
+
+
+def _all_str(values: List[Any]) -> bool:
+    return set(map(type, values)) <= {str}
+
+
+def _all_token_types(values: List[Any]) -> bool:
+    return set(map(type, values)) <= {int} and (
+        not values or (min(values) >= UNDEFINED and max(values) <= BYTE))
+
+
+def _all_finite_numbers(values: List[Any]) -> bool:
+    return set(map(type, values)) <= {float, int} and all(map(math.isfinite, values))
+
+
+def _metadata_id(value: Any, key: str, vocab_size: int) -> int:
+    """A token id read from the metadata: an integer in [0, vocab_size); else a ValueError
+    naming the key (a float, a string, an array, a boolean are not ids)."""
+    if not is_int(value):
+        raise ValueError(f"{key}: expected a token id (an integer), got {describe(value)}")
+    i = int(value)
+    if not 0 <= i < vocab_size:
+        raise ValueError(f"{key}: {i} is outside the vocabulary [0, {vocab_size})")
+    return i
 
 
 def _flag(value: Any, key: str) -> Optional[bool]:
@@ -235,6 +269,104 @@ def _as_id(value: Any, vocab_size: int, what: str = "token id") -> int:
     if not 0 <= i < vocab_size:
         raise ValueError(f"{what}: {i} is outside the vocabulary [0, {vocab_size})")
     return i
+
+
+# ---- SentencePiece merges --------------------------------------------------------------------
+
+#: Bumped whenever _scan_spm_merges orders or picks merges differently (it names the cache files).
+_SPM_MERGES_VERSION = 1
+
+
+def _spm_merges(tokens: List[str], types: List[int],
+                scores: Optional[List[float]]) -> Tuple[Any, Any]:
+    """A SentencePiece vocabulary's merges, best first, as two int64 arrays (the id of the token
+    a merge makes, and where it cuts it: left = token[:cut], right = token[cut:]).
+
+    Derived from the vocabulary by _scan_spm_merges -- for Gemma's 262,144 tokens, half a
+    million merges and most of a second -- and kept in the cache directory
+    (``megafuse.llm.fetch.cache_dir()/tokenizers``), named by the sha256 of the tokens, their
+    types and scores: a vocabulary seen before loads its merges from there.  The cache is an
+    optimisation only: a file that cannot be read or written is ignored (and made again)."""
+    np = importlib.import_module("numpy")
+    assert scores is not None
+    digest = hashlib.sha256(f"megafuse-spm-merges-v{_SPM_MERGES_VERSION}:{len(tokens)}:".encode())
+    digest.update("\0".join(tokens).encode("utf-8", "surrogatepass"))
+    digest.update(np.array(types, dtype=np.int8).tobytes())
+    digest.update(np.array(scores, dtype=np.float64).tobytes())
+    path = _spm_merges_cache_path(digest.hexdigest())
+    try:
+        table = np.load(path, allow_pickle=False)                            # [merges, 2]
+        if table.dtype == np.int32 and table.ndim == 2 and table.shape[1] == 2 and (
+                table.size == 0 or (table[:, 0].min() >= 0 and table[:, 0].max() < len(tokens)
+                                    and table[:, 1].min() >= 1)):
+            return table[:, 0].astype(np.int64), table[:, 1].astype(np.int64)
+    except (OSError, ValueError, EOFError):   # absent, unreadable, truncated: made again
+        pass
+    index, cuts = _scan_spm_merges(tokens, types, scores)
+    _store_spm_merges(path, np.stack([index, cuts], axis=1).astype(np.int32))
+    return index, cuts
+
+
+def _spm_merges_cache_path(key: str) -> str:
+    from megafuse.llm.fetch import cache_dir
+    return os.path.join(cache_dir(), "tokenizers", f"spm-merges-{key}.npy")
+
+
+def _store_spm_merges(path: str, table: Any) -> None:
+    """Write the merges' table atomically (a temporary file renamed); give up silently where
+    the cache directory cannot be written."""
+    np = importlib.import_module("numpy")
+    folder = os.path.dirname(path)
+    tmp = None
+    try:
+        os.makedirs(folder, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix="spm-merges-", suffix=".npy.part", dir=folder)
+        with os.fdopen(fd, "wb") as f:
+            np.save(f, table, allow_pickle=False)
+        os.replace(tmp, path)
+        tmp = None
+    except OSError:
+        pass
+    finally:
+        if tmp is not None and os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def _scan_spm_merges(tokens: List[str], types: List[int], scores: List[float]) -> Tuple[Any, Any]:
+    """Every merge a SentencePiece BPE vocabulary allows, best first: a pair of tokens may merge
+    when the two make a token, the better that token's score the earlier (llama.cpp's
+    llm_tokenizer_spm).  Ties (equal scores): the longer left part first, then the longer right
+    part, then the lower id, as transformers orders them.  Only NORMAL (and UNDEFINED) tokens
+    are made by merges: BYTE tokens stand for their byte, CONTROL / UNKNOWN / USER_DEFINED /
+    UNUSED ones only ever come whole from the text (so that with parse_special=False a text
+    never turns into a control token).  Every cut of every such token is tried, one cut length
+    at a time over the tokens long enough for it, the lookups in C loops (map, compress); then
+    NumPy sorts.  Returns (token ids, cuts), int64."""
+    np = importlib.import_module("numpy")
+    contains = frozenset(tokens).__contains__
+    index: List[int] = []
+    cuts: List[int] = []
+    idx = [i for i, (t, typ) in enumerate(zip(tokens, types))
+           if typ in (NORMAL, UNDEFINED) and len(t) > 1]
+    toks = list(map(tokens.__getitem__, idx))
+    cut = 1
+    while toks:
+        left_ok = list(map(contains, map(operator.itemgetter(slice(None, cut)), toks)))
+        idx_l = list(itertools.compress(idx, left_ok))
+        toks_l = list(itertools.compress(toks, left_ok))
+        right_ok = map(contains, map(operator.itemgetter(slice(cut, None)), toks_l))
+        hits = list(itertools.compress(idx_l, right_ok))
+        index += hits
+        cuts += [cut] * len(hits)
+        cut += 1
+        longer = [len(t) > cut for t in toks]
+        idx, toks = list(itertools.compress(idx, longer)), list(itertools.compress(toks, longer))
+    found = np.array(index, dtype=np.int64)                                  # [merges]
+    cut_at = np.array(cuts, dtype=np.int64)                                  # [merges]
+    lengths = np.fromiter(map(len, tokens), np.int64, len(tokens))[found]   # [merges]
+    score = np.array(scores, dtype=np.float64)[found]                        # [merges]
+    order = np.lexsort((found, cut_at - lengths, -cut_at, -score))    # (its last key first)
+    return found[order], cut_at[order]
 
 
 # ---- the tokenizer ---------------------------------------------------------------------------
@@ -266,27 +398,29 @@ class Tokenizer:
                 f"tokenizer.ggml.model: megafuse builds {' and '.join(MODELS)} vocabularies, "
                 f"got {model!r}")
         tokens = _metadata_array(tokens, "tokenizer.ggml.tokens", "a string",
-                                 lambda t: isinstance(t, str))
+                                 lambda t: isinstance(t, str), _all_str)
         n = len(tokens)
         if n == 0:
             raise ValueError("tokenizer.ggml.tokens: the vocabulary is empty")
         # llama.cpp renames an empty token so that every text is distinct
-        self._tokens: List[str] = [t if t else f"[EMPTY_{i}]" for i, t in enumerate(tokens)]
-        self._types: List[int] = [NORMAL] * n if token_types is None else [
-            int(t) for t in _metadata_array(
-                token_types, "tokenizer.ggml.token_type",
-                f"a token type (an integer {UNDEFINED}..{BYTE})",
-                lambda t: is_int(t) and UNDEFINED <= t <= BYTE)]
+        self._tokens: List[str] = tokens if all(tokens) else [
+            t if t else f"[EMPTY_{i}]" for i, t in enumerate(tokens)]
+        self._types: List[int] = [NORMAL] * n if token_types is None else list(map(
+            int, _metadata_array(token_types, "tokenizer.ggml.token_type",
+                                 f"a token type (an integer {UNDEFINED}..{BYTE})",
+                                 lambda t: is_int(t) and UNDEFINED <= t <= BYTE,
+                                 _all_token_types)))
         if len(self._types) != n:
             raise ValueError(f"tokenizer.ggml.token_type: {len(self._types)} types for {n} "
                              f"tokens")
-        self._scores: Optional[List[float]] = None if scores is None else [
-            float(s) for s in _metadata_array(
-                scores, "tokenizer.ggml.scores", "a finite number",
-                lambda s: is_number(s) and math.isfinite(s))]
+        self._scores: Optional[List[float]] = None if scores is None else list(map(
+            float, _metadata_array(scores, "tokenizer.ggml.scores", "a finite number",
+                                   lambda s: is_number(s) and math.isfinite(s),
+                                   _all_finite_numbers)))
         if merges is not None:
             merges = _metadata_array(merges, "tokenizer.ggml.merges",
-                                     "a string 'left right'", lambda m: isinstance(m, str))
+                                     "a string 'left right'", lambda m: isinstance(m, str),
+                                     _all_str)
         if pre is not None and not isinstance(pre, str):
             raise ValueError(f"tokenizer.ggml.pre: expected a string, got {describe(pre)}")
         add_bos = _flag(add_bos, "tokenizer.ggml.add_bos_token")
@@ -294,11 +428,13 @@ class Tokenizer:
         add_space_prefix = _flag(add_space_prefix, "tokenizer.ggml.add_space_prefix")
         if self._scores is not None and len(self._scores) != n:
             raise ValueError(f"tokenizer.ggml.scores: {len(self._scores)} scores for {n} tokens")
-        self._ids: Dict[str, int] = {}
-        for i, t in enumerate(self._tokens):
-            if self._ids.setdefault(t, i) != i:
-                raise ValueError(f"tokenizer.ggml.tokens: token {t!r} appears twice "
-                                 f"(ids {self._ids[t]} and {i})")
+        self._ids: Dict[str, int] = dict(zip(self._tokens, range(n)))
+        if len(self._ids) != n:
+            first: Dict[str, int] = {}
+            for i, t in enumerate(self._tokens):
+                if first.setdefault(t, i) != i:
+                    raise ValueError(f"tokenizer.ggml.tokens: token {t!r} appears twice "
+                                     f"(ids {first[t]} and {i})")
         self.model = model
         self.pre: Optional[str] = pre
         if model == "gpt2":
@@ -325,7 +461,7 @@ class Tokenizer:
         self.add_eos = False if add_eos is None else add_eos
 
         def check(name: str, value: Optional[int]) -> Optional[int]:
-            return None if value is None else _as_id(value, n, f"tokenizer.ggml.{name}")
+            return None if value is None else _metadata_id(value, f"tokenizer.ggml.{name}", n)
 
         self.bos_id = check("bos_token_id", bos_id)
         self.eos_id = check("eos_token_id", eos_id)
@@ -344,7 +480,9 @@ class Tokenizer:
         # of a decoded text by skip_special (USER_DEFINED ones are always matched and shown)
         self._special_ids = frozenset(i for i, t in enumerate(self._types)
                                       if t in (CONTROL, UNKNOWN))
-        self._pieces = self._piece_bytes()
+        self._check_byte_tokens()
+        # each token's bytes in a decoded text, made when first decoded (_piece)
+        self._pieces: List[Optional[bytes]] = [None] * n
         self._backend = self._build_backend()
         self._backend_plain: Any = None   # the same without special tokens, made on first use
 
@@ -364,6 +502,8 @@ class Tokenizer:
         if model is None:
             raise ValueError("GGUF metadata: tokenizer.ggml.model is missing (the file has no "
                              "vocabulary)")
+        if not isinstance(model, str):
+            raise ValueError(f"tokenizer.ggml.model: expected a string, got {describe(model)}")
         tokens = field("ggml.tokens")
         if tokens is None:
             raise ValueError("GGUF metadata: tokenizer.ggml.tokens is missing")
@@ -372,7 +512,7 @@ class Tokenizer:
         kw = {name: field(f"ggml.{name}_token_id", ids.get(name))
               for name in ("bos", "eos", "eot", "eom", "unknown", "padding")}
         return cls(
-            tokens, model=str(model), token_types=field("ggml.token_type"),
+            tokens, model=model, token_types=field("ggml.token_type"),
             scores=field("ggml.scores"), merges=field("ggml.merges"), pre=field("ggml.pre"),
             bos_id=kw["bos"], eos_id=kw["eos"], eot_id=kw["eot"], eom_id=kw["eom"],
             unk_id=kw["unknown"], pad_id=kw["padding"], add_bos=field("ggml.add_bos_token"),
@@ -417,83 +557,88 @@ class Tokenizer:
                                      f"vocabulary (tokenizer.ggml.tokens)")
                 pairs.append((left, right))
             return pairs
-        # SentencePiece: a pair may merge when the two make a token; the better that token's
-        # score, the earlier the merge (llama.cpp's llm_tokenizer_spm).  Ties (equal scores):
-        # the longer left part first, then the longer right part, then the lower id, as
-        # transformers orders them.
-        assert self._scores is not None
-        ranked = []
-        for i, token in enumerate(self._tokens):
-            if self._types[i] == BYTE:
-                continue
-            for cut in range(1, len(token)):
-                left, right = token[:cut], token[cut:]
-                if left in self._ids and right in self._ids:
-                    ranked.append((-self._scores[i], -cut, cut - len(token), i, left, right))
-        ranked.sort()
-        return [(left, right) for *_, left, right in ranked]
+        # SentencePiece: the merges are not in the file; _spm_merges derives them (cached)
+        tokens = self._tokens
+        index, cuts = _spm_merges(tokens, self._types, self._scores)
+        return [(tokens[i][:c], tokens[i][c:]) for i, c in zip(index.tolist(), cuts.tolist())]
 
     def _build_backend(self) -> Any:
-        tk = _require("tokenizers")
-        models, pre_tokenizers = tk.models, tk.pre_tokenizers
+        models = _require("tokenizers").models
         merges = self._merge_pairs()
         try:
             if self.model == "gpt2":
-                bpe = models.BPE(vocab=dict(self._ids), merges=merges,
+                bpe = models.BPE(vocab=self._ids, merges=merges,
                                  ignore_merges=self._ignore_merges, fuse_unk=False,
                                  byte_fallback=False)
             else:
-                bpe = models.BPE(vocab=dict(self._ids), merges=merges, fuse_unk=True,
+                bpe = models.BPE(vocab=self._ids, merges=merges, fuse_unk=True,
                                  byte_fallback=True)
         except Exception as exc:   # tokenizers raises a bare Exception
             raise ValueError(f"tokenizer.ggml.tokens / tokenizer.ggml.merges: the tokenizers "
                              f"package refused the vocabulary: {exc}") from exc
+        self._bpe: Any = bpe
+        return self._new_backend(encode_special_tokens=False)
+
+    def _new_backend(self, *, encode_special_tokens: bool) -> Any:
+        """A ``tokenizers.Tokenizer`` on the BPE model (shared, not copied): the
+        pre-tokenizer, then the special (CONTROL, UNKNOWN) and USER_DEFINED tokens matched whole;
+        ``encode_special_tokens``: the special ones read as plain text."""
+        tk = _require("tokenizers")
+        pre_tokenizers = tk.pre_tokenizers
+        backend = tk.Tokenizer(self._bpe)
         if self.model == "gpt2":
-            backend = tk.Tokenizer(bpe)
             backend.pre_tokenizer = pre_tokenizers.Sequence(
                 [pre_tokenizers.Split(tk.Regex(r), behavior="isolated") for r in self._regexes]
                 + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
         else:
-            backend = tk.Tokenizer(bpe)
             backend.pre_tokenizer = pre_tokenizers.Metaspace(
                 replacement=SPM_SPACE, prepend_scheme="first" if self.add_space_prefix else
                 "never", split=False)
         special = [tk.AddedToken(self._tokens[i], special=True, normalized=False)
                    for i in sorted(self._special_ids)]
-        user = [tk.AddedToken(t, special=False, normalized=False)
-                for t, typ in zip(self._tokens, self._types) if typ == USER_DEFINED]
+        user = [tk.AddedToken(self._tokens[i], special=False, normalized=False)
+                for i, typ in enumerate(self._types) if typ == USER_DEFINED]
         if special:
             backend.add_special_tokens(special)
         if user:
             backend.add_tokens(user)
+        backend.encode_special_tokens = encode_special_tokens
         return backend
 
-    def _piece_bytes(self) -> List[bytes]:
-        """Each token's bytes in a decoded text (special tokens: their text)."""
-        out: List[bytes] = []
-        _, to_byte = _byte_spelling()
-        as_latin1 = _byte_spelling_as_latin1()
+    def _check_byte_tokens(self) -> None:
+        """A BYTE token of the ``llama`` type must be spelled <0xNN> (its byte)."""
+        if self.model == "gpt2":
+            return
         for i, (token, typ) in enumerate(zip(self._tokens, self._types)):
-            if typ in (CONTROL, UNKNOWN, USER_DEFINED):
-                out.append(token.encode("utf-8"))
-            elif self.model == "gpt2":
-                # each character of the byte alphabet is its byte; a character outside it
-                # stands for itself (its UTF-8 bytes).  str.translate does both at C speed
-                # for characters below U+0100; a token with others takes the loop.
-                try:
-                    out.append(token.translate(as_latin1).encode("latin-1"))
-                except UnicodeEncodeError:
-                    out.append(b"".join(bytes((to_byte[c],)) if c in to_byte
-                                        else c.encode("utf-8") for c in token))
-            elif typ == BYTE:
-                if not _BYTE_TOKEN.match(token):
-                    raise ValueError(f"tokenizer.ggml.tokens[{i}]: {token!r} has the token type "
-                                     f"BYTE (tokenizer.ggml.token_type[{i}] = {BYTE}) but is not "
-                                     f"spelled <0xNN>")
-                out.append(bytes((int(token[3:5], 16),)))
-            else:
-                out.append(token.replace(SPM_SPACE, " ").encode("utf-8"))
-        return out
+            if typ == BYTE and not _BYTE_TOKEN.match(token):
+                raise ValueError(f"tokenizer.ggml.tokens[{i}]: {token!r} has the token type "
+                                 f"BYTE (tokenizer.ggml.token_type[{i}] = {BYTE}) but is not "
+                                 f"spelled <0xNN>")
+
+    def _piece(self, i: int) -> bytes:
+        """Token ``i``'s bytes in a decoded text (a special token: its text), made on first use
+        and kept."""
+        piece = self._pieces[i]
+        if piece is None:
+            piece = self._pieces[i] = self._piece_of(self._tokens[i], self._types[i])
+        return piece
+
+    def _piece_of(self, token: str, typ: int) -> bytes:
+        if typ in (CONTROL, UNKNOWN, USER_DEFINED):
+            return token.encode("utf-8")
+        if self.model == "gpt2":
+            # each character of the byte alphabet is its byte; a character outside it stands
+            # for itself (its UTF-8 bytes).  str.translate does both at C speed for characters
+            # below U+0100; a token with others takes the loop.
+            try:
+                return token.translate(_byte_spelling_as_latin1()).encode("latin-1")
+            except UnicodeEncodeError:
+                _, to_byte = _byte_spelling()
+                return b"".join(bytes((to_byte[c],)) if c in to_byte else c.encode("utf-8")
+                                for c in token)
+        if typ == BYTE:
+            return bytes((int(token[3:5], 16),))
+        return token.replace(SPM_SPACE, " ").encode("utf-8")
 
     # -- vocabulary ----------------------------------------------------------------------------
 
@@ -534,9 +679,7 @@ class Tokenizer:
             backend = self._backend
         else:
             if self._backend_plain is None:
-                plain = _require("tokenizers").Tokenizer.from_str(self._backend.to_str())
-                plain.encode_special_tokens = True
-                self._backend_plain = plain
+                self._backend_plain = self._new_backend(encode_special_tokens=True)
             backend = self._backend_plain
         if self.add_space_prefix and text.startswith(" "):
             # SentencePiece puts its "▁" before a text that starts with a space too; the
@@ -562,7 +705,7 @@ class Tokenizer:
     def token_bytes(self, token_id: int) -> bytes:
         """The bytes a token contributes to a decoded text (a special token: its text); may be
         part of a UTF-8 character."""
-        return self._pieces[_as_id(token_id, len(self._tokens))]
+        return self._piece(_as_id(token_id, len(self._tokens)))
 
     def decode(self, ids: Iterable[int], *, skip_special: bool = False) -> str:
         """The text of ``ids``; ``skip_special`` leaves CONTROL and UNKNOWN tokens (BOS, EOS,
@@ -662,7 +805,7 @@ class StreamDecoder:
         i = _as_id(token_id, self._tok.vocab_size)
         if i in self._skip:
             return ""
-        return self._emit(self._utf8.decode(self._tok._pieces[i]))
+        return self._emit(self._utf8.decode(self._tok._piece(i)))
 
     def flush(self) -> str:
         return self._emit(self._utf8.decode(b"", final=True))

@@ -262,11 +262,12 @@ def write_gpt2_gguf(path: str, pre: str) -> str:
 
 
 def write_llama_model(path: str, *, chat_template: bool = False, n_layers: int = 1,
-                      seed: int = 0) -> str:
+                      seed: int = 0, fields=None) -> str:
     """A tiny whole llama model (embed 128, 2 heads, 1 kv head, head_dim 64, ffn 256; random
     float32 weights, a tied head) with the SentencePiece vocabulary of llama_vocab() -- one
     embedding row a token -- and, only with ``chat_template``, its chat template: a base model
-    for the CLI tests."""
+    for the CLI tests.  ``fields``: tokenizer keys written with another value (a float as
+    FLOAT32, a str as STRING) in place of the vocabulary's."""
     import gguf
     import numpy as np
     tokens, scores, types = llama_vocab()
@@ -290,9 +291,17 @@ def write_llama_model(path: str, *, chat_template: bool = False, n_layers: int =
     writer.add_token_list(tokens)
     writer.add_token_scores(scores)
     writer.add_token_types(types)
-    writer.add_bos_token_id(1)
-    writer.add_eos_token_id(2)
-    writer.add_unk_token_id(0)
+    fields = dict(fields or {})
+    for key, value in (("tokenizer.ggml.bos_token_id", 1), ("tokenizer.ggml.eos_token_id", 2),
+                       ("tokenizer.ggml.unknown_token_id", 0)):
+        value = fields.pop(key, value)
+        if isinstance(value, float):
+            writer.add_float32(key, value)
+        elif isinstance(value, str):
+            writer.add_string(key, value)
+        else:
+            writer.add_uint32(key, value)
+    assert not fields, f"write_llama_model: unknown fields {sorted(fields)}"
     writer.add_add_bos_token(True)
     if chat_template:
         writer.add_chat_template(CHAT_TEMPLATES["llama"])

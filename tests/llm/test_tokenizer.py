@@ -11,6 +11,7 @@ with at least one of them, and on the gpt2 files (llama-bpe, qwen2) and the othe
 import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -50,6 +51,18 @@ SMOLLM_NOT_TRANSFORMERS = {
 
 
 # ---- fixtures --------------------------------------------------------------------------------
+
+@pytest.fixture(autouse=True, scope="module")
+def merges_cache(tmp_path_factory):
+    """SentencePiece merges derived by these tests are cached in a folder of their own, not
+    in the user's cache directory (where the models are)."""
+    folder = tmp_path_factory.mktemp("spm-merges")
+    patch = pytest.MonkeyPatch()
+    patch.setattr(megafuse.llm.tokenizer, "_spm_merges_cache_path",
+                  lambda key: str(folder / f"spm-merges-{key}.npy"))
+    yield folder
+    patch.undo()
+
 
 @pytest.fixture(scope="module")
 def synthetic_files(tmp_path_factory):
@@ -524,6 +537,137 @@ def test_other_fields_of_the_wrong_type():
         Tokenizer(["a"], model="gpt2", merges=[], pre=["llama3"])
     with pytest.raises(ValueError, match=r"^tokenizer\.ggml\.add_bos_token: expected a boolean"):
         Tokenizer(["a"], model="gpt2", merges=[], add_bos="false")
+
+
+ID_KEYS = ("bos_token_id", "eos_token_id", "unknown_token_id", "padding_token_id",
+           "eot_token_id", "eom_token_id")
+
+
+def _write_typed(writer, key, value):
+    """One metadata value in the GGUF type its Python type suggests (a float as FLOAT32, a bool
+    as BOOL, an int as INT32)."""
+    if isinstance(value, list):
+        writer.add_array(key, value)
+    elif isinstance(value, str):
+        writer.add_string(key, value)
+    elif isinstance(value, bool):
+        writer.add_bool(key, value)
+    elif isinstance(value, float):
+        writer.add_float32(key, value)
+    else:
+        writer.add_int32(key, value)
+
+
+@pytest.mark.parametrize("key", ID_KEYS)
+@pytest.mark.parametrize("value, got", [(1.0, "float 1.0"), ("1", "the string '1'"),
+                                        ([1], "an array of 1 values"),
+                                        (True, "the boolean True")])
+def test_token_ids_of_the_wrong_type(tmp_path, key, value, got):
+    """A special token id stored as a float, a string, an array or a boolean: a ValueError
+    naming the key (was a TypeError)."""
+    import gguf
+    path = str(tmp_path / "bad-id.gguf")
+    w = gguf.GGUFWriter(path, "llama")
+    w.add_tokenizer_model("llama")
+    w.add_token_list(SPM_TOKENS)
+    w.add_token_types(SPM_TYPES)
+    w.add_token_scores(SPM_SCORES)
+    _write_typed(w, f"tokenizer.ggml.{key}", value)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(ValueError, match=rf"^tokenizer\.ggml\.{key}: expected a token id "
+                                         rf"\(an integer\), got {re.escape(got)}$"):
+        Tokenizer.from_gguf(path)
+
+
+@pytest.mark.parametrize("value", [-1, len(SPM_TOKENS)])
+def test_token_ids_outside_the_vocabulary(value):
+    with pytest.raises(ValueError, match=rf"^tokenizer\.ggml\.eos_token_id: {value} is outside "
+                                         rf"the vocabulary \[0, {len(SPM_TOKENS)}\)$"):
+        Tokenizer(SPM_TOKENS, model="llama", token_types=SPM_TYPES, scores=SPM_SCORES,
+                  eos_id=value)
+
+
+def test_a_model_with_a_float_bos_id_fails_at_its_tokenizer_with_a_value_error(tmp_path):
+    """Model.tokenizer of a file whose tokenizer.ggml.bos_token_id is a float: a ValueError
+    naming the key; the model itself still runs (its end-of-generation ids come without the
+    tokenizer)."""
+    from megafuse.llm.model import Model
+    path = gguf_vocab.write_llama_model(str(tmp_path / "m.gguf"),
+                                        fields={"tokenizer.ggml.bos_token_id": 1.0})
+    model = Model.from_gguf(path)
+    with pytest.raises(ValueError, match=r"^tokenizer\.ggml\.bos_token_id: expected a token "
+                                         r"id \(an integer\), got float 1\.0$"):
+        _ = model.tokenizer
+    assert model.forward([3, 4]).shape == (model.vocab_size,)
+
+
+def test_the_vocabulary_type_must_be_a_string(tmp_path):
+    import gguf
+    path = str(tmp_path / "int-model.gguf")
+    w = gguf.GGUFWriter(path, "llama")
+    w.add_int32("tokenizer.ggml.model", 5)
+    w.add_token_list(SPM_TOKENS)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(ValueError, match=r"^tokenizer\.ggml\.model: expected a string, got "
+                                         r"int 5$"):
+        Tokenizer.from_gguf(path)
+
+
+# ---- the SentencePiece merges and their cache ------------------------------------------------
+
+def test_spm_merges_are_derived_once_then_read_from_the_cache(merges_cache, monkeypatch):
+    """The first load of a SentencePiece vocabulary derives its merges and caches them (named
+    by the vocabulary's sha256); later loads read them back, the same merges; a file that is not
+    a table of merges is made again."""
+    tokenizer = megafuse.llm.tokenizer
+    tokens, scores, types = gguf_vocab.llama_vocab()
+    # a vocabulary no other test loads
+    tokens, scores, types = tokens + ["\u2581zzyzx"], scores + [-1e6], types + [1]
+    scans = []
+    scan = tokenizer._scan_spm_merges
+    monkeypatch.setattr(tokenizer, "_scan_spm_merges", lambda *a: scans.append(1) or scan(*a))
+    before = set(merges_cache.glob("spm-merges-*.npy"))
+    first = Tokenizer(tokens, model="llama", token_types=types, scores=scores)
+    cached = set(merges_cache.glob("spm-merges-*.npy")) - before
+    assert len(scans) == 1 and len(cached) == 1
+    merges = first._merge_pairs()
+    assert len(scans) == 1 and len(merges) > 50
+    again = Tokenizer(tokens, model="llama", token_types=types, scores=scores)
+    assert len(scans) == 1 and again._merge_pairs() == merges
+    text = "The quick brown fox: zzyzx! \U0001F600"
+    assert again.encode(text, add_special=False) == first.encode(text, add_special=False)
+    cached.pop().write_bytes(b"\x93NUMPY garbage")
+    third = Tokenizer(tokens, model="llama", token_types=types, scores=scores)
+    assert len(scans) == 2 and third._merge_pairs() == merges
+
+
+def test_spm_merges_cache_that_cannot_be_written(monkeypatch, tmp_path):
+    """A cache directory that cannot be written: the merges are derived each time, no error."""
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    monkeypatch.setattr(megafuse.llm.tokenizer, "_spm_merges_cache_path",
+                        lambda key: str(blocker / "sub" / f"{key}.npy"))
+    tok = Tokenizer(SPM_TOKENS, model="llama", token_types=SPM_TYPES, scores=SPM_SCORES)
+    assert tok.encode("a a", add_special=False) == [6, 6]
+
+
+def test_spm_merges_make_only_normal_tokens():
+    """Merges make NORMAL tokens only: a CONTROL token written in the text with
+    parse_special=False stays text, even where its pieces are tokens."""
+    tokens = ["<unk>", "<s>", "</s>", "▁", "<", "s", ">", "<s", "s>", "▁<", "x"]
+    types = [2, 3, 3] + [1] * 8
+    scores = [0.0, 0.0, 0.0, -1.0, -2.0, -3.0, -4.0, -5.0, -6.0, -7.0, -8.0]
+    tok = Tokenizer(tokens, model="llama", token_types=types, scores=scores)
+    assert ("<s", ">") not in tok._merge_pairs() and ("<", "s>") not in tok._merge_pairs()
+    plain = tok.encode("<s>x", add_special=False, parse_special=False)
+    assert 1 not in plain and tok.decode(plain) == "<s>x"
+    assert tok.encode("<s>x", add_special=False) == [1, 10]
 
 
 # ---- hostile chat templates ------------------------------------------------------------------
