@@ -120,6 +120,10 @@ PRE_TOKENIZERS: Dict[str, str] = {
     "tekken": "tekken",
 }
 
+#: Architectures whose SentencePiece files transformers reads with the dummy prefix before each
+#: text between special tokens (as llama.cpp reads every file), not only at the start.
+_PREFIX_AFTER_SPECIAL = frozenset(("phi3",))
+
 #: pre names whose vocabularies llama.cpp matches whole before merging, and that add a BOS
 #: unless the metadata says otherwise
 _IGNORE_MERGES_AND_BOS = frozenset(("llama3", "llama-v3", "llama-bpe", "falcon3", "tekken"))
@@ -278,15 +282,15 @@ _SPM_MERGES_VERSION = 1
 
 
 def _spm_merges(tokens: List[str], types: List[int],
-                scores: Optional[List[float]]) -> Tuple[Any, Any]:
-    """A SentencePiece vocabulary's merges, best first, as two int64 arrays (the id of the token
-    a merge makes, and where it cuts it: left = token[:cut], right = token[cut:]).
+                scores: Optional[List[float]]) -> Tuple[str, List[Tuple[str, str]]]:
+    """(the cache file's path, a SentencePiece vocabulary's merges, best first).
 
     Derived from the vocabulary by _scan_spm_merges -- for Gemma's 262,144 tokens, half a
     million merges and most of a second -- and kept in the cache directory
     (``megafuse.llm.fetch.cache_dir()/tokenizers``), named by the sha256 of the tokens, their
-    types and scores: a vocabulary seen before loads its merges from there.  The cache is an
-    optimisation only: a file that cannot be read or written is ignored (and made again)."""
+    types and scores: a vocabulary seen before reads its merges from there, as text that splits
+    into the pieces at C speed.  The cache is an optimisation only: a file that cannot be read
+    or written is ignored (and made again)."""
     np = importlib.import_module("numpy")
     assert scores is not None
     digest = hashlib.sha256(f"megafuse-spm-merges-v{_SPM_MERGES_VERSION}:{len(tokens)}:".encode())
@@ -294,35 +298,62 @@ def _spm_merges(tokens: List[str], types: List[int],
     digest.update(np.array(types, dtype=np.int8).tobytes())
     digest.update(np.array(scores, dtype=np.float64).tobytes())
     path = _spm_merges_cache_path(digest.hexdigest())
-    try:
-        table = np.load(path, allow_pickle=False)                            # [merges, 2]
-        if table.dtype == np.int32 and table.ndim == 2 and table.shape[1] == 2 and (
-                table.size == 0 or (table[:, 0].min() >= 0 and table[:, 0].max() < len(tokens)
-                                    and table[:, 1].min() >= 1)):
-            return table[:, 0].astype(np.int64), table[:, 1].astype(np.int64)
-    except (OSError, ValueError, EOFError):   # absent, unreadable, truncated: made again
-        pass
-    index, cuts = _scan_spm_merges(tokens, types, scores)
-    _store_spm_merges(path, np.stack([index, cuts], axis=1).astype(np.int32))
-    return index, cuts
+    merges = _read_spm_merges(path)
+    if merges is None:
+        index, cuts = _scan_spm_merges(tokens, types, scores)
+        merges = [(tokens[i][:c], tokens[i][c:]) for i, c in zip(index.tolist(), cuts.tolist())]
+        _store_spm_merges(path, merges)
+    return path, merges
 
 
 def _spm_merges_cache_path(key: str) -> str:
     from megafuse.llm.fetch import cache_dir
-    return os.path.join(cache_dir(), "tokenizers", f"spm-merges-{key}.npy")
+    return os.path.join(cache_dir(), "tokenizers", f"spm-merges-{key}.txt")
 
 
-def _store_spm_merges(path: str, table: Any) -> None:
-    """Write the merges' table atomically (a temporary file renamed); give up silently where
-    the cache directory cannot be written."""
-    np = importlib.import_module("numpy")
+# A cache file: the header line "megafuse-spm-merges <version> <count> <separator code point>",
+# then every merge's left piece, then every right piece, all joined by the separator (a
+# character that no piece contains).
+_SPM_MERGES_SEPARATORS = "\n\x00\x1f\ufdd0\U0010fffe"
+
+
+def _read_spm_merges(path: str) -> Optional[List[Tuple[str, str]]]:
+    """The merges of a cache file, or None (no file, or not one this version wrote whole)."""
+    try:
+        with open(path, encoding="utf-8", errors="surrogatepass", newline="") as f:
+            header = f.readline().split()
+            body = f.read()
+    except (OSError, UnicodeDecodeError):
+        return None
+    if len(header) != 4 or header[:2] != ["megafuse-spm-merges", str(_SPM_MERGES_VERSION)]:
+        return None
+    try:
+        count, separator = int(header[2]), chr(int(header[3]))
+    except (ValueError, OverflowError):
+        return None
+    pieces = body.split(separator) if count else []
+    if len(pieces) != 2 * count:
+        return None
+    return list(zip(pieces[:count], pieces[count:]))
+
+
+def _store_spm_merges(path: str, merges: List[Tuple[str, str]]) -> None:
+    """Write a cache file atomically (a temporary file renamed); give up silently where the
+    cache directory cannot be written (or no separator fits)."""
+    used = set().union(*map(set, itertools.chain.from_iterable(merges))) if merges else set()
+    separator = next((c for c in _SPM_MERGES_SEPARATORS if c not in used), None)
+    if separator is None:
+        return
     folder = os.path.dirname(path)
     tmp = None
     try:
         os.makedirs(folder, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix="spm-merges-", suffix=".npy.part", dir=folder)
-        with os.fdopen(fd, "wb") as f:
-            np.save(f, table, allow_pickle=False)
+        fd, tmp = tempfile.mkstemp(prefix="spm-merges-", suffix=".part", dir=folder)
+        with os.fdopen(fd, "w", encoding="utf-8", errors="surrogatepass", newline="") as f:
+            f.write(f"megafuse-spm-merges {_SPM_MERGES_VERSION} {len(merges)} "
+                    f"{ord(separator)}\n")
+            f.write(separator.join(itertools.chain((m[0] for m in merges),
+                                                   (m[1] for m in merges))))
         os.replace(tmp, path)
         tmp = None
     except OSError:
@@ -379,6 +410,9 @@ class Tokenizer:
     is checked: tokens are strings, token types integers 0..6 (a BYTE token of the ``llama``
     type spelled ``<0xNN>``), scores finite numbers, merges "left right" pairs of tokens that
     make a token; a ValueError names the field and the index of the first bad element.
+    ``prefix_after_special``: the ``llama`` type's dummy prefix also goes before the text that
+    follows each special or user-defined token (llama.cpp always; transformers for phi3 files),
+    not only at the start of the text.
     ``add_bos`` / ``add_eos`` / ``add_space_prefix`` default to llama.cpp's choice for the
     vocabulary type and ``pre`` when None.
     """
@@ -391,7 +425,7 @@ class Tokenizer:
                  eot_id: Optional[int] = None, eom_id: Optional[int] = None,
                  unk_id: Optional[int] = None, pad_id: Optional[int] = None,
                  add_bos: Optional[bool] = None, add_eos: Optional[bool] = None,
-                 add_space_prefix: Optional[bool] = None,
+                 add_space_prefix: Optional[bool] = None, prefix_after_special: bool = False,
                  chat_template: Optional[str] = None) -> None:
         if model not in MODELS:
             raise NotImplementedError(
@@ -449,6 +483,7 @@ class Tokenizer:
             self._ignore_merges = pre in _IGNORE_MERGES_AND_BOS
             default_bos = pre in _IGNORE_MERGES_AND_BOS
             self.add_space_prefix = False
+            self.prefix_after_special = False
         else:
             if self._scores is None:
                 raise ValueError("tokenizer.ggml.scores: a llama vocabulary needs its scores")
@@ -456,6 +491,7 @@ class Tokenizer:
             self._ignore_merges = False
             default_bos = True
             self.add_space_prefix = True if add_space_prefix is None else add_space_prefix
+        self.prefix_after_special = bool(prefix_after_special) and self.add_space_prefix
         self._merges = merges
         self.add_bos = default_bos if add_bos is None else add_bos
         self.add_eos = False if add_eos is None else add_eos
@@ -480,6 +516,8 @@ class Tokenizer:
         # of a decoded text by skip_special (USER_DEFINED ones are always matched and shown)
         self._special_ids = frozenset(i for i, t in enumerate(self._types)
                                       if t in (CONTROL, UNKNOWN))
+        self._matched_whole_ids = self._special_ids | frozenset(
+            i for i, t in enumerate(self._types) if t == USER_DEFINED)
         self._check_byte_tokens()
         # each token's bytes in a decoded text, made when first decoded (_piece)
         self._pieces: List[Optional[bytes]] = [None] * n
@@ -517,6 +555,8 @@ class Tokenizer:
             bos_id=kw["bos"], eos_id=kw["eos"], eot_id=kw["eot"], eom_id=kw["eom"],
             unk_id=kw["unknown"], pad_id=kw["padding"], add_bos=field("ggml.add_bos_token"),
             add_eos=field("ggml.add_eos_token"), add_space_prefix=field("ggml.add_space_prefix"),
+            prefix_after_special=mf_gguf._field(reader, "general.architecture")
+            in _PREFIX_AFTER_SPECIAL,
             chat_template=field("chat_template"))
 
     def _find(self, texts: Iterable[str]) -> Optional[int]:
@@ -558,22 +598,33 @@ class Tokenizer:
                 pairs.append((left, right))
             return pairs
         # SentencePiece: the merges are not in the file; _spm_merges derives them (cached)
-        tokens = self._tokens
-        index, cuts = _spm_merges(tokens, self._types, self._scores)
-        return [(tokens[i][:c], tokens[i][c:]) for i, c in zip(index.tolist(), cuts.tolist())]
+        self._merges_cache, merges = _spm_merges(self._tokens, self._types, self._scores)
+        return merges
 
     def _build_backend(self) -> Any:
         models = _require("tokenizers").models
+
+        def bpe_model(merges: List[Tuple[str, str]]) -> Any:
+            if self.model == "gpt2":
+                return models.BPE(vocab=self._ids, merges=merges,
+                                  ignore_merges=self._ignore_merges, fuse_unk=False,
+                                  byte_fallback=False)
+            return models.BPE(vocab=self._ids, merges=merges, fuse_unk=True, byte_fallback=True)
+
         merges = self._merge_pairs()
         try:
-            if self.model == "gpt2":
-                bpe = models.BPE(vocab=self._ids, merges=merges,
-                                 ignore_merges=self._ignore_merges, fuse_unk=False,
-                                 byte_fallback=False)
-            else:
-                bpe = models.BPE(vocab=self._ids, merges=merges, fuse_unk=True,
-                                 byte_fallback=True)
-        except Exception as exc:   # tokenizers raises a bare Exception
+            try:
+                bpe = bpe_model(merges)
+            except Exception:   # (tokenizers raises a bare Exception)
+                if self.model != "llama":
+                    raise
+                # derived merges are pairs of tokens: these came from a damaged cache file
+                try:
+                    os.unlink(self._merges_cache)
+                except OSError:
+                    pass
+                bpe = bpe_model(self._merge_pairs())
+        except Exception as exc:
             raise ValueError(f"tokenizer.ggml.tokens / tokenizer.ggml.merges: the tokenizers "
                              f"package refused the vocabulary: {exc}") from exc
         self._bpe: Any = bpe
@@ -590,6 +641,11 @@ class Tokenizer:
             backend.pre_tokenizer = pre_tokenizers.Sequence(
                 [pre_tokenizers.Split(tk.Regex(r), behavior="isolated") for r in self._regexes]
                 + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+        elif self.prefix_after_special:
+            # a normalizer runs on each text between the tokens matched whole
+            normalizers = tk.normalizers
+            backend.normalizer = normalizers.Sequence(
+                [normalizers.Prepend(SPM_SPACE), normalizers.Replace(" ", SPM_SPACE)])
         else:
             backend.pre_tokenizer = pre_tokenizers.Metaspace(
                 replacement=SPM_SPACE, prepend_scheme="first" if self.add_space_prefix else
@@ -681,7 +737,7 @@ class Tokenizer:
             if self._backend_plain is None:
                 self._backend_plain = self._new_backend(encode_special_tokens=True)
             backend = self._backend_plain
-        if self.add_space_prefix and text.startswith(" "):
+        if self.add_space_prefix and not self.prefix_after_special and text.startswith(" "):
             # SentencePiece puts its "▁" before a text that starts with a space too; the
             # Metaspace pre-tokenizer would not (it sees the text already starting with "▁")
             text = " " + text
@@ -798,11 +854,18 @@ class StreamDecoder:
         self._tok = tokenizer
         self._skip = tokenizer._special_ids if skip_special else frozenset()
         self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        # the llama type drops the one space its dummy prefix put before the text
+        # the llama type drops the one space its dummy prefix put before the text (and, with
+        # prefix_after_special, after each special or user-defined token)
         self._strip_space = at_start and tokenizer.add_space_prefix
+        self._strip_after: FrozenSet[int] = (tokenizer._matched_whole_ids
+                                             if tokenizer.prefix_after_special else frozenset())
 
     def push(self, token_id: int) -> str:
         i = _as_id(token_id, self._tok.vocab_size)
+        if i in self._strip_after:
+            text = "" if i in self._skip else self._emit(self._utf8.decode(self._tok._piece(i)))
+            self._strip_space = True
+            return text
         if i in self._skip:
             return ""
         return self._emit(self._utf8.decode(self._tok._piece(i)))

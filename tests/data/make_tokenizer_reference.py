@@ -96,6 +96,20 @@ TEXTS = [
 
 # Special tokens in text, per vocabulary
 SPECIAL_TEXTS = {
+    "gemma3": ["<start_of_turn>user\nHi there<end_of_turn>\n<start_of_turn>model\n",
+               "<bos>text<eos>", "a<start_of_image>b<end_of_image>", "<mask>[multimodal]<pad>",
+               "<table><tr><td>x</td></tr></table>", "<unused0> and <unused6241>",
+               "<h1>Title</h1>\n<strong>bold</strong> <s>strike</s>",
+               "x  y   z    w" + " " * 40 + "v", "\t\tcode\n\n\n\tmore" + "\t" * 35,
+               "\n" * 40 + "end", "<0x41> and <0x0A> as text", "<unk> <start_of_turn>"],
+    "phi-3": ["<|user|>\nHi there<|end|>\n<|assistant|>\n", "<|system|>Be terse.<|end|>",
+              "a<|endoftext|>b", "</s> and <s>", "<|placeholder1|><|placeholder6|>",
+              " <|user|> x", "<unk> [PAD32011]"],
+    "qwen3": ["<|im_start|>user\nHi there<|im_end|>\n<|im_start|>assistant\n<think>\n\n"
+              "</think>\n\nOK", "<tool_call>\n{\"name\": \"f\"}\n</tool_call>",
+              "<|fim_prefix|>def f():<|fim_suffix|>\n<|fim_middle|>", "a<|endoftext|>b",
+              "<tool_response>ok</tool_response>", "<|vision_start|><|image_pad|><|vision_end|>",
+              "[PAD151700] <think>"],
     "smollm2": ["<|im_start|>user\nHi there<|im_end|>\n<|im_start|>assistant\n",
                 "a<|im_start|>b", "<|endoftext|>", "<|im_start|><|im_end|>",
                 "not special: <|im_sta rt|> and <| im_end |>", "code: <filename>x.py<file_sep>"],
@@ -143,6 +157,33 @@ def save(out):
         f.write("\n".join(lines) + "\n")
 
 
+#: Real vocabularies: key -> how the file is had (megafuse.llm.fetch's model name, or the
+#: compressed vocabulary-only file of tests/data/vocab written by make_vocab_files.py)
+REAL = {"smollm2": ("model", "smollm2-135m-instruct"), "gemma3": ("model", "gemma-3-270m"),
+        "phi-3": ("vocab", "phi-3.gguf.xz"), "qwen3": ("vocab", "qwen3.gguf.xz")}
+
+
+def real_file(key, folder):
+    """The path of the real vocabulary ``key``: a fetched model (cached), or a vocabulary of
+    tests/data/vocab decompressed into ``folder``."""
+    kind, name = REAL[key]
+    if kind == "model":
+        from megafuse.llm import fetch as models
+        return models.model_path(name)
+    import lzma
+    path = os.path.join(folder, name[:-len(".xz")])
+    with open(os.path.join(HERE, "vocab", name), "rb") as f:
+        data = lzma.decompress(f.read())
+    with open(path, "wb") as f:
+        f.write(data)
+    return path
+
+
+def sha256_of(path):
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
 def transformers_tokenizer(folder, name):
     from transformers import AutoTokenizer
     return AutoTokenizer.from_pretrained(folder, gguf_file=name)
@@ -160,6 +201,8 @@ def record(tok, key):
             item["ids_extra_space"] = tok.encode(" " + text)
         entry["texts"].append(item)
     chats = [(m, {}) for m in CONVERSATIONS] + CHAT_EXTRAS.get(key, [])
+    if not getattr(tok, "chat_template", None):
+        chats = []          # (a base model's file: no template to compare)
     for messages, kwargs in chats:
         for gen in (True, False):
             item = {"messages": messages, "kwargs": kwargs, "add_generation_prompt": gen}
@@ -180,7 +223,11 @@ def add_llama_cpp(model, folder):
     import llama_cpp
     with open(OUT, encoding="utf-8") as f:
         out = json.load(f)
-    paths = {"smollm2": model}
+    paths = {key: real_file(key, folder) for key in REAL}
+    paths["smollm2"] = model
+    for key in REAL:
+        if "sha256" in out["files"][key] and sha256_of(paths[key]) != out["files"][key]["sha256"]:
+            raise SystemExit(f"{paths[key]} is not the file pass 1 recorded")
     for key, (_, name) in gguf_vocab.SYNTHETIC.items():
         paths[key] = os.path.join(folder, name)
         with open(paths[key], "rb") as f:
@@ -219,11 +266,16 @@ def main():
     import transformers
     out = {"transformers": transformers.__version__, "tokenizers": tokenizers.__version__,
            "files": {}}
-    out["files"]["smollm2"] = record(
-        transformers_tokenizer(os.path.dirname(model), os.path.basename(model)), "smollm2")
     with tempfile.TemporaryDirectory() as tmp:
         folder = args.keep or tmp
         os.makedirs(folder, exist_ok=True)
+        for key in REAL:
+            path = model if key == "smollm2" else real_file(key, folder)
+            entry = record(transformers_tokenizer(os.path.dirname(path),
+                                                  os.path.basename(path)), key)
+            if REAL[key][0] == "vocab":
+                entry["sha256"] = sha256_of(path)
+            out["files"][key] = entry
         for key, (write, name) in gguf_vocab.SYNTHETIC.items():
             path = write(os.path.join(folder, name))
             with open(path, "rb") as f:

@@ -1,6 +1,8 @@
-"""megafuse.Tokenizer against transformers' GGUF tokenizer, on the real SmolLM2 file and on small
-synthetic llama (SentencePiece), llama-bpe (Llama 3) and qwen2 vocabularies written here with
-gguf.GGUFWriter (tests/llm/gguf_vocab.py).
+"""megafuse.Tokenizer against transformers' GGUF tokenizer, on real vocabularies -- the SmolLM2
+and Gemma 3 270M model files (fetched once), Phi-3 mini's and Qwen3's (tests/data/vocab, from
+llama.cpp's vocabulary files: tests/data/make_vocab_files.py) -- and on small synthetic llama
+(SentencePiece), llama-bpe (Llama 3) and qwen2 vocabularies written here with gguf.GGUFWriter
+(tests/llm/gguf_vocab.py).
 
 transformers reads GGUF vocabularies only with torch installed, so its answers are recorded in
 tests/data/tokenizer_reference.json by tests/data/make_tokenizer_reference.py, with llama.cpp's
@@ -10,6 +12,7 @@ with at least one of them, and on the gpt2 files (llama-bpe, qwen2) and the othe
 """
 import hashlib
 import json
+import lzma
 import os
 import re
 import subprocess
@@ -31,11 +34,15 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import gguf_vocab  # noqa: E402
 
-with open(os.path.join(os.path.dirname(HERE), "data", "tokenizer_reference.json"),
+DATA = os.path.join(os.path.dirname(HERE), "data")
+with open(os.path.join(DATA, "tokenizer_reference.json"),
           encoding="utf-8") as _f:
     REFERENCE = json.load(_f)
 
-FILES = ["smollm2", "llama", "llama-bpe", "qwen2"]
+FILES = ["smollm2", "gemma3", "phi-3", "qwen3", "llama", "llama-bpe", "qwen2"]
+
+#: The real vocabularies of tests/data/vocab (make_vocab_files.py)
+VOCAB_FILES = {"phi-3": "phi-3.gguf.xz", "qwen3": "qwen3.gguf.xz"}
 
 # SmolLM2's pre-tokenizer is llama.cpp's "smollm": digits (\p{N}, so also ½, ², Ⅻ) are cut one
 # by one before GPT-2's regex, as SmolLM's own tokenizer.json does (Digits(individual_digits)).
@@ -59,17 +66,26 @@ def merges_cache(tmp_path_factory):
     folder = tmp_path_factory.mktemp("spm-merges")
     patch = pytest.MonkeyPatch()
     patch.setattr(megafuse.llm.tokenizer, "_spm_merges_cache_path",
-                  lambda key: str(folder / f"spm-merges-{key}.npy"))
+                  lambda key: str(folder / f"spm-merges-{key}.txt"))
     yield folder
     patch.undo()
 
 
 @pytest.fixture(scope="module")
-def synthetic_files(tmp_path_factory):
-    """The synthetic GGUF files, written again; the fixture must have been recorded on these
-    very bytes."""
+def vocab_files(tmp_path_factory):
+    """The vocabulary files: the real ones of tests/data/vocab decompressed, the synthetic
+    ones written again; the fixture must have been recorded on these very bytes."""
     folder = tmp_path_factory.mktemp("gguf_vocab")
     paths = {}
+    for key, name in VOCAB_FILES.items():       # the real ones, decompressed
+        path = str(folder / name[:-len(".xz")])
+        with open(os.path.join(DATA, "vocab", name), "rb") as f:
+            data = lzma.decompress(f.read())
+        assert hashlib.sha256(data).hexdigest() == REFERENCE["files"][key]["sha256"], (
+            f"{name} differs from the file the fixture was recorded on")
+        with open(path, "wb") as f:
+            f.write(data)
+        paths[key] = path
     for key, (write, name) in gguf_vocab.SYNTHETIC.items():
         path = write(str(folder / name))
         with open(path, "rb") as f:
@@ -85,13 +101,14 @@ _LOADED = {}
 
 
 @pytest.fixture(params=FILES)
-def case(request, synthetic_files):
-    """(name, Tokenizer, reference entry) for each vocabulary; the real SmolLM2 file comes from
-    the smollm2_path fixture (skipped if it cannot be fetched)."""
+def case(request, vocab_files):
+    """(name, Tokenizer, reference entry) for each vocabulary; the real SmolLM2 and Gemma 3
+    files come from the smollm2_path and gemma3_path fixtures (skipped if they cannot be
+    fetched)."""
     key = request.param
     if key not in _LOADED:
-        path = (request.getfixturevalue("smollm2_path") if key == "smollm2"
-                else synthetic_files[key])
+        fixture = {"smollm2": "smollm2_path", "gemma3": "gemma3_path"}.get(key)
+        path = (request.getfixturevalue(fixture) if fixture else vocab_files[key])
         _LOADED[key] = Tokenizer.from_gguf(path)
     return key, _LOADED[key], REFERENCE["files"][key]
 
@@ -104,10 +121,10 @@ def smollm2(smollm2_path):
 
 
 @pytest.fixture(scope="module")
-def synthetic(synthetic_files):
+def synthetic(vocab_files):
     def get(key):
         if key not in _LOADED:
-            _LOADED[key] = Tokenizer.from_gguf(synthetic_files[key])
+            _LOADED[key] = Tokenizer.from_gguf(vocab_files[key])
         return _LOADED[key]
     return get
 
@@ -117,6 +134,10 @@ def expected_ids(key, tok, item):
     text = item["text"]
     if key == "smollm2" and text in SMOLLM_NOT_TRANSFORMERS:
         return [tok.token_to_id(t) for t in SMOLLM_NOT_TRANSFORMERS[text]]
+    if key == "gemma3" and text in GEMMA3_NOT_TRANSFORMERS:
+        return [tok.token_to_id(t) for t in GEMMA3_NOT_TRANSFORMERS[text]]
+    if key == "phi-3" and text in PHI3_NOT_TRANSFORMERS:
+        return [tok.token_to_id(t) for t in PHI3_NOT_TRANSFORMERS[text]]
     if key == "llama" and text.startswith(" "):
         # SentencePiece (and llama.cpp) put the dummy prefix "▁" before a leading space too;
         # transformers' Metaspace does not, so its answer for one more leading space is ours
@@ -159,6 +180,21 @@ def test_divergences_are_real(smollm2, synthetic):
     llama = {i["text"]: i for i in REFERENCE["files"]["llama"]["texts"]}
     assert llama[" Hello world"]["ids"] != llama[" Hello world"]["ids_extra_space"]
 
+
+# Gemma 3's runs of 2..31 spaces are user-defined tokens, stored with real spaces.  llama.cpp
+# matches them whole in the text, the longest first (as SentencePiece matches its user-defined
+# pieces), and so does megafuse: 40 spaces are 31 + 9.  transformers respells them "▁▁..." and
+# merges the run by BPE, which gives 16 + 24.
+GEMMA3_NOT_TRANSFORMERS = {
+    "x  y   z    w" + " " * 40 + "v": ["<bos>", "x", " " * 2, "y", " " * 3, "z", " " * 4, "w",
+                                      " " * 31, " " * 9, "v"],
+}
+
+# Phi-3's [PADn] tokens have the type UNKNOWN: llama.cpp (and megafuse) match those whole in the
+# text like the CONTROL ones; transformers adds only CONTROL and USER_DEFINED tokens.
+PHI3_NOT_TRANSFORMERS = {
+    "<unk> [PAD32011]": ["<s>", "<unk>", "\u2581\u2581", "[PAD32011]"],
+}
 
 # SentencePiece text after a special token: llama.cpp puts the dummy prefix "▁" there too,
 # transformers (legacy=False) and megafuse only at the start of the text.
@@ -247,7 +283,8 @@ def test_stream_decoder_matches_decode(case):
         held_back += sum(1 for i in ids if tok.token_bytes(i) and not
                          _valid_utf8(tok.token_bytes(i)))
     # some tokens carry part of a character (CJK, emoji, byte fallback): the stream held them
-    assert held_back > 10
+    # (Gemma 3's 262k vocabulary spells most characters whole: only some emoji are split)
+    assert held_back > (3 if key == "gemma3" else 10)
 
 
 def _valid_utf8(data):
@@ -296,7 +333,9 @@ def test_decode_rejects_bad_ids(smollm2):
 
 def test_chat_template_matches_transformers(case):
     key, tok, entry = case
-    assert entry["chats"]
+    if not entry["chats"]:                  # a file without a template (Gemma 3 270M, Qwen3)
+        assert tok.chat_template is None and key in ("gemma3", "qwen3")
+        return
     for chat in entry["chats"]:
         args = dict(add_generation_prompt=chat["add_generation_prompt"], **chat["kwargs"])
         if "error" in chat:
@@ -353,7 +392,85 @@ def test_vocabulary_of_smollm2(smollm2):
         assert smollm2.token_to_id(smollm2.id_to_token(i)) == i
 
 
-def test_vocabulary_of_synthetic_files(synthetic):
+@pytest.fixture(scope="module")
+def gemma3(gemma3_path):
+    if "gemma3" not in _LOADED:
+        _LOADED["gemma3"] = Tokenizer.from_gguf(gemma3_path)
+    return _LOADED["gemma3"]
+
+
+def test_vocabulary_of_gemma3(gemma3):
+    """Gemma 3 270M: a 262,144-token SentencePiece vocabulary without the dummy prefix, BOS
+    added as the file says, <start_of_turn> / <end_of_turn> control tokens, runs of newlines,
+    spaces and tabs as user-defined tokens (spaces stored as spaces), byte fallback."""
+    tok = gemma3
+    assert (tok.vocab_size, tok.model, tok.pre) == (262144, "llama", "default")
+    assert (tok.add_bos, tok.add_eos, tok.add_space_prefix) == (True, False, False)
+    assert (tok.pad_id, tok.eos_id, tok.bos_id, tok.unk_id) == (0, 1, 2, 3)
+    assert tok.chat_template is None
+    assert tok.eot_id == tok.token_to_id("<end_of_turn>") == 106
+    assert {1, 106} <= tok.eog_ids
+    assert tok.token_type(105) == 3 and tok.id_to_token(105) == "<start_of_turn>"
+    assert [tok.token_type(i) for i in (107, 138, 167, 255968)] == [4] * 4
+    assert [tok.id_to_token(i) for i in (107, 138, 167)] == ["\n", "  ", " " * 31]
+    assert tok.token_bytes(tok.token_to_id("<0x0A>")) == b"\n"
+    # no dummy prefix: "Hello" and " Hello" are different tokens, and BOS comes first
+    assert tok.encode("Hello world") == [2, 9259, 1902]
+    assert tok.encode(" Hello", add_special=False) == [tok.token_to_id("\u2581Hello")]
+    assert tok.decode(tok.encode(" Hello")) == "<bos> Hello"
+    # whitespace runs and newlines are the user-defined tokens, matched whole (longest first)
+    assert tok.encode("a" + " " * 33 + "b\n\n\n", add_special=False) == [
+        tok.token_to_id("a"), 167, 138, tok.token_to_id("b"), 109]
+    ids = tok.encode("<start_of_turn>user\nHi<end_of_turn>\n")
+    assert ids == [2, 105, tok.token_to_id("user"), 107, tok.token_to_id("Hi"), 106, 107]
+    assert tok.decode(ids, skip_special=True) == "user\nHi\n"
+    plain = tok.encode("<start_of_turn>", parse_special=False, add_special=False)
+    assert 105 not in plain and tok.decode(plain) == "<start_of_turn>"
+
+
+def test_vocabulary_of_phi3(vocab_files):
+    """Phi-3 mini: Llama 2's SentencePiece vocabulary with Phi-3's chat tokens; the dummy prefix
+    goes before the text after each special token too (llama.cpp and transformers agree), and
+    decoding drops it again."""
+    tok = Tokenizer.from_gguf(vocab_files["phi-3"])
+    assert (tok.vocab_size, tok.bos_id, tok.eos_id) == (32064, 1, 32000)
+    assert tok.prefix_after_special and tok.add_bos and tok.add_space_prefix
+    user, end, assistant = (tok.token_to_id(t) for t in ("<|user|>", "<|end|>",
+                                                          "<|assistant|>"))
+    assert (user, end, assistant) == (32010, 32007, 32001)
+    assert {32000, 32007} <= tok.eog_ids and tok.token_type(2) == 4     # </s> is user-defined
+    text = "<|user|>\nHi<|end|>\n<|assistant|>\n"
+    ids = tok.encode(text)
+    assert [tok.id_to_token(i) for i in ids] == [
+        "<s>", "<|user|>", "\u2581", "<0x0A>", "Hi", "<|end|>", "\u2581", "<0x0A>",
+        "<|assistant|>", "\u2581", "<0x0A>"]
+    assert tok.decode(ids[1:]) == text and tok.decode(ids, skip_special=True) == "\nHi\n\n"
+    stream = tok.stream_decoder(skip_special=True)
+    assert "".join([stream.push(i) for i in ids] + [stream.flush()]) == "\nHi\n\n"
+    assert tok.apply_chat_template([{"role": "user", "content": "Hi"}], tokenize=True) == ids
+
+
+def test_vocabulary_of_qwen3(vocab_files):
+    """Qwen3: Qwen's byte-level BPE (pre qwen2) with Qwen3's added tokens: <|...|> control
+    tokens, <think> / <tool_call> user-defined ones (matched whole even with
+    parse_special=False), [PADn] rows up to 151,936."""
+    tok = Tokenizer.from_gguf(vocab_files["qwen3"])
+    assert (tok.vocab_size, tok.model, tok.pre, tok.add_bos) == (151936, "gpt2", "qwen2", False)
+    assert (tok.bos_id, tok.eos_id, tok.pad_id) == (151643, 151645, 151643)
+    think, end_think, im_start = (tok.token_to_id(t) for t in ("<think>", "</think>",
+                                                               "<|im_start|>"))
+    assert (think, end_think, im_start) == (151667, 151668, 151644)
+    assert tok.token_type(think) == 4 and tok.token_type(im_start) == 3
+    assert tok.token_type(151669) == 5 and tok.id_to_token(151935) == "[PAD151935]"
+    assert {151643, 151645} <= tok.eog_ids
+    assert tok.encode("<think>x</think>", parse_special=False) == [think, tok.token_to_id("x"),
+                                                                   end_think]
+    plain = tok.encode("<|im_start|>", parse_special=False)
+    assert im_start not in plain and tok.decode(plain) == "<|im_start|>"
+    assert tok.encode("Hello world") == [9707, 1879]
+
+
+def test_vocabulary_of_vocab_files(synthetic):
     llama3 = synthetic("llama-bpe")
     ids = {name: llama3.token_to_id(name) for name in
            ("<|end_of_text|>", "<|eot_id|>", "<|eom_id|>")}
@@ -632,9 +749,9 @@ def test_spm_merges_are_derived_once_then_read_from_the_cache(merges_cache, monk
     scans = []
     scan = tokenizer._scan_spm_merges
     monkeypatch.setattr(tokenizer, "_scan_spm_merges", lambda *a: scans.append(1) or scan(*a))
-    before = set(merges_cache.glob("spm-merges-*.npy"))
+    before = set(merges_cache.glob("spm-merges-*.txt"))
     first = Tokenizer(tokens, model="llama", token_types=types, scores=scores)
-    cached = set(merges_cache.glob("spm-merges-*.npy")) - before
+    cached = set(merges_cache.glob("spm-merges-*.txt")) - before
     assert len(scans) == 1 and len(cached) == 1
     merges = first._merge_pairs()
     assert len(scans) == 1 and len(merges) > 50
