@@ -1,8 +1,9 @@
 """megafuse.llm.tokenizer: text <-> token ids from a GGUF file's ``tokenizer.ggml.*`` metadata.
 
 ``Tokenizer.from_gguf(path_or_reader)`` rebuilds the tokenizer llama.cpp's converter stored in
-the file, on the ``tokenizers`` package (encoding), with plain Python for decoding and jinja2 for
-the chat template (``pip install 'megafuse[llm]'``: tokenizers, jinja2)::
+the file, on the ``tokenizers`` package (byte-level BPE, and the matching of special tokens),
+with plain Python for SentencePiece and decoding and jinja2 for the chat template
+(``pip install 'megafuse[llm]'``: tokenizers, jinja2)::
 
     tok = megafuse.Tokenizer.from_gguf("SmolLM2-135M-Instruct.Q4_1.gguf")
     ids = tok.encode("Hello <|im_start|>")        # special tokens are recognised in the text
@@ -20,10 +21,15 @@ Two vocabulary types (``tokenizer.ggml.model``); any other is a NotImplementedEr
   NotImplementedError), each piece's UTF-8 bytes are spelled with GPT-2's 256 printable
   characters and merged by rank (``tokenizer.ggml.merges``).  The Llama 3 family matches a whole
   piece that is a token before merging (llama.cpp's ``ignore_merges``).
-* ``llama``: SentencePiece BPE with byte fallback.  Spaces are written U+2581 ("▁"), a "▁" is
-  put before the text (the dummy prefix, ``tokenizer.ggml.add_space_prefix``, default on), pairs
-  are merged in the order of the score of the token they make (``tokenizer.ggml.scores``), and a
-  character no token covers becomes its ``<0xXX>`` byte tokens.
+* ``llama``: SentencePiece BPE with byte fallback, as llama.cpp's ``llm_tokenizer_spm`` runs
+  it.  Spaces are written U+2581 ("▁"), a "▁" is put before the text (the dummy prefix,
+  ``tokenizer.ggml.add_space_prefix``, default on; Gemma's files turn it off), then from the
+  characters the adjacent pair that makes the best-scoring token (``tokenizer.ggml.scores``) is
+  merged, the leftmost on a tie, until none makes a token; a character no token covers becomes
+  its ``<0xXX>`` byte tokens.  Only NORMAL tokens are made by merging.  No merge list is built,
+  so a vocabulary of any size loads at once (Gemma 3's 262,144 tokens: a fraction of a second,
+  where the `tokenizers` BPE model of its half a million derived merges takes seconds to build);
+  encoding runs in Python (some 2-3 ms a kB).
 
 Special tokens (token types CONTROL, USER_DEFINED and UNKNOWN) are matched whole in the text
 before anything else, as llama.cpp does; with ``parse_special=False`` CONTROL and UNKNOWN tokens
@@ -39,25 +45,27 @@ both):
 * for the ``llama`` type's dummy prefix, SentencePiece and llama.cpp at the start of the text (a
   "▁" also before a leading space, which transformers' Metaspace omits: so that
   ``decode(encode(text)) == text``), and transformers after a special token in the text (no
-  "▁" there; llama.cpp puts one).
+  "▁" there; llama.cpp puts one), except in phi3 files, where transformers puts one too;
+* llama.cpp's matching of the tokens matched whole: those of type UNKNOWN too (Phi-3's [PADn];
+  transformers matches only CONTROL and USER_DEFINED ones), and a run of Gemma's space tokens
+  the longest first (40 spaces: 31 + 9; transformers respells them "▁▁..." and merges the run
+  by BPE: 16 + 24).
 
 Decoding is the exact inverse of encoding (no clean-up of spaces before punctuation); the
-``llama`` type drops the one space its dummy prefix put at the start of the text.
+``llama`` type drops the one space its dummy prefix put at the start of the text (and after
+each special token, where it put one there).
 """
 from __future__ import annotations
 
 import codecs
 import contextvars
 import functools
-import hashlib
+import heapq
 import importlib
-import itertools
 import json
 import math
 import operator
-import os
 import re
-import tempfile
 import time
 from typing import (Any, Callable, Dict, FrozenSet, Iterable, Iterator, List, Mapping, Optional,
                     Sequence, Tuple, Union)
@@ -275,131 +283,6 @@ def _as_id(value: Any, vocab_size: int, what: str = "token id") -> int:
     return i
 
 
-# ---- SentencePiece merges --------------------------------------------------------------------
-
-#: Bumped whenever _scan_spm_merges orders or picks merges differently (it names the cache files).
-_SPM_MERGES_VERSION = 1
-
-
-def _spm_merges(tokens: List[str], types: List[int],
-                scores: Optional[List[float]]) -> Tuple[str, List[Tuple[str, str]]]:
-    """(the cache file's path, a SentencePiece vocabulary's merges, best first).
-
-    Derived from the vocabulary by _scan_spm_merges -- for Gemma's 262,144 tokens, half a
-    million merges and most of a second -- and kept in the cache directory
-    (``megafuse.llm.fetch.cache_dir()/tokenizers``), named by the sha256 of the tokens, their
-    types and scores: a vocabulary seen before reads its merges from there, as text that splits
-    into the pieces at C speed.  The cache is an optimisation only: a file that cannot be read
-    or written is ignored (and made again)."""
-    np = importlib.import_module("numpy")
-    assert scores is not None
-    digest = hashlib.sha256(f"megafuse-spm-merges-v{_SPM_MERGES_VERSION}:{len(tokens)}:".encode())
-    digest.update("\0".join(tokens).encode("utf-8", "surrogatepass"))
-    digest.update(np.array(types, dtype=np.int8).tobytes())
-    digest.update(np.array(scores, dtype=np.float64).tobytes())
-    path = _spm_merges_cache_path(digest.hexdigest())
-    merges = _read_spm_merges(path)
-    if merges is None:
-        index, cuts = _scan_spm_merges(tokens, types, scores)
-        merges = [(tokens[i][:c], tokens[i][c:]) for i, c in zip(index.tolist(), cuts.tolist())]
-        _store_spm_merges(path, merges)
-    return path, merges
-
-
-def _spm_merges_cache_path(key: str) -> str:
-    from megafuse.llm.fetch import cache_dir
-    return os.path.join(cache_dir(), "tokenizers", f"spm-merges-{key}.txt")
-
-
-# A cache file: the header line "megafuse-spm-merges <version> <count> <separator code point>",
-# then every merge's left piece, then every right piece, all joined by the separator (a
-# character that no piece contains).
-_SPM_MERGES_SEPARATORS = "\n\x00\x1f\ufdd0\U0010fffe"
-
-
-def _read_spm_merges(path: str) -> Optional[List[Tuple[str, str]]]:
-    """The merges of a cache file, or None (no file, or not one this version wrote whole)."""
-    try:
-        with open(path, encoding="utf-8", errors="surrogatepass", newline="") as f:
-            header = f.readline().split()
-            body = f.read()
-    except (OSError, UnicodeDecodeError):
-        return None
-    if len(header) != 4 or header[:2] != ["megafuse-spm-merges", str(_SPM_MERGES_VERSION)]:
-        return None
-    try:
-        count, separator = int(header[2]), chr(int(header[3]))
-    except (ValueError, OverflowError):
-        return None
-    pieces = body.split(separator) if count else []
-    if len(pieces) != 2 * count:
-        return None
-    return list(zip(pieces[:count], pieces[count:]))
-
-
-def _store_spm_merges(path: str, merges: List[Tuple[str, str]]) -> None:
-    """Write a cache file atomically (a temporary file renamed); give up silently where the
-    cache directory cannot be written (or no separator fits)."""
-    used = set().union(*map(set, itertools.chain.from_iterable(merges))) if merges else set()
-    separator = next((c for c in _SPM_MERGES_SEPARATORS if c not in used), None)
-    if separator is None:
-        return
-    folder = os.path.dirname(path)
-    tmp = None
-    try:
-        os.makedirs(folder, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix="spm-merges-", suffix=".part", dir=folder)
-        with os.fdopen(fd, "w", encoding="utf-8", errors="surrogatepass", newline="") as f:
-            f.write(f"megafuse-spm-merges {_SPM_MERGES_VERSION} {len(merges)} "
-                    f"{ord(separator)}\n")
-            f.write(separator.join(itertools.chain((m[0] for m in merges),
-                                                   (m[1] for m in merges))))
-        os.replace(tmp, path)
-        tmp = None
-    except OSError:
-        pass
-    finally:
-        if tmp is not None and os.path.exists(tmp):
-            os.unlink(tmp)
-
-
-def _scan_spm_merges(tokens: List[str], types: List[int], scores: List[float]) -> Tuple[Any, Any]:
-    """Every merge a SentencePiece BPE vocabulary allows, best first: a pair of tokens may merge
-    when the two make a token, the better that token's score the earlier (llama.cpp's
-    llm_tokenizer_spm).  Ties (equal scores): the longer left part first, then the longer right
-    part, then the lower id, as transformers orders them.  Only NORMAL (and UNDEFINED) tokens
-    are made by merges: BYTE tokens stand for their byte, CONTROL / UNKNOWN / USER_DEFINED /
-    UNUSED ones only ever come whole from the text (so that with parse_special=False a text
-    never turns into a control token).  Every cut of every such token is tried, one cut length
-    at a time over the tokens long enough for it, the lookups in C loops (map, compress); then
-    NumPy sorts.  Returns (token ids, cuts), int64."""
-    np = importlib.import_module("numpy")
-    contains = frozenset(tokens).__contains__
-    index: List[int] = []
-    cuts: List[int] = []
-    idx = [i for i, (t, typ) in enumerate(zip(tokens, types))
-           if typ in (NORMAL, UNDEFINED) and len(t) > 1]
-    toks = list(map(tokens.__getitem__, idx))
-    cut = 1
-    while toks:
-        left_ok = list(map(contains, map(operator.itemgetter(slice(None, cut)), toks)))
-        idx_l = list(itertools.compress(idx, left_ok))
-        toks_l = list(itertools.compress(toks, left_ok))
-        right_ok = map(contains, map(operator.itemgetter(slice(cut, None)), toks_l))
-        hits = list(itertools.compress(idx_l, right_ok))
-        index += hits
-        cuts += [cut] * len(hits)
-        cut += 1
-        longer = [len(t) > cut for t in toks]
-        idx, toks = list(itertools.compress(idx, longer)), list(itertools.compress(toks, longer))
-    found = np.array(index, dtype=np.int64)                                  # [merges]
-    cut_at = np.array(cuts, dtype=np.int64)                                  # [merges]
-    lengths = np.fromiter(map(len, tokens), np.int64, len(tokens))[found]   # [merges]
-    score = np.array(scores, dtype=np.float64)[found]                        # [merges]
-    order = np.lexsort((found, cut_at - lengths, -cut_at, -score))    # (its last key first)
-    return found[order], cut_at[order]
-
-
 # ---- the tokenizer ---------------------------------------------------------------------------
 
 class Tokenizer:
@@ -579,77 +462,62 @@ class Tokenizer:
         return frozenset(eog)
 
     def _merge_pairs(self) -> List[Tuple[str, str]]:
-        if self.model == "gpt2":
-            pairs = []
-            ids = self._ids
-            for i, merge in enumerate(self._merges or ()):
-                cut = merge.find(" ", 1)   # a merge may start with a space token (llama.cpp)
-                left, right = merge[:cut], merge[cut + 1:]
-                if cut < 0 or not right:
-                    raise ValueError(f"tokenizer.ggml.merges[{i}]: {merge!r} is not a pair of "
-                                     f"tokens 'left right'")
-                # the two tokens and the one they make must be in the vocabulary (the
-                # tokenizers package refuses the merges otherwise)
-                if left not in ids or right not in ids or left + right not in ids:
-                    missing = next(p for p in (left, right, left + right) if p not in ids)
-                    raise ValueError(f"tokenizer.ggml.merges[{i}]: {merge!r} is not a pair of "
-                                     f"tokens 'left right': {missing!r} is not in the "
-                                     f"vocabulary (tokenizer.ggml.tokens)")
-                pairs.append((left, right))
-            return pairs
-        # SentencePiece: the merges are not in the file; _spm_merges derives them (cached)
-        self._merges_cache, merges = _spm_merges(self._tokens, self._types, self._scores)
-        return merges
+        """The gpt2 type's merges (tokenizer.ggml.merges) as pairs of tokens."""
+        pairs = []
+        ids = self._ids
+        for i, merge in enumerate(self._merges or ()):
+            cut = merge.find(" ", 1)   # a merge may start with a space token (llama.cpp)
+            left, right = merge[:cut], merge[cut + 1:]
+            if cut < 0 or not right:
+                raise ValueError(f"tokenizer.ggml.merges[{i}]: {merge!r} is not a pair of "
+                                 f"tokens 'left right'")
+            # the two tokens and the one they make must be in the vocabulary (the tokenizers
+            # package refuses the merges otherwise)
+            if left not in ids or right not in ids or left + right not in ids:
+                missing = next(p for p in (left, right, left + right) if p not in ids)
+                raise ValueError(f"tokenizer.ggml.merges[{i}]: {merge!r} is not a pair of "
+                                 f"tokens 'left right': {missing!r} is not in the "
+                                 f"vocabulary (tokenizer.ggml.tokens)")
+            pairs.append((left, right))
+        return pairs
 
     def _build_backend(self) -> Any:
+        """The ``tokenizers`` model: for gpt2, the byte-level BPE; for llama, a word-level
+        model that knows no word: encoding cuts the text into the tokens matched whole and the
+        runs of text between them (each one unknown word, encoded by _spm_encode)."""
         models = _require("tokenizers").models
-
-        def bpe_model(merges: List[Tuple[str, str]]) -> Any:
-            if self.model == "gpt2":
-                return models.BPE(vocab=self._ids, merges=merges,
-                                  ignore_merges=self._ignore_merges, fuse_unk=False,
-                                  byte_fallback=False)
-            return models.BPE(vocab=self._ids, merges=merges, fuse_unk=True, byte_fallback=True)
-
-        merges = self._merge_pairs()
-        try:
+        if self.model == "gpt2":
+            merges = self._merge_pairs()
             try:
-                bpe = bpe_model(merges)
-            except Exception:   # (tokenizers raises a bare Exception)
-                if self.model != "llama":
-                    raise
-                # derived merges are pairs of tokens: these came from a damaged cache file
-                try:
-                    os.unlink(self._merges_cache)
-                except OSError:
-                    pass
-                bpe = bpe_model(self._merge_pairs())
-        except Exception as exc:
-            raise ValueError(f"tokenizer.ggml.tokens / tokenizer.ggml.merges: the tokenizers "
-                             f"package refused the vocabulary: {exc}") from exc
-        self._bpe: Any = bpe
+                self._model: Any = models.BPE(
+                    vocab=self._ids, merges=merges, ignore_merges=self._ignore_merges,
+                    fuse_unk=False, byte_fallback=False)
+            except Exception as exc:   # (tokenizers raises a bare Exception)
+                raise ValueError(f"tokenizer.ggml.tokens / tokenizer.ggml.merges: the "
+                                 f"tokenizers package refused the vocabulary: {exc}") from exc
+        else:
+            # every run of text is this model's unknown word; the tokens matched whole come
+            # out under their own text
+            run = "\x00megafuse:text\x00"           # (a name no token has)
+            while run in self._ids:
+                run += "\x00"
+            self._text_run = run
+            self._model = models.WordLevel(vocab={run: 0}, unk_token=run)
+            self._byte_ids: List[Optional[int]] = [
+                self._ids.get(f"<0x{b:02X}>") for b in range(256)]
         return self._new_backend(encode_special_tokens=False)
 
     def _new_backend(self, *, encode_special_tokens: bool) -> Any:
-        """A ``tokenizers.Tokenizer`` on the BPE model (shared, not copied): the
-        pre-tokenizer, then the special (CONTROL, UNKNOWN) and USER_DEFINED tokens matched whole;
+        """A ``tokenizers.Tokenizer`` on the model (shared, not copied): the special
+        (CONTROL, UNKNOWN) and USER_DEFINED tokens matched whole, then gpt2's pre-tokenizer;
         ``encode_special_tokens``: the special ones read as plain text."""
         tk = _require("tokenizers")
         pre_tokenizers = tk.pre_tokenizers
-        backend = tk.Tokenizer(self._bpe)
+        backend = tk.Tokenizer(self._model)
         if self.model == "gpt2":
             backend.pre_tokenizer = pre_tokenizers.Sequence(
                 [pre_tokenizers.Split(tk.Regex(r), behavior="isolated") for r in self._regexes]
                 + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
-        elif self.prefix_after_special:
-            # a normalizer runs on each text between the tokens matched whole
-            normalizers = tk.normalizers
-            backend.normalizer = normalizers.Sequence(
-                [normalizers.Prepend(SPM_SPACE), normalizers.Replace(" ", SPM_SPACE)])
-        else:
-            backend.pre_tokenizer = pre_tokenizers.Metaspace(
-                replacement=SPM_SPACE, prepend_scheme="first" if self.add_space_prefix else
-                "never", split=False)
         special = [tk.AddedToken(self._tokens[i], special=True, normalized=False)
                    for i in sorted(self._special_ids)]
         user = [tk.AddedToken(self._tokens[i], special=False, normalized=False)
@@ -696,6 +564,69 @@ class Tokenizer:
             return bytes((int(token[3:5], 16),))
         return token.replace(SPM_SPACE, " ").encode("utf-8")
 
+    def _spm_encode(self, text: str) -> List[int]:
+        """llama.cpp's SentencePiece tokenizer (llm_tokenizer_spm) on one run of text (spaces
+        already written "▁"): start from the characters; merge the adjacent pair that makes the
+        best-scoring token, the leftmost on a tie, until no pair makes one; a character that is
+        no token becomes its <0xXX> byte tokens (the unknown token where those are missing).
+        Only NORMAL tokens are made by merging: BYTE tokens stand for their byte, CONTROL /
+        UNKNOWN / USER_DEFINED / UNUSED ones only come whole from the text."""
+        symbols = list(text)                         # [n] each symbol's text
+        n = len(symbols)
+        after = list(range(1, n + 1))                # [n] the next live symbol (n: none)
+        before = list(range(-1, n - 1))              # [n] the previous one (-1: none)
+        ids, types, scores = self._ids, self._types, self._scores
+        assert scores is not None
+        mergeable = (NORMAL, UNDEFINED)
+
+        def score(merged: str) -> Optional[float]:
+            i = ids.get(merged)
+            return scores[i] if i is not None and types[i] in mergeable else None
+
+        heap = []                                    # (-score, left symbol, merged text)
+        for i in range(n - 1):
+            merged = symbols[i] + symbols[i + 1]
+            s = score(merged)
+            if s is not None:
+                heap.append((-s, i, merged))
+        heapq.heapify(heap)
+        while heap:
+            _, i, merged = heapq.heappop(heap)
+            j = after[i]
+            # a pair that a merge before this one changed is stale
+            if j >= n or symbols[i] + symbols[j] != merged:
+                continue
+            symbols[i], symbols[j] = merged, ""
+            k = after[i] = after[j]
+            if k < n:
+                before[k] = i
+                s = score(merged + symbols[k])
+                if s is not None:
+                    heapq.heappush(heap, (-s, i, merged + symbols[k]))
+            h = before[i]
+            if h >= 0:
+                s = score(symbols[h] + merged)
+                if s is not None:
+                    heapq.heappush(heap, (-s, h, symbols[h] + merged))
+        out: List[int] = []
+        i = 0
+        while i < n:
+            token = ids.get(symbols[i])
+            if token is not None:
+                out.append(token)
+            else:
+                for b in symbols[i].encode("utf-8"):
+                    byte = self._byte_ids[b]
+                    if byte is None:
+                        if self.unk_id is None:
+                            raise ValueError(f"encode: {symbols[i]!r} is not in the vocabulary, "
+                                             f"which has neither its byte tokens nor an "
+                                             f"unknown token (tokenizer.ggml.unknown_token_id)")
+                        byte = self.unk_id
+                    out.append(byte)
+            i = after[i]
+        return out
+
     # -- vocabulary ----------------------------------------------------------------------------
 
     @property
@@ -737,11 +668,23 @@ class Tokenizer:
             if self._backend_plain is None:
                 self._backend_plain = self._new_backend(encode_special_tokens=True)
             backend = self._backend_plain
-        if self.add_space_prefix and not self.prefix_after_special and text.startswith(" "):
-            # SentencePiece puts its "▁" before a text that starts with a space too; the
-            # Metaspace pre-tokenizer would not (it sees the text already starting with "▁")
-            text = " " + text
-        ids: List[int] = backend.encode(text, add_special_tokens=False).ids if text else []
+        ids: List[int]
+        if not text:
+            ids = []
+        elif self.model == "gpt2":
+            ids = backend.encode(text, add_special_tokens=False).ids
+        else:
+            # the tokens matched whole, and the runs of text between them (SentencePiece)
+            found = backend.encode(text, add_special_tokens=False)
+            ids = []
+            every = self.prefix_after_special
+            prefix = SPM_SPACE if self.add_space_prefix else ""
+            for token, (start, end) in zip(found.tokens, found.offsets):
+                if token != self._text_run:
+                    ids.append(self._ids[token])
+                    continue
+                run = text[start:end].replace(" ", SPM_SPACE)
+                ids += self._spm_encode(prefix + run if every or start == 0 else run)
         bos = self.add_bos if add_special is None else bool(add_special)
         eos = self.add_eos if add_special is None else bool(add_special)
         if bos:

@@ -105,8 +105,8 @@ SPECIAL_TEXTS = {
     "phi-3": ["<|user|>\nHi there<|end|>\n<|assistant|>\n", "<|system|>Be terse.<|end|>",
               "a<|endoftext|>b", "</s> and <s>", "<|placeholder1|><|placeholder6|>",
               " <|user|> x", "<unk> [PAD32011]"],
-    "qwen3": ["<|im_start|>user\nHi there<|im_end|>\n<|im_start|>assistant\n<think>\n\n"
-              "</think>\n\nOK", "<tool_call>\n{\"name\": \"f\"}\n</tool_call>",
+    "qwen3": [("<|im_start|>user\nHi there<|im_end|>\n<|im_start|>assistant\n<think>\n\n"
+               "</think>\n\nOK"), "<tool_call>\n{\"name\": \"f\"}\n</tool_call>",
               "<|fim_prefix|>def f():<|fim_suffix|>\n<|fim_middle|>", "a<|endoftext|>b",
               "<tool_response>ok</tool_response>", "<|vision_start|><|image_pad|><|vision_end|>",
               "[PAD151700] <think>"],

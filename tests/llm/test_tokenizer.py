@@ -59,18 +59,6 @@ SMOLLM_NOT_TRANSFORMERS = {
 
 # ---- fixtures --------------------------------------------------------------------------------
 
-@pytest.fixture(autouse=True, scope="module")
-def merges_cache(tmp_path_factory):
-    """SentencePiece merges derived by these tests are cached in a folder of their own, not
-    in the user's cache directory (where the models are)."""
-    folder = tmp_path_factory.mktemp("spm-merges")
-    patch = pytest.MonkeyPatch()
-    patch.setattr(megafuse.llm.tokenizer, "_spm_merges_cache_path",
-                  lambda key: str(folder / f"spm-merges-{key}.txt"))
-    yield folder
-    patch.undo()
-
-
 @pytest.fixture(scope="module")
 def vocab_files(tmp_path_factory):
     """The vocabulary files: the real ones of tests/data/vocab decompressed, the synthetic
@@ -736,55 +724,76 @@ def test_the_vocabulary_type_must_be_a_string(tmp_path):
         Tokenizer.from_gguf(path)
 
 
-# ---- the SentencePiece merges and their cache ------------------------------------------------
+# ---- the SentencePiece algorithm -------------------------------------------------------------
 
-def test_spm_merges_are_derived_once_then_read_from_the_cache(merges_cache, monkeypatch):
-    """The first load of a SentencePiece vocabulary derives its merges and caches them (named
-    by the vocabulary's sha256); later loads read them back, the same merges; a file that is not
-    a table of merges is made again."""
-    tokenizer = megafuse.llm.tokenizer
-    tokens, scores, types = gguf_vocab.llama_vocab()
-    # a vocabulary no other test loads
-    tokens, scores, types = tokens + ["\u2581zzyzx"], scores + [-1e6], types + [1]
-    scans = []
-    scan = tokenizer._scan_spm_merges
-    monkeypatch.setattr(tokenizer, "_scan_spm_merges", lambda *a: scans.append(1) or scan(*a))
-    before = set(merges_cache.glob("spm-merges-*.txt"))
-    first = Tokenizer(tokens, model="llama", token_types=types, scores=scores)
-    cached = set(merges_cache.glob("spm-merges-*.txt")) - before
-    assert len(scans) == 1 and len(cached) == 1
-    merges = first._merge_pairs()
-    assert len(scans) == 1 and len(merges) > 50
-    again = Tokenizer(tokens, model="llama", token_types=types, scores=scores)
-    assert len(scans) == 1 and again._merge_pairs() == merges
-    text = "The quick brown fox: zzyzx! \U0001F600"
-    assert again.encode(text, add_special=False) == first.encode(text, add_special=False)
-    cached.pop().write_bytes(b"\x93NUMPY garbage")
-    third = Tokenizer(tokens, model="llama", token_types=types, scores=scores)
-    assert len(scans) == 2 and third._merge_pairs() == merges
+def _spm(tokens, scores, types=None, **kwargs):
+    """A small SentencePiece vocabulary: <unk>, <s>, </s>, the 256 byte tokens, then
+    ``tokens`` with ``scores`` (NORMAL unless ``types``)."""
+    head = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
+    types = [2, 3, 3] + [6] * 256 + (types or [1] * len(tokens))
+    return Tokenizer(head + tokens, model="llama", token_types=types,
+                     scores=[0.0] * 259 + scores, **kwargs)
 
 
-def test_spm_merges_cache_that_cannot_be_written(monkeypatch, tmp_path):
-    """A cache directory that cannot be written: the merges are derived each time, no error."""
-    blocker = tmp_path / "file"
-    blocker.write_text("not a folder")
-    monkeypatch.setattr(megafuse.llm.tokenizer, "_spm_merges_cache_path",
-                        lambda key: str(blocker / "sub" / f"{key}.npy"))
-    tok = Tokenizer(SPM_TOKENS, model="llama", token_types=SPM_TYPES, scores=SPM_SCORES)
-    assert tok.encode("a a", add_special=False) == [6, 6]
+def _pieces(tok, text, **kwargs):
+    return [tok.id_to_token(i) for i in tok.encode(text, add_special=False, **kwargs)]
+
+
+def test_spm_merges_the_best_scoring_pair_first():
+    """llama.cpp's llm_tokenizer_spm: the pair that makes the best-scoring token merges first
+    (not the longest match): "abc" with ab (-1) and bc (-2) is ab, c; with the scores swapped,
+    a, bc; a tie goes to the leftmost pair."""
+    chars = ["\u2581", "a", "b", "c"]
+    tok = _spm(chars + ["ab", "bc"], [-10.0] * 4 + [-1.0, -2.0], add_space_prefix=False)
+    assert _pieces(tok, "abc") == ["ab", "c"]
+    tok = _spm(chars + ["ab", "bc"], [-10.0] * 4 + [-2.0, -1.0], add_space_prefix=False)
+    assert _pieces(tok, "abc") == ["a", "bc"]
+    tok = _spm(chars + ["ab", "bc"], [-10.0] * 4 + [-1.0, -1.0], add_space_prefix=False)
+    assert _pieces(tok, "abc") == ["ab", "c"]
+    # merges go on from what merged: abc from ab + c, then abcd from abc + d (not ab + cd)
+    tok = _spm(chars + ["d", "ab", "abc", "cd", "abcd"], [-10.0] * 5 + [-1.0, -2.0, -3.0, -4.0],
+               add_space_prefix=False)
+    assert _pieces(tok, "abcd") == ["abcd"] and _pieces(tok, "abcdab") == ["abcd", "ab"]
+
+
+def test_spm_byte_fallback_and_the_dummy_prefix():
+    tok = _spm(["\u2581", "a", "\u2581a"], [-1.0, -2.0, -3.0])
+    assert _pieces(tok, "a") == ["\u2581a"]
+    assert _pieces(tok, " a") == ["\u2581", "\u2581a"]          # SentencePiece: "▁" + " a"
+    assert _pieces(tok, "aé") == ["\u2581a", "<0xC3>", "<0xA9>"]
+    assert tok.decode(tok.encode("aé a", add_special=False)) == "aé a"
+    # without byte tokens a character no token covers is the unknown token
+    bare = Tokenizer(["<unk>", "\u2581", "a"], model="llama", token_types=[2, 1, 1],
+                     scores=[0.0, -1.0, -2.0], unk_id=0)
+    assert bare.encode("a\u00e9", add_special=False) == [1, 2, 0, 0]
+    with pytest.raises(ValueError, match="neither its byte tokens nor an unknown token"):
+        Tokenizer(["\u2581", "a"], model="llama", scores=[-1.0, -2.0]).encode("\u00e9")
 
 
 def test_spm_merges_make_only_normal_tokens():
     """Merges make NORMAL tokens only: a CONTROL token written in the text with
-    parse_special=False stays text, even where its pieces are tokens."""
-    tokens = ["<unk>", "<s>", "</s>", "▁", "<", "s", ">", "<s", "s>", "▁<", "x"]
-    types = [2, 3, 3] + [1] * 8
-    scores = [0.0, 0.0, 0.0, -1.0, -2.0, -3.0, -4.0, -5.0, -6.0, -7.0, -8.0]
-    tok = Tokenizer(tokens, model="llama", token_types=types, scores=scores)
-    assert ("<s", ">") not in tok._merge_pairs() and ("<", "s>") not in tok._merge_pairs()
+    parse_special=False stays text, even where its pieces are tokens (and the best scores)."""
+    tok = _spm(["\u2581", "<", "s", ">", "<s", "s>", "x", "<s>x"],
+               [-1.0, -2.0, -3.0, -4.0, -5.0, -6.0, -7.0, -8.0], add_space_prefix=False)
     plain = tok.encode("<s>x", add_special=False, parse_special=False)
     assert 1 not in plain and tok.decode(plain) == "<s>x"
-    assert tok.encode("<s>x", add_special=False) == [1, 10]
+    assert plain == [tok.token_to_id(t) for t in ("<s", ">", "x")]
+    assert tok.encode("<s>x", add_special=False) == [1, tok.token_to_id("x")]
+
+
+def test_spm_text_runs_between_special_tokens():
+    """The dummy prefix goes before the text at the start only, or (prefix_after_special: phi3
+    files, llama.cpp) before every run of text after a special or user-defined token."""
+    words = ["\u2581", "a", "b", "\u2581a", "\u2581b", "<tool>"]
+    types = [1, 1, 1, 1, 1, 4]
+    first = _spm(words, [-1.0, -2.0, -3.0, -4.0, -5.0, 0.0], types)
+    every = _spm(words, [-1.0, -2.0, -3.0, -4.0, -5.0, 0.0], types, prefix_after_special=True)
+    text = "a</s>b<tool>a"
+    assert _pieces(first, text) == ["\u2581a", "</s>", "b", "<tool>", "a"]
+    assert _pieces(every, text) == ["\u2581a", "</s>", "\u2581b", "<tool>", "\u2581a"]
+    for tok in (first, every):
+        assert tok.decode(tok.encode(text, add_special=False)) == text
+        assert tok.decode(tok.encode("<s>" + text, add_special=False)) == "<s>" + text
 
 
 # ---- hostile chat templates ------------------------------------------------------------------
