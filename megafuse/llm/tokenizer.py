@@ -366,7 +366,6 @@ class Tokenizer:
             self._ignore_merges = pre in _IGNORE_MERGES_AND_BOS
             default_bos = pre in _IGNORE_MERGES_AND_BOS
             self.add_space_prefix = False
-            self.prefix_after_special = False
         else:
             if self._scores is None:
                 raise ValueError("tokenizer.ggml.scores: a llama vocabulary needs its scores")

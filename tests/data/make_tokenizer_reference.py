@@ -12,15 +12,19 @@ either).  Two passes, each where its reference is installed:
     python tests/data/make_tokenizer_reference.py --llama-cpp \
         --model SmolLM2-135M-Instruct.Q4_1.gguf --keep /tmp/synthetic
 
-(--model defaults to megafuse.llm.fetch.default_model_path(), which fetches it once.)  Pass 1
-writes the synthetic GGUF files of tests/llm/gguf_vocab.py (into --keep, else a temporary folder),
-and for each file (the real SmolLM2 and the synthetic ones) records, per text:
+(--model defaults to megafuse.llm.fetch.default_model_path(), which fetches it once; Gemma 3
+270M comes from megafuse.llm.fetch.model_path("gemma-3-270m") the same way; Phi-3 mini's and
+Qwen3's vocabularies are tests/data/vocab/*.gguf.xz, written by make_vocab_files.py.)  Pass 1
+writes the synthetic GGUF files of tests/llm/gguf_vocab.py and the decompressed vocabularies
+(into --keep, else a temporary folder), and for each file (the real SmolLM2, Gemma 3, Phi-3 and
+Qwen3 vocabularies and the synthetic ones) records, per text:
 ``AutoTokenizer.from_pretrained(dir, gguf_file=name).encode(text)`` (with the special tokens
 transformers adds) and the same without them; and per conversation: ``apply_chat_template`` as
-text and as ids (or the error it raised).  Each synthetic file's sha256 is recorded too: the
-tests write the files again and refuse a stale fixture.  Pass 2 reads the same files from
---keep and records ``Llama(model_path, vocab_only=True).tokenize(text, add_bos=False,
-special=True)`` per text and the ids ``llama_vocab_is_eog`` accepts per file.
+text and as ids (or the error it raised; none for a file without a template).  Each written
+file's sha256 is recorded too: the tests write the files again and refuse a stale fixture.
+Pass 2 reads the same files from --keep and records ``Llama(model_path,
+vocab_only=True).tokenize(text, add_bos=False, special=True)`` per text and the ids
+``llama_vocab_is_eog`` accepts per file.
 Recorded with transformers 5.24.0, tokenizers 0.23.3, gguf 0.19.0, llama-cpp-python 0.3.36.
 """
 import argparse
