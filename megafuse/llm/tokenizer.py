@@ -26,10 +26,10 @@ Two vocabulary types (``tokenizer.ggml.model``); any other is a NotImplementedEr
   ``tokenizer.ggml.add_space_prefix``, default on; Gemma's files turn it off), then from the
   characters the adjacent pair that makes the best-scoring token (``tokenizer.ggml.scores``) is
   merged, the leftmost on a tie, until none makes a token; a character no token covers becomes
-  its ``<0xXX>`` byte tokens.  Only NORMAL tokens are made by merging.  No merge list is built,
-  so a vocabulary of any size loads at once (Gemma 3's 262,144 tokens: a fraction of a second,
-  where the `tokenizers` BPE model of its half a million derived merges takes seconds to build);
-  encoding runs in Python (some 2-3 ms a kB).
+  its ``<0xXX>`` byte tokens.  Only NORMAL tokens are made by merging.  No merge list is built
+  (the `tokenizers` BPE model of the half a million merges Gemma 3's 262,144 tokens imply took
+  most of the load), so a vocabulary of any size loads at once; encoding runs in Python
+  (benchmarks/bench_tokenizer.py times both).
 
 Special tokens (token types CONTROL, USER_DEFINED and UNKNOWN) are matched whole in the text
 before anything else, as llama.cpp does; with ``parse_special=False`` CONTROL and UNKNOWN tokens
