@@ -46,6 +46,8 @@ both):
   "▁" also before a leading space, which transformers' Metaspace omits: so that
   ``decode(encode(text)) == text``), and transformers after a special token in the text (no
   "▁" there; llama.cpp puts one), except in phi3 files, where transformers puts one too;
+* transformers' text after Phi-3's special tokens: llama.cpp strips its leading whitespace, a
+  workaround it applies only where ``general.name`` contains "phi-3" or "phi3";
 * llama.cpp's matching of the tokens matched whole: those of type UNKNOWN too (Phi-3's [PADn];
   transformers matches only CONTROL and USER_DEFINED ones), and a run of Gemma's space tokens
   the longest first (40 spaces: 31 + 9; transformers respells them "▁▁..." and merges the run
