@@ -336,3 +336,20 @@ def test_run_chat_on_gemma3_names_the_missing_template(gemma3_path, capsys):
     status, out, err = run(["run", "--model", gemma3_path, "--chat", "-p", "Hi"], capsys)
     assert status == 2 and out == ""
     assert "tokenizer.chat_template" in err and "without --chat" in err
+
+
+@pytest.mark.parametrize("prompt, continuation", [
+    ("The capital of France is",
+     " the capital of the country of France. It is the largest city in France and"),
+    ("def fibonacci(n):", "\n    if n == 0:\n        return 0\n    elif"),
+])
+def test_run_continues_a_prompt_on_gemma3(gemma3_path, capsys, prompt, continuation):
+    """The real Gemma 3 270M, a base model, by name and without --chat: BOS then the prompt,
+    and the greedy continuation transformers and llama.cpp give (issue 36)."""
+    pytest.importorskip("tokenizers")
+    status, out, err = run(["run", "--model", "gemma-3-270m", "-p", prompt, "-n", "16"], capsys)
+    assert status == 0, err
+    assert out.startswith(continuation), out
+    n_prompt = 1 + len(megafuse.Tokenizer.from_gguf(gemma3_path).encode(prompt,
+                                                                        add_special=False))
+    assert f"prompt: {n_prompt} tokens" in err and "Gemma 3 270m" in err
