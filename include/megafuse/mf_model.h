@@ -87,7 +87,8 @@ typedef struct {
  *   attnq  [T, attnq_row]        attn quantized for wo                    (int8 mode)
  *   act    [T, F]  float32       silu(gate) * up
  *   actq   [T, actq_row]         act quantized for w2                     (int8 mode)
- *   parts  [MF_STEP_SPLIT_FLOATS] float32   split-KV partial sums of one-token attention
+ *   parts  [S, MF_STEP_SPLIT_FLOATS] float32   split-KV partial sums of one-token attention, for
+ *                                each of the S sequences a step may hold (max_segments)
  *   kv     [2G, T, D] float32    each kv head's k and v rows before they go to the cache, for
  *                                float16 caches and ring caches (kv_floats = 2G * D; else 0)
  *   y      [T, E]  float32       a projection's output before its sandwich norm (y_floats =
@@ -104,7 +105,8 @@ typedef struct {
 static inline mf_step_scratch mf_step_scratch_layout(size_t E, size_t HD, size_t F,
                                                      size_t xq_row, size_t xqk_row,
                                                      size_t attnq_row, size_t actq_row,
-                                                     size_t kv_floats, size_t y_floats)
+                                                     size_t kv_floats, size_t y_floats,
+                                                     size_t max_segments)
 {
     mf_step_scratch s;
     size_t T = MF_STEP_TOKENS, at = 0;
@@ -121,7 +123,7 @@ static inline mf_step_scratch mf_step_scratch_layout(size_t E, size_t HD, size_t
     s.attnq = at;  at = mf_round_up_64(at + T * attnq_row);
     s.act = at;    at = mf_round_up_64(at + T * F * sizeof(float));
     s.actq = at;   at = mf_round_up_64(at + T * actq_row);
-    s.parts = at;  at = mf_round_up_64(at + MF_STEP_SPLIT_FLOATS * sizeof(float));
+    s.parts = at;  at = mf_round_up_64(at + max_segments * MF_STEP_SPLIT_FLOATS * sizeof(float));
     s.kv = at;     at = mf_round_up_64(at + T * kv_floats * sizeof(float));
     s.y = at;      at = mf_round_up_64(at + T * y_floats * sizeof(float));
     s.total = at;
@@ -195,6 +197,25 @@ static inline size_t mf_step_max_phases(size_t n_layers)
     return n_layers * MF_STEP_PHASES_PER_LAYER + 3;
 }
 
+/*
+ * One sequence's part of a step.  A step runs the rows of one or several sequences together
+ * (a batch: the weights are read once for all of them); each sequence's rows are t0 .. t0+n-1
+ * of the step, at positions pos .. pos+n-1 of its own KV caches, and every row is computed by
+ * the operations it would get in a step of that sequence alone (contract §7).
+ */
+#define MF_STEP_MAX_SEGMENTS 64      /* sequences a step runs at most */
+typedef struct {
+    int t0, n, pos;
+    void *const *k_cache;            /* [L] this sequence's K caches, or NULL: the layers' */
+    void *const *v_cache;            /* [L] likewise */
+    float *logits;                   /* [n, V] (all_logits) or [V] (the last row's), or NULL */
+    int all_logits;
+    float *x_out;                    /* [n, E]: the last layer's output rows, or NULL */
+    mf_one_token_plan att[2];        /* n == 1: how its attention is cut (full, windowed) */
+    uint32_t att_chunks[2];          /* chunks of its attention phase (full, windowed layers) */
+    int r0;                          /* its first row among the step's logit rows */
+} mf_segment;
+
 typedef struct {
     const mf_model *m;
     char *scratch;                   /* mf_step_scratch_layout(...).total bytes, 64-aligned */
@@ -202,20 +223,19 @@ typedef struct {
     mf_phase *phases;                /* [mf_step_max_phases(L)] */
     int n_phases;
     int n_threads;                   /* of the team running the step (its lanes) */
-    /* the step being run: T tokens at positions S .. S+T-1 */
+    /* the step being run: T rows, of the sequences in segs */
     const int32_t *tokens;           /* [T] token ids, or NULL (then x_in) */
     const float *x_in;               /* [T, E], or NULL */
-    float *x_out;                    /* [T, E] the last layer's output, or NULL */
-    float *hidden;                   /* every layer's output: layer l's rows start at
-                                        hidden + l * hidden_layer_stride; or NULL */
+    float *hidden;                   /* every layer's output (a step of one sequence): layer l's
+                                        rows start at hidden + l * hidden_layer_stride; or NULL */
     size_t hidden_layer_stride;
-    float *logits;                   /* [R, V] */
-    int T, S;
-    int R;                           /* rows of logits: tokens first_logit_row .. +R-1 */
-    int first_logit_row;
-    /* one-token attention (T == 1): how its tasks are cut, for full-attention layers [0] and
-     * sliding-window layers [1] */
-    mf_one_token_plan att[2];
+    int T;                           /* rows of the step, of every segment */
+    int R;                           /* rows that want logits, of every segment */
+    mf_segment *segs;                /* [MF_STEP_MAX_SEGMENTS]: the sequences of the step */
+    int n_segs;
+    int row_seg[MF_STEP_TOKENS];     /* row t: its segment */
+    int row_pos[MF_STEP_TOKENS];     /* row t: its position */
+    int logit_row[MF_STEP_TOKENS];   /* logit row r: the step's row it normalises */
     /* a step whose weight bytes times tokens are fewer runs on the calling thread alone (its
      * chunks in order, no team): MF_STEP_SOLO_BYTES by default, 0 never */
     size_t solo_bytes;

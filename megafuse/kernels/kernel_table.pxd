@@ -96,7 +96,8 @@ cdef extern from "megafuse/mf_model.h" nogil:
         size_t total
     mf_step_scratch mf_step_scratch_layout(size_t E, size_t HD, size_t F, size_t xq_row,
                                            size_t xqk_row, size_t attnq_row, size_t actq_row,
-                                           size_t kv_floats, size_t y_floats)
+                                           size_t kv_floats, size_t y_floats,
+                                           size_t max_segments)
     ctypedef struct mf_lane:
         uint32_t start
         uint32_t end
@@ -110,6 +111,17 @@ cdef extern from "megafuse/mf_model.h" nogil:
     void mf_phase_cut_lanes(mf_phase *ph, int n_threads)
     uint32_t mf_phase_take(mf_phase *ph, int lane)
     size_t mf_step_max_phases(size_t n_layers)
+    enum: MF_STEP_MAX_SEGMENTS
+    ctypedef struct mf_segment:
+        int t0, n, pos
+        void *const *k_cache
+        void *const *v_cache
+        float *logits
+        int all_logits
+        float *x_out
+        mf_one_token_plan att[2]
+        uint32_t att_chunks[2]
+        int r0
     ctypedef struct mf_step:
         const mf_model *m
         char *scratch
@@ -119,12 +131,15 @@ cdef extern from "megafuse/mf_model.h" nogil:
         int n_threads
         const int32_t *tokens
         const float *x_in
-        float *x_out
         float *hidden
         size_t hidden_layer_stride
-        float *logits
-        int T, S, R, first_logit_row
-        mf_one_token_plan att[2]
+        int T
+        int R
+        mf_segment *segs
+        int n_segs
+        int row_seg[128]
+        int row_pos[128]
+        int logit_row[128]
         size_t solo_bytes
     enum: MF_STEP_SOLO_BYTES
 
@@ -134,7 +149,7 @@ cdef extern from "megafuse/mf_attention.h" nogil:
 
 # Bump when a slot is added or a signature changes: a level module of another version is refused.
 cdef enum:
-    KERNEL_TABLE_VERSION = 7
+    KERNEL_TABLE_VERSION = 8
     MF_MAX_Q_TILE = 128       # upper bound of the query tile (its softmax state lives on the stack)
 
 ctypedef void (*mega_fused_attention_decode_workspace_fn)(
@@ -264,6 +279,12 @@ ctypedef void (*model_forward_fn)(   # megafuse/kernels/levels/model_step.pxi
     float *hidden,                # [L, T, E] or NULL
     int num_threads) noexcept nogil
 
+ctypedef void (*model_batch_fn)(   # megafuse/kernels/levels/model_step.pxi
+    mf_step *st,                  # st.segs[:n_segs]: each sequence's n, pos, caches, outputs
+    mf_team *team,
+    const int32_t *tokens,        # [T] every sequence's token ids, in order
+    int n_segs, int num_threads) noexcept nogil
+
 ctypedef struct KernelTable:
     int version
     const char *simd_level
@@ -284,6 +305,7 @@ ctypedef struct KernelTable:
     quantize_activations_fn quantize_activations
     # the whole-model step (megafuse/llm/_runner.pyx)
     model_forward_fn model_forward
+    model_batch_fn model_batch
 
 # What megafuse._kernels shares with megafuse's other compiled modules (the model runner,
 # megafuse/llm/_runner.pyx), in the capsule "megafuse.boundary": where it keeps the table of the

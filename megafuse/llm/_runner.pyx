@@ -23,7 +23,7 @@ from megafuse.kernels.kernel_table cimport (
     mf_team_claim_gen, mf_team_wait_done, mf_team_chunk_done, mf_atomic_load32, mf_atomic_add32,
     mf_model, mf_model_layer, mf_step, mf_step_scratch, mf_step_scratch_layout, mf_phase,
     mf_step_max_phases, MF_STEP_SOLO_BYTES, MF_STEP_TOKENS, MF_ACT_SILU, MF_ACT_GELU_TANH,
-    MF_ATT_MAX_HEAD_DIM)
+    MF_ATT_MAX_HEAD_DIM, mf_segment, MF_STEP_MAX_SEGMENTS)
 from megafuse.kernels.mf_quant cimport mf_activation_row_bytes
 from megafuse cimport _ckernel_dtype as ckdt
 
@@ -122,6 +122,9 @@ cdef class ModelRunner:
     cdef mf_model m
     cdef mf_model_layer *layers
     cdef mf_step st
+    cdef mf_segment *segs      # [max_sequences]: the sequences of a step
+    cdef void **k_caches       # [L]: this runner's caches, for a batch it joins
+    cdef void **v_caches
     cdef mf_team *team         # its own, for a step that starts while the shared team is busy
     cdef char *scratch_raw
     cdef list keep
@@ -133,24 +136,30 @@ cdef class ModelRunner:
     cdef readonly int intermediate_dim, vocab_size, cache_capacity
     cdef readonly str activations
     cdef readonly str kv_dtype        # "float32" or "float16": what the KV caches hold
+    cdef readonly int max_sequences   # sequences a step of forward_batch may hold
 
     def __cinit__(self):
         self.layers = NULL
         self.team = NULL
         self.scratch_raw = NULL
         self.st.phases = NULL
+        self.segs = NULL
+        self.k_caches = self.v_caches = NULL
 
     def __dealloc__(self):
         mf_team_destroy(self.team)
         free(self.layers)
         free(self.st.phases)
+        free(self.segs)
+        free(self.k_caches)
+        free(self.v_caches)
         free(self.scratch_raw)
 
     def __init__(self, *, layers, embed_dim, num_heads, num_kv_heads, head_dim,
                  intermediate_dim, cache_capacity, eps, vocab_size=0, embedding=None,
                  embedding_dt=None, out_norm=None, head=None, head_dt=None, rope_cos=None,
                  rope_sin=None, activations="int8", embed_scale=1.0, attn_scale=None,
-                 attn_softcap=0.0, final_softcap=0.0, gate="silu"):
+                 attn_softcap=0.0, final_softcap=0.0, gate="silu", max_sequences=1):
         cdef mf_model_layer *ly
         cdef mf_step_scratch layout
         if self.layers != NULL:
@@ -170,6 +179,9 @@ cdef class ModelRunner:
             raise ValueError(f"activations: expected 'int8' or 'float', got {activations!r}")
         if isinstance(eps, bool) or not isinstance(eps, (int, float, np.floating)):
             raise TypeError(f"eps: expected a float, got {type(eps).__name__}")
+        S_max = _int_arg(max_sequences, "max_sequences")
+        if not 1 <= S_max <= MF_STEP_MAX_SEGMENTS:
+            raise ValueError(f"max_sequences: expected 1..{MF_STEP_MAX_SEGMENTS}, got {S_max}")
         if gate not in _GATES:
             raise ValueError(f"gate: expected one of {', '.join(_GATES)}, got {gate!r}")
         if attn_scale is None:
@@ -340,11 +352,20 @@ cdef class ModelRunner:
                 _activation_row(tuple(formats["attn"]) if int8 else (), H * D, 256)),
             max(_activation_row(tuple(formats["act"]) if int8 else (), I, 32),
                 _activation_row(tuple(formats["act"]) if int8 else (), I, 256)),
-            2 * G * D if kv_f16 or ring else 0, E if post_norms else 0)
+            2 * G * D if kv_f16 or ring or S_max > 1 else 0, E if post_norms else 0, S_max)
         self.scratch_raw = <char *>malloc(layout.total + 64)
         self.st.phases = <mf_phase *>malloc(mf_step_max_phases(L) * sizeof(mf_phase))
-        if self.scratch_raw == NULL or self.st.phases == NULL:
+        self.segs = <mf_segment *>calloc(S_max, sizeof(mf_segment))
+        self.k_caches = <void **>calloc(L, sizeof(void *))
+        self.v_caches = <void **>calloc(L, sizeof(void *))
+        if (self.scratch_raw == NULL or self.st.phases == NULL or self.segs == NULL
+                or self.k_caches == NULL or self.v_caches == NULL):
             raise MemoryError()
+        for l in range(L):
+            self.k_caches[l] = self.layers[l].k_cache
+            self.v_caches[l] = self.layers[l].v_cache
+        self.st.segs = self.segs
+        self.max_sequences = S_max
         memset(self.scratch_raw, 0, layout.total + 64)
         self.st.m = &self.m
         self.st.layout = layout
@@ -402,15 +423,13 @@ cdef class ModelRunner:
         cache, a wrong output is a ValueError / TypeError and leaves the caches as they were.
         (The checks run in C; messages are built only on a failure.)
         """
-        cdef cnp.ndarray tok_arr
         cdef const int32_t *tok_p = NULL
         cdef const float *x_p = NULL
         cdef float *logits_p = NULL
         cdef float *x_out_p = NULL
         cdef float *hidden_p = NULL
-        cdef Py_ssize_t T, i, E = self.embed_dim, V = self.vocab_size, L = self.n_layers
-        cdef int S, q_tile = 0, kv_tile = 0, n_threads, bad = -1
-        cdef int32_t tok_id
+        cdef Py_ssize_t T, E = self.embed_dim, V = self.vocab_size, L = self.n_layers
+        cdef int S, q_tile = 0, kv_tile = 0, n_threads
         cdef const KernelTable *table = _boundary.table[0]
         cdef mf_team *team
         cdef bint shared
@@ -425,25 +444,8 @@ cdef class ModelRunner:
         if tokens is not None:
             if self.m.embedding == NULL:
                 raise ValueError("tokens: this model has no embedding; pass hidden states x")
-            if not (cnp.PyArray_Check(tokens) and cnp.PyArray_TYPE(<cnp.ndarray>tokens) ==
-                    cnp.NPY_INT32 and cnp.PyArray_NDIM(<cnp.ndarray>tokens) == 1 and
-                    cnp.PyArray_IS_C_CONTIGUOUS(<cnp.ndarray>tokens) and
-                    cnp.PyArray_ISALIGNED(<cnp.ndarray>tokens) and
-                    not cnp.PyArray_ISBYTESWAPPED(<cnp.ndarray>tokens)):
-                raise TypeError("tokens: expected a C-contiguous 1-D numpy.ndarray of int32")
-            tok_arr = <cnp.ndarray>tokens
-            T = cnp.PyArray_SIZE(tok_arr)
-            if T < 1:
-                raise ValueError("tokens: expected at least one token, got none")
-            tok_p = <const int32_t *>cnp.PyArray_DATA(tok_arr)
-            for i in range(T):
-                tok_id = tok_p[i]
-                if tok_id < 0 or tok_id >= V:
-                    bad = i
-                    break
-            if bad >= 0:
-                raise ValueError(f"tokens: expected token ids in 0..{V - 1} (the vocabulary), "
-                                 f"got {tok_p[bad]} (at index {bad})")
+            T = _token_ids(tokens, V, "tokens")
+            tok_p = <const int32_t *>cnp.PyArray_DATA(<cnp.ndarray>tokens)
             first_in, first_name = tokens, "tokens"
         else:
             if not cnp.PyArray_Check(x):
@@ -499,6 +501,168 @@ cdef class ModelRunner:
             self.busy = False
             if shared:
                 _shared_team_busy = False
+
+    def forward_batch(self, items):
+        """One step of several sequences' tokens, the weights read once for all of them.
+
+        items: (runner, tokens, start_pos, logits, all_logits, x_out) a sequence, each runner a
+        ModelRunner on this model's weights with caches of its own (one sequence; this runner
+        may be one of them), tokens int32 [n] at positions start_pos .. start_pos+n-1 of its
+        caches, logits float32 [n, V] (all_logits) or [V] (the last token's) or None, x_out
+        float32 [n, E] (the last layer's output) or None.  At most max_sequences items and
+        MF_STEP_TOKENS tokens in all, each runner once.  Every sequence gets the bits of its
+        own runner.forward (contract §7).  Everything is checked before anything is written:
+        a mistake is a ValueError / TypeError and leaves every cache as it was.
+        """
+        cdef ModelRunner r
+        cdef mf_segment *sg
+        cdef const KernelTable *table = _boundary.table[0]
+        cdef cnp.ndarray tok_all
+        cdef mf_team *team
+        cdef Py_ssize_t n, T = 0, E = self.embed_dim, V = self.vocab_size
+        cdef const int32_t *tok_p
+        cdef int s, S, n_threads, n_segs
+        cdef bint shared
+        global _shared_team, _shared_team_busy
+        if self.layers == NULL:
+            raise RuntimeError("ModelRunner: not initialised")
+        batch = list(items)
+        if not 1 <= len(batch) <= self.max_sequences:
+            raise ValueError(f"items: expected 1..{self.max_sequences} sequences (max_sequences),"
+                             f" got {len(batch)}")
+        runners, outputs, parts = [], [], []
+        for s, item in enumerate(batch):
+            try:
+                runner, tokens, start_pos, logits, all_logits, x_out = item
+            except (TypeError, ValueError):
+                raise TypeError(f"items[{s}]: expected (runner, tokens, start_pos, logits, "
+                                f"all_logits, x_out)") from None
+            if not isinstance(runner, ModelRunner):
+                raise TypeError(f"items[{s}]: expected a ModelRunner, got "
+                                f"{type(runner).__name__}")
+            r = <ModelRunner>runner
+            if not self._shares_weights(r):
+                raise ValueError(f"items[{s}]: a runner of another model (a batch runs the "
+                                 f"sequences of one model's weights, cache dtype and capacity)")
+            if any(r is other for other in runners):
+                raise ValueError(f"items[{s}]: the same sequence twice in one step")
+            if r.busy:
+                raise RuntimeError(f"items[{s}]: the sequence is running in another thread")
+            n = _token_ids(tokens, V, f"items[{s}].tokens")
+            S = _int_arg(start_pos, f"items[{s}].start_pos")
+            if S < 0 or S + n > self.cache_capacity:
+                raise ValueError(f"items[{s}]: {n} tokens at position {S} need cache positions "
+                                 f"0 .. {self.cache_capacity - 1}; nothing was written")
+            if logits is not None:
+                if self.m.head == NULL:
+                    raise ValueError("logits: this model has no output head")
+                _array(logits, f"items[{s}].logits", _F32, (n if all_logits else 1) * V,
+                       "[n, V]" if all_logits else "[V]", True)
+                outputs.append((f"items[{s}].logits", logits))
+            if x_out is not None:
+                _array(x_out, f"items[{s}].x_out", _F32, n * E, "[n, E]", True)
+                outputs.append((f"items[{s}].x_out", x_out))
+            T += n
+            runners.append(r)
+            parts.append((tokens, S, logits, bool(all_logits), x_out))
+        if T > MF_STEP_TOKENS:
+            raise ValueError(f"items: {T} tokens in all; a step takes at most {MF_STEP_TOKENS}")
+        if self.busy and not any(r is self for r in runners):
+            raise RuntimeError("ModelRunner.forward_batch: the runner is running in another "
+                               "thread")
+        _no_overlap(tuple(outputs), tuple((f"items[{s}].tokens", parts[s][0])
+                                          for s in range(len(parts))))
+        for name, arr in outputs:
+            for rr in runners + [self]:
+                if _overlaps((<ModelRunner>rr).spans, arr):
+                    raise ValueError(f"{name}: expected memory of its own, got an array that "
+                                     f"overlaps the model's weights or caches")
+        tok_all = np.concatenate([np.asarray(p[0]) for p in parts]).astype(np.int32)
+        for s in range(len(batch)):
+            r = <ModelRunner>runners[s]
+            tokens, S, logits, all_logits, x_out = parts[s]
+            sg = &self.segs[s]
+            sg.n = <int>cnp.PyArray_SIZE(<cnp.ndarray>tokens)
+            sg.pos = S
+            sg.k_cache, sg.v_cache = r.k_caches, r.v_caches
+            sg.logits = _wp(logits) if logits is not None else NULL
+            sg.all_logits = all_logits
+            sg.x_out = _wp(x_out) if x_out is not None else NULL
+        n_threads = _boundary.num_threads[0]
+        shared = not _shared_team_busy
+        team = _team_sized(&_shared_team if shared else &self.team, n_threads)
+        self.last_team_threads = n_threads
+        self.last_on_own_team = not shared
+        c_mega_fuse_get_optimal_tiles(&self.m.q_tile, &self.m.kv_tile, self.head_dim)
+        for rr in runners + [self]:
+            (<ModelRunner>rr).busy = True
+        if shared:
+            _shared_team_busy = True
+        tok_p = <const int32_t *>cnp.PyArray_DATA(tok_all)
+        n_segs = <int>len(batch)
+        try:
+            with nogil:
+                table.model_batch(&self.st, team, tok_p, n_segs, n_threads)
+        finally:
+            for rr in runners + [self]:
+                (<ModelRunner>rr).busy = False
+            if shared:
+                _shared_team_busy = False
+
+    cdef bint _shares_weights(self, ModelRunner r):
+        """r runs this model's weights and features, with caches of the same dtype and rows."""
+        cdef int l
+        cdef mf_model_layer *a
+        cdef mf_model_layer *b
+        if (r is self) or (r.n_layers == self.n_layers and r.kv_dtype == self.kv_dtype
+                           and r.cache_capacity == self.cache_capacity
+                           and r.activations == self.activations
+                           and r.m.head == self.m.head and r.m.embedding == self.m.embedding
+                           and r.m.embed_scale == self.m.embed_scale
+                           and r.m.attn_scale == self.m.attn_scale
+                           and r.m.attn_softcap == self.m.attn_softcap
+                           and r.m.final_softcap == self.m.final_softcap
+                           and r.m.activation == self.m.activation and r.m.eps == self.m.eps):
+            if r is self:
+                return True
+            for l in range(self.n_layers):
+                a, b = &self.layers[l], &r.layers[l]
+                if (a.wq != b.wq or a.wk != b.wk or a.wv != b.wv or a.wo != b.wo
+                        or a.w1 != b.w1 or a.w2 != b.w2 or a.ln1_gamma != b.ln1_gamma
+                        or a.ln2_gamma != b.ln2_gamma or a.bq != b.bq or a.bk != b.bk
+                        or a.bv != b.bv or a.bo != b.bo or a.b1 != b.b1 or a.b2 != b.b2
+                        or a.q_norm != b.q_norm or a.k_norm != b.k_norm
+                        or a.post_attn_norm != b.post_attn_norm
+                        or a.post_ffn_norm != b.post_ffn_norm or a.window != b.window
+                        or a.cache_rows != b.cache_rows or a.rope_cos != b.rope_cos
+                        or a.rope_sin != b.rope_sin):
+                    return False
+            return True
+        return False
+
+
+cdef Py_ssize_t _token_ids(object tokens, Py_ssize_t V, str name) except -1:
+    """The count of token ids in tokens: a C-contiguous 1-D int32 array of ids in 0..V-1."""
+    cdef const int32_t *tok_p
+    cdef Py_ssize_t T, i, bad = -1
+    if not (cnp.PyArray_Check(tokens) and cnp.PyArray_TYPE(<cnp.ndarray>tokens) ==
+            cnp.NPY_INT32 and cnp.PyArray_NDIM(<cnp.ndarray>tokens) == 1 and
+            cnp.PyArray_IS_C_CONTIGUOUS(<cnp.ndarray>tokens) and
+            cnp.PyArray_ISALIGNED(<cnp.ndarray>tokens) and
+            not cnp.PyArray_ISBYTESWAPPED(<cnp.ndarray>tokens)):
+        raise TypeError(f"{name}: expected a C-contiguous 1-D numpy.ndarray of int32")
+    T = cnp.PyArray_SIZE(<cnp.ndarray>tokens)
+    if T < 1:
+        raise ValueError(f"{name}: expected at least one token, got none")
+    tok_p = <const int32_t *>cnp.PyArray_DATA(<cnp.ndarray>tokens)
+    for i in range(T):
+        if tok_p[i] < 0 or tok_p[i] >= V:
+            bad = i
+            break
+    if bad >= 0:
+        raise ValueError(f"{name}: expected token ids in 0..{V - 1} (the vocabulary), got "
+                         f"{tok_p[bad]} (at index {bad})")
+    return T
 
 
 def _union_of_spans(arrays):

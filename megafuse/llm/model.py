@@ -193,12 +193,15 @@ class Model:
         self._out_norm = out_norm
         self.rope_cos, self.rope_sin = rope_cos, rope_sin
         self._rope_freq_factors = rope_freq_factors
-        self._runner = runner.ModelRunner(
-            layers=layers, embed_dim=cfg.embed_dim, num_heads=cfg.num_heads,
+        # what a runner of this model's weights takes beside its layers (their caches): this
+        # model's own, and those of other sequences on the same weights (_new_runner)
+        self._runner_args: Dict[str, Any] = dict(
+            embed_dim=cfg.embed_dim, num_heads=cfg.num_heads,
             num_kv_heads=G, head_dim=D, intermediate_dim=cfg.intermediate_dim,
             cache_capacity=C, eps=cfg.eps, vocab_size=cfg.vocab_size, embedding=embedding,
             embedding_dt=int(embedding_dt), out_norm=out_norm, head=head, head_dt=int(head_dt),
             rope_cos=rope_cos, rope_sin=rope_sin, activations=activations, **cfg.features())
+        self._runner = runner.ModelRunner(layers=layers, **self._runner_args)
         self._position = 0
         self._source = source
         self._tokenizer: Any = None

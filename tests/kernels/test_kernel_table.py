@@ -15,7 +15,8 @@ from helpers import ROOT
 
 HEADER = os.path.join(ROOT, "include", "megafuse", "mf_model.h")
 MIRROR = os.path.join(ROOT, "megafuse", "kernels", "kernel_table.pxd")
-WHOLE = ("mf_model_layer", "mf_model", "mf_one_token_plan")            # every field mirrored
+WHOLE = ("mf_model_layer", "mf_model", "mf_one_token_plan",
+         "mf_segment")                              # every field mirrored
 PARTIAL = ("mf_step_scratch", "mf_lane", "mf_phase", "mf_step")   # the fields Cython uses
 
 

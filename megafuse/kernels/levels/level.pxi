@@ -16,7 +16,7 @@ from megafuse.kernels.kernel_table cimport (
     mf_team, mf_team_claim_gen, mf_team_wait_done, mf_team_chunk_done, mf_team_run,
     mf_atomic_load32, mf_atomic_store32, MF_TEAM_PAUSE,
     mf_model, mf_model_layer, mf_step, mf_phase, mf_phase_cut_lanes, mf_phase_take,
-    mf_one_token_plan, MF_STEP_TOKENS, MF_ACT_GELU_TANH)
+    mf_one_token_plan, mf_segment, MF_STEP_TOKENS, MF_STEP_SPLIT_FLOATS, MF_ACT_GELU_TANH)
 from megafuse._ckernel_dtype cimport (
     CKDataType, CK_DT_FP32, CK_DT_FP16, CK_DT_Q8_0, CK_DT_Q8_K, ck_dtype_block_size,
     ck_dtype_row_bytes)
@@ -74,6 +74,7 @@ _TABLE.dequantize = dequantize_kernel
 _TABLE.rows_dot = rows_dot_kernel
 _TABLE.quantize_activations = quantize_activations_kernel
 _TABLE.model_forward = model_forward_kernel
+_TABLE.model_batch = model_batch_kernel
 
 SIMD_LEVEL = (<bytes>MF_SIMD_NAME).decode()
 

@@ -46,6 +46,14 @@
 # Small steps (fewer than MF_STEP_SOLO_BYTES of weights x tokens, mf_model.h; st.solo_bytes) run
 # their chunks in order on the calling thread (run_step_alone) without waking the team.
 #
+# A step holds the rows of one or several sequences (st.segs: a batch), each at its own
+# positions in its own KV caches; the weights are read once for all of them.  Every row gets the
+# operations it would get in a step of its sequence alone: the attention runs per sequence (its
+# decode tasks, or its query tiles), and a projection whose activations are float32 -- whose
+# method depends on how many rows it multiplies -- runs per sequence; one whose activations are
+# quantized runs over every row at once (its integer dots give each pair the bits of its
+# one-row dot whatever the row count, contract §7).
+#
 # Every chunk runs the building blocks of the per-layer kernels (linear_block, swiglu_block,
 # rmsnorm_row, the attention tasks) on the same token rows, so a step computes what the header
 # functions compute layer by layer; which thread runs a chunk never changes a result.
@@ -97,10 +105,44 @@ cdef inline void add_phase(mf_step *st, int kind, int layer, Py_ssize_t n,
     st.n_phases += 1
 
 
-cdef inline const mf_one_token_plan *layer_plan(const mf_step *st,
+cdef inline const mf_one_token_plan *layer_plan(const mf_segment *sg,
                                                 const mf_model_layer *ly) noexcept nogil:
-    """The one-token plan of a layer: st.att[1] for sliding-window layers, st.att[0] else."""
-    return &st.att[1] if ly.window > 0 else &st.att[0]
+    """A one-row sequence's plan for a layer: [1] for sliding-window layers, [0] else."""
+    return &sg.att[1] if ly.window > 0 else &sg.att[0]
+
+
+cdef inline void *seg_cache(const mf_segment *sg, const mf_model_layer *ly, int layer,
+                            bint v) noexcept nogil:
+    """A sequence's K (v False) or V cache of a layer: its own, or the layer's."""
+    if v:
+        return sg.v_cache[layer] if sg.v_cache != NULL else ly.v_cache
+    return sg.k_cache[layer] if sg.k_cache != NULL else ly.k_cache
+
+
+cdef inline const mf_segment *chunk_segment(const mf_step *st, int kind,
+                                            Py_ssize_t *c) noexcept nogil:
+    """The sequence whose attention chunk c (of an ATTN phase of layers of this kind: 0 full,
+    1 windowed) is; c becomes the chunk's number within that sequence's."""
+    cdef int s
+    for s in range(st.n_segs - 1):
+        if c[0] < st.segs[s].att_chunks[kind]:
+            return &st.segs[s]
+        c[0] -= st.segs[s].att_chunks[kind]
+    return &st.segs[st.n_segs - 1]
+
+
+cdef inline const mf_segment *combine_segment(const mf_step *st, int kind,
+                                              Py_ssize_t *c) noexcept nogil:
+    """Likewise for a COMBINE chunk: H chunks a sequence whose one-row attention was split."""
+    cdef int s
+    cdef const mf_one_token_plan *p
+    for s in range(st.n_segs):
+        p = &st.segs[s].att[kind]
+        if st.segs[s].n == 1 and p.kind == ONE_TOKEN_SPLIT:
+            if c[0] < st.m.H:
+                return &st.segs[s]
+            c[0] -= st.m.H
+    return NULL
 
 
 cdef inline mf_att_opts layer_att_opts(const mf_model *m,
@@ -113,35 +155,66 @@ cdef inline mf_att_opts layer_att_opts(const mf_model *m,
     return o
 
 
+cdef void plan_segments(mf_step *st) noexcept nogil:
+    """The rows of the step's sequences (st.segs[:n_segs], their t0, n, pos, logits set): each
+    row's sequence and position, the rows that want logits, and how each sequence's attention
+    is cut (one-row sequences: the one-token plans of full and windowed layers)."""
+    cdef const mf_model *m = st.m
+    cdef mf_segment *sg
+    cdef Py_ssize_t window = 0
+    cdef int s, t, l, kind
+    for l in range(m.n_layers):                  # (every windowed layer has the same window)
+        if m.layers[l].window > 0:
+            window = m.layers[l].window
+            break
+    st.T = st.R = 0
+    for s in range(st.n_segs):
+        sg = &st.segs[s]
+        sg.t0 = st.T
+        for t in range(sg.n):
+            st.row_seg[st.T + t] = s
+            st.row_pos[st.T + t] = sg.pos + t
+        st.T += sg.n
+        sg.r0 = st.R
+        if sg.logits != NULL:
+            if sg.all_logits:
+                for t in range(sg.n):
+                    st.logit_row[st.R + t] = sg.t0 + t
+                st.R += sg.n
+            else:
+                st.logit_row[st.R] = sg.t0 + sg.n - 1
+                st.R += 1
+        for kind in range(2):
+            if sg.n == 1:
+                sg.att[kind] = one_token_plan(sg.pos, 0 if kind == 0 or window == 0
+                                              else max(0, sg.pos - window + 1),
+                                              m.H, m.G, m.D, m.D)
+                sg.att_chunks[kind] = <uint32_t>sg.att[kind].tasks
+            else:
+                sg.att_chunks[kind] = <uint32_t>(m.H * ceil_div(sg.n, m.q_tile))
+
+
 cdef uint32_t plan_step(mf_step *st) noexcept nogil:
-    """Fill st.phases for the step described by st.T, st.S, st.R; return the chunk count."""
+    """Fill st.phases for the step of st.segs (plan_segments first); return the chunk count."""
     cdef const mf_model *m = st.m
     cdef const mf_model_layer *ly = NULL
-    cdef Py_ssize_t T = st.T, rows_tokens = ceil_div(st.T, STEP_ROW_TOKENS)
+    cdef Py_ssize_t rows_tokens = ceil_div(st.T, STEP_ROW_TOKENS), att_chunks, combine
     cdef uint32_t total = 0
-    cdef const mf_one_token_plan *att
-    cdef int l
+    cdef int l, s, kind
     st.n_phases = 0
-    if T == 1:
-        st.att[0] = one_token_plan(st.S, 0, m.H, m.G, m.D, m.D)
-        st.att[1] = st.att[0]
-        for l in range(m.n_layers):              # (every windowed layer has the same window)
-            if m.layers[l].window > 0:
-                st.att[1] = one_token_plan(st.S, max(0, st.S - m.layers[l].window + 1), m.H,
-                                           m.G, m.D, m.D)
-                break
     add_phase(st, PHASE_LOAD, -1, rows_tokens, &total)
     for l in range(m.n_layers):
         ly = &m.layers[l]
+        kind = 1 if ly.window > 0 else 0
         add_phase(st, PHASE_NORM_ATTN, l, rows_tokens, &total)
         add_phase(st, PHASE_QKV, l, m.H + 2 * m.G, &total)
-        if T == 1:
-            att = layer_plan(st, ly)
-            add_phase(st, PHASE_ATTN, l, att.tasks, &total)
-            if att.kind == ONE_TOKEN_SPLIT:
-                add_phase(st, PHASE_COMBINE, l, m.H, &total)
-        else:
-            add_phase(st, PHASE_ATTN, l, m.H * ceil_div(T, m.q_tile), &total)
+        att_chunks = combine = 0
+        for s in range(st.n_segs):
+            att_chunks += st.segs[s].att_chunks[kind]
+            if st.segs[s].n == 1 and st.segs[s].att[kind].kind == ONE_TOKEN_SPLIT:
+                combine += m.H
+        add_phase(st, PHASE_ATTN, l, att_chunks, &total)
+        add_phase(st, PHASE_COMBINE, l, combine, &total)
         if m.int8 and uses_q8_activations(ly.wo_dt) and not quantized_in_place(m, ly.wo_dt, m.D):
             add_phase(st, PHASE_QUANT_ATTN, l, rows_tokens, &total)
         add_phase(st, PHASE_OUTPROJ, l, ceil_div(m.E, proj_rows(st)), &total)
@@ -221,12 +294,33 @@ cdef void normalise_rows(const mf_step *st, const float *x, const float *gamma, 
                 quantize_activation_row(xn + t * E, dst + t * row, E, dt)
 
 
-cdef void qkv_head(const mf_step *st, const mf_model_layer *ly, Py_ssize_t hh) noexcept nogil:
-    """q, k or v of head hh (< H + 2G) for every token of the step: projected, biased, roped;
-    k and v straight into the cache at positions S .. S+T-1."""
+cdef void linear_rows(const mf_step *st, Py_ssize_t e0, const char *w, Py_ssize_t w_row_bytes,
+                      int dt, Py_ssize_t K, const float *bias, Py_ssize_t n_valid,
+                      Py_ssize_t n_rows, const float *x, Py_ssize_t ldx, const char *xq,
+                      Py_ssize_t xq_row, float *out, const float *add,
+                      Py_ssize_t ld) noexcept nogil:
+    """linear_block over the step's rows: at once when their activations are quantized (xq),
+    else sequence by sequence (the float methods depend on how many rows they multiply)."""
+    cdef const mf_segment *sg
+    cdef int s
+    if xq != NULL or st.n_segs == 1:
+        linear_block(e0, w, w_row_bytes, dt, K, bias, n_valid, n_rows, x, ldx, xq, xq_row, st.T,
+                     out, add, ld)
+        return
+    for s in range(st.n_segs):
+        sg = &st.segs[s]
+        linear_block(e0, w, w_row_bytes, dt, K, bias, n_valid, n_rows, x + sg.t0 * ldx, ldx,
+                     NULL, xq_row, sg.n, out + sg.t0 * ld,
+                     add + sg.t0 * ld if add != NULL else NULL, ld)
+
+
+cdef void qkv_head(const mf_step *st, const mf_model_layer *ly, int layer,
+                   Py_ssize_t hh) noexcept nogil:
+    """q, k or v of head hh (< H + 2G) for every row of the step: projected, biased, normed,
+    roped at each row's position; k and v into each row's sequence's cache."""
     cdef const mf_model *m = st.m
-    cdef Py_ssize_t E = m.E, H = m.H, G = m.G, D = m.D, C = ly.cache_rows, S = st.S, T = st.T
-    cdef Py_ssize_t HD = H * D, row_bytes, ld, g, t, r0, xq_row, row
+    cdef Py_ssize_t E = m.E, H = m.H, G = m.G, D = m.D, C = ly.cache_rows, T = st.T
+    cdef Py_ssize_t HD = H * D, row_bytes, ld, g = 0, t, r0, xq_row, row, pos
     cdef const float *xn = <const float *>(st.scratch + st.layout.xn)
     cdef float *q = <float *>(st.scratch + st.layout.q)
     cdef const char *w
@@ -234,64 +328,67 @@ cdef void qkv_head(const mf_step *st, const mf_model_layer *ly, Py_ssize_t hh) n
     cdef const float *norm = NULL
     cdef float *out = NULL
     cdef char *xq
-    cdef char *cache = NULL               # a float16 or ring cache: the kv head's rows there
+    cdef char *cache
     cdef bint ring = ly.cache_rows < m.C  # position p at row p % C
+    cdef bint kv = hh >= H, is_v = hh >= H + G, direct = False
     cdef Py_ssize_t elem = 2 if m.kv_f16 else 4
     cdef int dt
-    cdef bint rope
     if hh < H:
         dt, row_bytes = ly.wq_dt, ck_dtype_row_bytes(ly.wq_dt, E)
         w = <const char *>ly.wq + hh * D * row_bytes
         b = ly.bq + hh * D if ly.bq != NULL else NULL
-        out, ld, rope, norm = q + hh * D, HD, True, ly.q_norm
+        out, ld, norm = q + hh * D, HD, ly.q_norm
     elif hh < H + G:
         g = hh - H
         dt, row_bytes = ly.wk_dt, ck_dtype_row_bytes(ly.wk_dt, E)
         w = <const char *>ly.wk + g * D * row_bytes
         b = ly.bk + g * D if ly.bk != NULL else NULL
-        ld, rope, norm = D, True, ly.k_norm
-        cache = <char *>ly.k_cache + g * C * D * elem
+        ld, norm = D, ly.k_norm
     else:
         g = hh - H - G
         dt, row_bytes = ly.wv_dt, ck_dtype_row_bytes(ly.wv_dt, E)
         w = <const char *>ly.wv + g * D * row_bytes
         b = ly.bv + g * D if ly.bv != NULL else NULL
-        ld, rope = D, False
-        cache = <char *>ly.v_cache + g * C * D * elem
-    if cache != NULL:
-        if m.kv_f16 or ring:              # computed in float32 first: kv head hh - H's rows
+        ld = D
+    if kv:
+        # one sequence, a float32 cache that is not a ring: straight into rows pos .. pos+T-1;
+        # else computed in float32 first (kv head hh - H's rows), then each to its row
+        direct = not m.kv_f16 and not ring and st.n_segs == 1
+        if direct:
+            out = (<float *>seg_cache(&st.segs[0], ly, layer, is_v) + g * C * D
+                   + st.segs[0].pos * D)
+        else:
             out = <float *>(st.scratch + st.layout.kv) + (hh - H) * T * D
-        else:                             # straight into the cache rows S .. S+T-1
-            out = <float *>cache + S * D
-            cache = NULL
     xq = q8_rows_for(st, dt, &xq_row)
     r0 = 0
     while r0 < D:
-        linear_block(r0, w, row_bytes, dt, E, b, D, D, xn, E, xq, xq_row, T, out, NULL, ld)
+        linear_rows(st, r0, w, row_bytes, dt, E, b, D, D, xn, E, xq, xq_row, out, NULL, ld)
         r0 += GEMM_ROWS
     if norm != NULL:                      # each head's q or k normalised over its D dims
         for t in range(T):
             rmsnorm_row(out + t * ld, norm, D, D, m.eps, out + t * ld)
-    if rope and ly.rope_cos != NULL:
+    if not is_v and ly.rope_cos != NULL:
         for t in range(T):
-            rope_rotate_heads(out + t * ld, 1, D, D, ly.rope_cos + (S + t) * (D // 2),
-                              ly.rope_sin + (S + t) * (D // 2))
-    if cache != NULL:                     # into the cache's rows (a ring wraps)
+            pos = st.row_pos[t]
+            rope_rotate_heads(out + t * ld, 1, D, D, ly.rope_cos + pos * (D // 2),
+                              ly.rope_sin + pos * (D // 2))
+    if kv and not direct:                 # into each row's sequence's cache (a ring wraps)
         for t in range(T):
-            row = (S + t) % C
+            cache = <char *>seg_cache(&st.segs[st.row_seg[t]], ly, layer, is_v) + g * C * D * elem
+            row = st.row_pos[t] % C
             if m.kv_f16:                  # rounded to nearest-even float16 (NumPy's cast)
                 mf_quantize_row(out + t * D, <uint16_t *>cache + row * D, D, CK_DT_FP16)
             else:
                 memcpy(<float *>cache + row * D, out + t * D, D * sizeof(float))
 
 
-cdef void attention_chunk(const mf_step *st, const mf_model_layer *ly,
+cdef void attention_chunk(const mf_step *st, const mf_model_layer *ly, int layer,
                           Py_ssize_t c) noexcept nogil:
-    """Chunk c of PHASE_ATTN; with wo quantized in place, the Q8_0 blocks of the heads it computed
-    too (a split-KV pass: PHASE_COMBINE does it)."""
+    """Chunk c of PHASE_ATTN: a task of one sequence's attention; with wo quantized in place,
+    the Q8_0 blocks of the heads it computed too (a split-KV pass: PHASE_COMBINE does it)."""
     cdef const mf_model *m = st.m
-    cdef Py_ssize_t H = m.H, G = m.G, D = m.D, C = ly.cache_rows, HD = H * D, T = st.T
-    cdef Py_ssize_t n_qt, h, i0, nq, g, t, nh
+    cdef Py_ssize_t H = m.H, G = m.G, D = m.D, C = ly.cache_rows, HD = H * D
+    cdef Py_ssize_t n_qt, h, i0, nq, g, t, nh, cc = c
     cdef const float *q = <const float *>(st.scratch + st.layout.q)
     cdef float *attn = <float *>(st.scratch + st.layout.attn)
     cdef float *parts = <float *>(st.scratch + st.layout.parts)
@@ -300,33 +397,32 @@ cdef void attention_chunk(const mf_step *st, const mf_model_layer *ly,
     cdef bint quantize = quantized_in_place(m, ly.wo_dt, D)
     cdef const mf_one_token_plan *p
     cdef mf_att_opts opts = layer_att_opts(m, ly)
-    if T == 1:
-        p = layer_plan(st, ly)
-        one_token_task(p, c, q, ly.k_cache, ly.v_cache, m.kv_f16, st.S, H, G, D, D, C, scale,
-                       m.kv_tile, attn, parts, &opts)
+    cdef const mf_segment *sg = chunk_segment(st, 1 if ly.window > 0 else 0, &cc)
+    cdef const void *k_c = seg_cache(sg, ly, layer, False)
+    cdef const void *v_c = seg_cache(sg, ly, layer, True)
+    cdef Py_ssize_t row0 = sg.t0
+    if sg.n == 1:
+        p = layer_plan(sg, ly)
+        one_token_task(p, cc, q + row0 * HD, k_c, v_c, m.kv_f16, sg.pos, H, G, D, D, C, scale,
+                       m.kv_tile, attn + row0 * HD,
+                       parts + (sg - st.segs) * MF_STEP_SPLIT_FLOATS, &opts)
         if quantize and p.kind != ONE_TOKEN_SPLIT:
-            h = one_token_task_heads(p, c, H, G, &nh)
-            quantize_row_piece(attn, attnq, HD, h * D, (h + nh) * D)
+            h = one_token_task_heads(p, cc, H, G, &nh)
+            quantize_row_piece(attn + row0 * HD, attnq + row0 * st.layout.attnq_row, HD, h * D,
+                               (h + nh) * D)
         return
-    n_qt = ceil_div(T, m.q_tile)
-    h = c // n_qt
-    i0 = (c % n_qt) * m.q_tile
-    nq = min(<Py_ssize_t>m.q_tile, T - i0)
+    n_qt = ceil_div(sg.n, m.q_tile)
+    h = cc // n_qt
+    i0 = (cc % n_qt) * m.q_tile
+    nq = min(<Py_ssize_t>m.q_tile, sg.n - i0)
     g = h // (H // G)
-    attend_query_rows(q + i0 * HD + h * D, HD, kv_rows(ly.k_cache, m.kv_f16, g * C * D),
-                      kv_rows(ly.v_cache, m.kv_f16, g * C * D), m.kv_f16, st.S + i0, nq, D, D,
-                      scale, m.kv_tile, attn + i0 * HD + h * D, HD, &opts)
+    attend_query_rows(q + (row0 + i0) * HD + h * D, HD, kv_rows(k_c, m.kv_f16, g * C * D),
+                      kv_rows(v_c, m.kv_f16, g * C * D), m.kv_f16, sg.pos + i0, nq, D, D,
+                      scale, m.kv_tile, attn + (row0 + i0) * HD + h * D, HD, &opts)
     if quantize:
-        for t in range(i0, i0 + nq):
+        for t in range(row0 + i0, row0 + i0 + nq):
             quantize_row_piece(attn + t * HD, attnq + t * st.layout.attnq_row, HD, h * D,
                                (h + 1) * D)
-
-
-cdef inline float *layer_out(const mf_step *st, int layer, float *x) noexcept nogil:
-    """Where layer `layer`'s output rows go: x, or the caller's x_out for the last layer."""
-    if st.x_out != NULL and layer == st.m.n_layers - 1:
-        return st.x_out
-    return x
 
 
 cdef inline void add_normalised(const float *y, const float *gamma, Py_ssize_t E, float eps,
@@ -389,19 +485,20 @@ cdef void run_chunk(const mf_step *st, const mf_phase *ph, Py_ssize_t c) noexcep
     """Chunk c (< ph.n) of phase ph."""
     cdef const mf_model *m = st.m
     cdef const mf_model_layer *ly = NULL
+    cdef const mf_segment *sg
     cdef Py_ssize_t E = m.E, H = m.H, D = m.D, I = m.F, V = m.V, T = st.T, HD = H * D
-    cdef Py_ssize_t t0 = c * STEP_ROW_TOKENS, t1, t, e0, rows, row_bytes, xq_row, rb, r
+    cdef Py_ssize_t t0 = c * STEP_ROW_TOKENS, t1, t, e0, e1, rows, row_bytes, xq_row, rb, r, cc
+    cdef Py_ssize_t n_r
     cdef float *x = <float *>(st.scratch + st.layout.x)
     cdef float *xn = <float *>(st.scratch + st.layout.xn)
     cdef float *attn = <float *>(st.scratch + st.layout.attn)
     cdef char *attnq = st.scratch + st.layout.attnq
     cdef float *act = <float *>(st.scratch + st.layout.act)
     cdef char *actq = st.scratch + st.layout.actq
-    cdef float *out
     cdef float *hid
     cdef float *y = <float *>(st.scratch + st.layout.y)
     cdef char *xq
-    cdef int kind = ph.kind
+    cdef int kind = ph.kind, s
     if ph.layer >= 0:
         ly = &m.layers[ph.layer]
     t1 = min(t0 + STEP_ROW_TOKENS, T)
@@ -419,14 +516,18 @@ cdef void run_chunk(const mf_step *st, const mf_phase *ph, Py_ssize_t c) noexcep
     elif kind == PHASE_NORM_ATTN:
         normalise_rows(st, x, ly.ln1_gamma, t0, t1, ly.wq_dt, ly.wk_dt, ly.wv_dt)
     elif kind == PHASE_QKV:
-        qkv_head(st, ly, c)
+        qkv_head(st, ly, ph.layer, c)
     elif kind == PHASE_ATTN:
-        attention_chunk(st, ly, c)
+        attention_chunk(st, ly, ph.layer, c)
     elif kind == PHASE_COMBINE:
-        one_token_combine(layer_plan(st, ly), c, <const float *>(st.scratch + st.layout.parts), H,
-                          D, D, attn)
+        cc = c
+        sg = combine_segment(st, 1 if ly.window > 0 else 0, &cc)
+        one_token_combine(layer_plan(sg, ly), cc,
+                          <const float *>(st.scratch + st.layout.parts)
+                          + (sg - st.segs) * MF_STEP_SPLIT_FLOATS, H, D, D, attn + sg.t0 * HD)
         if quantized_in_place(m, ly.wo_dt, D):
-            quantize_row_piece(attn, attnq, HD, c * D, (c + 1) * D)
+            quantize_row_piece(attn + sg.t0 * HD, attnq + sg.t0 * st.layout.attnq_row, HD,
+                               cc * D, (cc + 1) * D)
     elif kind == PHASE_QUANT_ATTN:
         for t in range(t0, t1):
             quantize_activation_row(attn + t * HD, attnq + t * st.layout.attnq_row, HD, ly.wo_dt)
@@ -434,10 +535,10 @@ cdef void run_chunk(const mf_step *st, const mf_phase *ph, Py_ssize_t c) noexcep
         rows = proj_rows(st)
         e0 = c * rows
         rb = ck_dtype_row_bytes(ly.wo_dt, HD)
-        linear_block(e0, <const char *>ly.wo, rb, ly.wo_dt, HD, ly.bo, E, min(E, e0 + rows),
-                     attn, HD, attnq if m.int8 and uses_q8_activations(ly.wo_dt) else NULL,
-                     st.layout.attnq_row, T, x if ly.post_attn_norm == NULL else y,
-                     x if ly.post_attn_norm == NULL else NULL, E)
+        linear_rows(st, e0, <const char *>ly.wo, rb, ly.wo_dt, HD, ly.bo, E, min(E, e0 + rows),
+                    attn, HD, attnq if m.int8 and uses_q8_activations(ly.wo_dt) else NULL,
+                    st.layout.attnq_row, x if ly.post_attn_norm == NULL else y,
+                    x if ly.post_attn_norm == NULL else NULL, E)
     elif kind == PHASE_POST_ATTN:
         for t in range(t0, t1):                 # x += rmsnorm(y, post_attn_norm)
             add_normalised(y + t * E, ly.post_attn_norm, E, m.eps, x + t * E, x + t * E)
@@ -445,8 +546,16 @@ cdef void run_chunk(const mf_step *st, const mf_phase *ph, Py_ssize_t c) noexcep
         normalise_rows(st, x, ly.ln2_gamma, t0, t1, ly.w1_dt, ly.w1_dt, ly.w1_dt)
     elif kind == PHASE_GATEUP:
         xq = q8_rows_for(st, ly.w1_dt, &xq_row)
-        swiglu_block(c * GEMM_ROWS, <const char *>ly.w1, ck_dtype_row_bytes(ly.w1_dt, E),
-                     ly.w1_dt, E, ly.b1, xn, xq, xq_row, T, I, I, act, m.activation)
+        if xq != NULL or st.n_segs == 1:        # (float activations: sequence by sequence)
+            swiglu_block(c * GEMM_ROWS, <const char *>ly.w1, ck_dtype_row_bytes(ly.w1_dt, E),
+                         ly.w1_dt, E, ly.b1, xn, xq, xq_row, T, I, I, act, m.activation)
+        else:
+            for s in range(st.n_segs):
+                sg = &st.segs[s]
+                swiglu_block(c * GEMM_ROWS, <const char *>ly.w1,
+                             ck_dtype_row_bytes(ly.w1_dt, E), ly.w1_dt, E, ly.b1,
+                             xn + sg.t0 * E, NULL, xq_row, sg.n, I, I, act + sg.t0 * I,
+                             m.activation)
         if quantized_in_place(m, ly.w2_dt, GEMM_ROWS):
             for t in range(T):
                 quantize_row_piece(act + t * I, actq + t * st.layout.actq_row, I, c * GEMM_ROWS,
@@ -457,47 +566,49 @@ cdef void run_chunk(const mf_step *st, const mf_phase *ph, Py_ssize_t c) noexcep
     elif kind == PHASE_DOWN:
         rows = proj_rows(st)
         e0 = c * rows
-        out = layer_out(st, ph.layer, x)
-        if ly.post_ffn_norm != NULL:            # the MLP's output first, normalised below
-            out = y
-        linear_block(e0, <const char *>ly.w2, ck_dtype_row_bytes(ly.w2_dt, I), ly.w2_dt, I,
-                     ly.b2, E, min(E, e0 + rows), act, I,
-                     actq if m.int8 and uses_q8_activations(ly.w2_dt) else NULL,
-                     st.layout.actq_row, T, out, x if ly.post_ffn_norm == NULL else NULL, E)
+        e1 = min(E, e0 + rows)
+        linear_rows(st, e0, <const char *>ly.w2, ck_dtype_row_bytes(ly.w2_dt, I), ly.w2_dt, I,
+                    ly.b2, E, e1, act, I,
+                    actq if m.int8 and uses_q8_activations(ly.w2_dt) else NULL,
+                    st.layout.actq_row, x if ly.post_ffn_norm == NULL else y,
+                    x if ly.post_ffn_norm == NULL else NULL, E)
         if st.hidden != NULL and ly.post_ffn_norm == NULL:
             hid = st.hidden + ph.layer * st.hidden_layer_stride
             for t in range(T):
-                memcpy(hid + t * E + e0, out + t * E + e0,
-                       (min(E, e0 + rows) - e0) * sizeof(float))
+                memcpy(hid + t * E + e0, x + t * E + e0, (e1 - e0) * sizeof(float))
     elif kind == PHASE_POST_FFN:
-        out = layer_out(st, ph.layer, x)
         for t in range(t0, t1):                 # x += rmsnorm(y, post_ffn_norm)
-            add_normalised(y + t * E, ly.post_ffn_norm, E, m.eps, x + t * E, out + t * E)
+            add_normalised(y + t * E, ly.post_ffn_norm, E, m.eps, x + t * E, x + t * E)
             if st.hidden != NULL:
-                memcpy(st.hidden + ph.layer * st.hidden_layer_stride + t * E, out + t * E,
+                memcpy(st.hidden + ph.layer * st.hidden_layer_stride + t * E, x + t * E,
                        E * sizeof(float))
     elif kind == PHASE_NORM_OUT:
         t1 = min(t0 + STEP_ROW_TOKENS, <Py_ssize_t>st.R)
-        for t in range(t0, t1):            # logit row t is token first_logit_row + t
-            rmsnorm_row(x + (st.first_logit_row + t) * E, m.out_norm, E, E, m.eps, xn + t * E)
-            xq = q8_rows_for(st, m.head_dt, &xq_row)
+        xq = q8_rows_for(st, m.head_dt, &xq_row)
+        for r in range(t0, t1):            # logit row r normalises the step's row logit_row[r]
+            rmsnorm_row(x + st.logit_row[r] * E, m.out_norm, E, E, m.eps, xn + r * E)
             if xq != NULL:
-                quantize_activation_row(xn + t * E, xq + t * xq_row, E, m.head_dt)
+                quantize_activation_row(xn + r * E, xq + r * xq_row, E, m.head_dt)
     elif kind == PHASE_HEAD:
         xq = q8_rows_for(st, m.head_dt, &xq_row)
         row_bytes = ck_dtype_row_bytes(m.head_dt, E)
-        e0 = c * HEAD_ROWS
-        while e0 < min(V, (c + 1) * HEAD_ROWS):
-            linear_block(e0, <const char *>m.head, row_bytes, m.head_dt, E, NULL, V,
-                         min(V, (c + 1) * HEAD_ROWS), xn, E, xq, xq_row, st.R, st.logits, NULL,
-                         V)
-            e0 += GEMM_ROWS
-        if m.final_softcap > 0.0:              # logits capped: softcap * tanh(z / softcap)
+        e1 = min(V, (c + 1) * HEAD_ROWS)
+        for s in range(st.n_segs):              # each sequence's rows into its own logits
+            sg = &st.segs[s]
+            if sg.logits == NULL:
+                continue
+            n_r = sg.n if sg.all_logits else 1
             e0 = c * HEAD_ROWS
-            for t in range(st.R):
-                for r in range(e0, min(V, e0 + HEAD_ROWS)):
-                    st.logits[t * V + r] = m.final_softcap * tanhf(st.logits[t * V + r]
-                                                                   / m.final_softcap)
+            while e0 < e1:
+                linear_block(e0, <const char *>m.head, row_bytes, m.head_dt, E, NULL, V, e1,
+                             xn + sg.r0 * E, E, xq + sg.r0 * xq_row if xq != NULL else NULL,
+                             xq_row, n_r, sg.logits, NULL, V)
+                e0 += GEMM_ROWS
+            if m.final_softcap > 0.0:          # logits capped: softcap * tanh(z / softcap)
+                for t in range(n_r):
+                    for r in range(c * HEAD_ROWS, e1):
+                        sg.logits[t * V + r] = m.final_softcap * tanhf(sg.logits[t * V + r]
+                                                                       / m.final_softcap)
 
 
 cdef void step_job(void *ctx, mf_team *team, int thread_id, uint32_t gen) noexcept nogil:
@@ -575,6 +686,29 @@ cdef void run_step_alone(mf_step *st, uint32_t total) noexcept nogil:
         run_chunk(st, ph, chunk)
 
 
+cdef void run_step(mf_step *st, mf_team *team) noexcept nogil:
+    """The step of st.segs (their t0, n, pos, caches and outputs set; st.tokens / x_in its
+    rows): planned, run on the team or alone, each sequence's last-layer rows copied to its
+    x_out."""
+    cdef const mf_model *m = st.m
+    cdef const float *x = <const float *>(st.scratch + st.layout.x)
+    cdef uint32_t total
+    cdef bint solo
+    cdef int s
+    plan_segments(st)
+    solo = team.n_threads == 1 or step_is_small(st, st.solo_bytes // <size_t>st.T)
+    st.n_threads = 1 if solo else team.n_threads
+    total = plan_step(st)
+    if solo:
+        run_step_alone(st, total)
+    else:
+        mf_team_run(team, total, step_job, st)
+    for s in range(st.n_segs):
+        if st.segs[s].x_out != NULL:
+            memcpy(st.segs[s].x_out, x + st.segs[s].t0 * m.E,
+                   st.segs[s].n * m.E * sizeof(float))
+
+
 cdef void model_forward_kernel(
         mf_step *st,               # the model, its scratch and phase table (the boundary's)
         mf_team *team,
@@ -587,33 +721,41 @@ cdef void model_forward_kernel(
         float *x_out,              # [T, E] hidden states out (no head), or NULL
         float *hidden,             # [L, T, E] every layer's output, or NULL
         int num_threads) noexcept nogil:
-    """Tokens (or hidden states) at positions start_pos .. start_pos+T-1 through the model, in
-    steps of at most MF_STEP_TOKENS tokens; their k, v are appended to the caches."""
+    """Tokens (or hidden states) at positions start_pos .. start_pos+T-1 of the model's own
+    sequence (the layers' caches), in steps of at most MF_STEP_TOKENS tokens; their k, v are
+    appended to the caches."""
     cdef Py_ssize_t T = tokens_n, t0 = 0, nt
-    cdef uint32_t total
-    cdef bint solo
     cdef const mf_model *m = st.m
+    cdef mf_segment *sg = &st.segs[0]
     st.hidden_layer_stride = T * m.E
+    st.n_segs = 1
+    sg.k_cache = sg.v_cache = NULL
     while t0 < T:
         nt = min(<Py_ssize_t>MF_STEP_TOKENS, T - t0)
-        st.T = <int>nt
-        st.S = start_pos + <int>t0
+        sg.n, sg.pos = <int>nt, start_pos + <int>t0
         st.tokens = tokens + t0 if tokens != NULL else NULL
         st.x_in = x_in + t0 * m.E if x_in != NULL else NULL
-        st.x_out = x_out + t0 * m.E if x_out != NULL else NULL
+        sg.x_out = x_out + t0 * m.E if x_out != NULL else NULL
         st.hidden = hidden + t0 * m.E if hidden != NULL else NULL
-        if logits == NULL:
-            st.R = 0
-        elif all_logits:
-            st.R, st.first_logit_row, st.logits = <int>nt, 0, logits + t0 * m.V
+        sg.all_logits = all_logits
+        if logits == NULL or (not all_logits and t0 + nt < T):
+            sg.logits = NULL
         else:
-            st.R = 1 if t0 + nt == T else 0
-            st.first_logit_row, st.logits = <int>nt - 1, logits
-        solo = team.n_threads == 1 or step_is_small(st, st.solo_bytes // <size_t>nt)
-        st.n_threads = 1 if solo else team.n_threads
-        total = plan_step(st)
-        if solo:
-            run_step_alone(st, total)
-        else:
-            mf_team_run(team, total, step_job, st)
+            sg.logits = logits + t0 * m.V if all_logits else logits
+        run_step(st, team)
         t0 += nt
+
+
+cdef void model_batch_kernel(
+        mf_step *st,               # st.segs[:n_segs]: each sequence's n, pos, caches, outputs
+        mf_team *team,
+        const int32_t *tokens,     # [T] every sequence's token ids, in order (T <= MF_STEP_TOKENS)
+        int n_segs,
+        int num_threads) noexcept nogil:
+    """One step of several sequences' tokens (a batch): the weights read once for all of them,
+    every row computed as in a step of its sequence alone."""
+    st.n_segs = n_segs
+    st.tokens = tokens
+    st.x_in = NULL
+    st.hidden = NULL
+    run_step(st, team)
