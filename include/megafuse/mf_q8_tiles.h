@@ -41,6 +41,9 @@
 #define MF_Q8_TILE_TOKENS 64     /* tokens one tile call accumulates (its stack accumulators) */
 #define MF_Q8_TILE_ACT_BYTES (192 * 1024)   /* activation rows a pass of the tiles keeps in L2 */
 #define MF_Q8_CHUNK 1024         /* weights of each row decoded at once: 8 groups, 4 super-blocks */
+#ifndef MF_Q8_FEW_TOKENS
+#  define MF_Q8_FEW_TOKENS 4     /* up to this many tokens, one-token dots a token (rows in L1) */
+#endif
 #ifndef MF_Q_TILE_PF
 #  define MF_Q_TILE_PF 1         /* tokens ahead whose activation groups the tiles prefetch to L1 */
 #endif
@@ -1212,6 +1215,11 @@ static inline void mf_q8_rows_tokens(int dt, const void *const *w, int nr, const
     case CK_DT_Q5_1: tile = mf_q8_tile_q5_1; break;
     case CK_DT_Q8_0: tile = mf_q8_tile_q8_0; break;
     default: break;
+    }
+    if (one != NULL && nt <= MF_Q8_FEW_TOKENS) {   /* a few tokens: the rows stay in L1 */
+        for (int t = 0; t < nt; t++)
+            one(wp, a + t * a_stride, n, out + 4 * t);
+        return;
     }
     if (one != NULL) {
         int t = 0;
