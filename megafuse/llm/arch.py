@@ -184,6 +184,7 @@ def _llama_layer(*, qkv_bias: bool = False, fused_qkv: bool = False,
 COMMON_HPARAMS: Tuple[Tuple[str, str], ...] = (
     ("block_count", "block_count"),
     ("context_length", "context_length"),
+    ("vocab_size", "vocab_size"),
     ("embed_dim", "embedding_length"),
     ("num_heads", "attention.head_count"),
     ("num_kv_heads", "attention.head_count_kv"),

@@ -34,12 +34,19 @@ Hyper-parameters come from the metadata: ``{arch}.embedding_length``,
 ``.attention.head_count``, ``.attention.head_count_kv`` (default: head_count),
 ``.attention.layer_norm_rms_epsilon``, ``.rope.freq_base`` (default 10000),
 ``.feed_forward_length``, ``.attention.key_length`` (default embedding_length / head_count),
-``.context_length``; Llama 3's ``rope_freqs.weight`` tensor and linear RoPE scaling are applied
-to the RoPE tables; other RoPE scalings (YaRN, ...) and partial rotary dimensions are
-NotImplementedError.  Each is checked as it is read: an integer where an integer is expected
-(a dimension >= 1; head counts and feed_forward_length may be one value per layer, as
-llama.cpp allows), a finite number > 0 for the epsilon and the RoPE base and factor; any other
-value is a ValueError naming the key.
+``.context_length``; Llama 3's ``rope_freqs.weight`` tensor, Phi-3's LongRoPE factors, linear
+and YaRN RoPE scaling are applied to the RoPE tables; other RoPE scalings and partial rotary
+dimensions are NotImplementedError.  Each is checked as it is read: an integer where an integer
+is expected (a dimension in 1..2**31 - 1; head counts and feed_forward_length may be one value
+per layer, as llama.cpp allows), a number that is finite and > 0 in float64 and in float32
+(the kernels' precision) for the epsilon, the RoPE bases and factors, >= 0 for the
+soft-caps; values that contradict each other (head counts, embedding_length, key_length,
+rope.dimension_count) are refused too.  Any such value is a ValueError naming the file and the
+key.
+
+``check_file`` is what the loaders run before they copy anything: every layer's
+hyper-parameters, every tensor's name, presence, shape and type against the architecture's row,
+and the vocabulary against the embedding (docs/contract.md §8.7: what a broken file gets).
 
     layer = megafuse.DecoderLayer.from_gguf("qwen2.5-0.5b-instruct-q8_0.gguf", layer_index=0)
 """
@@ -49,6 +56,7 @@ import enum
 import math
 import mmap
 import os
+import re
 import struct
 from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Tuple, Union
 
@@ -518,6 +526,20 @@ def ck_dtype(ggml_type: Any, tensor_name: str = "tensor") -> CKDataType:
     return GGML_TO_CK[name]
 
 
+def file_name(reader: Any) -> str:
+    """How an error names a reader's file: its path (a GGUFFile's, or a gguf.GGUFReader's
+    memmap's), else "GGUF file"."""
+    path = getattr(reader, "path", None)
+    if path is None:
+        path = getattr(getattr(reader, "data", None), "filename", None)
+    return os.fsdecode(path) if path is not None else "GGUF file"
+
+
+def _error(reader: Any, what: str) -> ValueError:
+    """A ValueError about a file: ``{path}: {what}`` (what names the key or the tensor)."""
+    return ValueError(f"{file_name(reader)}: {what}")
+
+
 def _field(reader: Any, key: str, default: Any = None, index: Optional[int] = None) -> Any:
     """A metadata value, as stored (an array value: its element ``index``, for per-layer
     values; ValueError naming the key if the array has no such element)."""
@@ -535,8 +557,8 @@ def _field(reader: Any, key: str, default: Any = None, index: Optional[int] = No
     if isinstance(value, list) and index is not None and value and \
             not isinstance(value[0], str):
         if not 0 <= index < len(value):
-            raise ValueError(f"GGUF metadata: {key}: an array of {len(value)} values has no "
-                             f"value for layer {index}")
+            raise _error(reader, f"{key}: an array of {len(value)} values has no value for "
+                                 f"layer {index}")
         return value[index]
     return value
 
@@ -564,51 +586,70 @@ def _metadata(reader: Any, key: str, default: Any, layer: Optional[int] = None,
     value = _field(reader, key)
     if value is None:
         if default is _REQUIRED:
-            raise ValueError(f"GGUF metadata: {key} is missing")
+            raise _error(reader, f"{key} is missing")
         return _MISSING, key
     if not isinstance(value, list):
         return value, key
     if layer is None:
-        raise ValueError(f"GGUF metadata: {key}: expected one value, got {_describe(value)}")
+        raise _error(reader, f"{key}: expected one value, got {_describe(value)}")
     if n_layers is not None and len(value) != n_layers:
-        raise ValueError(f"GGUF metadata: {key}: expected one value or one per layer "
-                         f"(block_count = {n_layers}), got {_describe(value)}")
+        raise _error(reader, f"{key}: expected one value or one per layer (block_count = "
+                             f"{n_layers}), got {_describe(value)}")
     if not 0 <= layer < len(value):
-        raise ValueError(f"GGUF metadata: {key}: {_describe(value)} has no value for layer "
-                         f"{layer}")
+        raise _error(reader, f"{key}: {_describe(value)} has no value for layer {layer}")
     return value[layer], f"{key}[{layer}]"
+
+
+#: The largest dimension, window or count the native step takes (a C int).
+MAX_DIM = 2**31 - 1
+#: The most layers a GGUF model has: llama.cpp's LLAMA_MAX_LAYERS (it asserts
+#: 0 < n_layer <= 512 at load), so that a per-layer list never grows with a corrupt count.
+MAX_LAYERS = 512
 
 
 def _int_field(reader: Any, key: str, default: Any = _REQUIRED, *,
                layer: Optional[int] = None, n_layers: Optional[int] = None,
-               minimum: int = 1) -> Any:
-    """An integer hyper-parameter >= minimum (default 1: a dimension); default when the key is
-    missing (missing and no default: ValueError).  A float, a string, a boolean, an array
-    (unless per-layer: see _metadata) or a value < minimum: ValueError naming the key."""
+               minimum: int = 1, maximum: Optional[int] = MAX_DIM, why: str = "") -> Any:
+    """An integer hyper-parameter in minimum..maximum (default 1..MAX_DIM: a dimension the
+    step takes; maximum None: no bound); default when the key is missing (missing and no
+    default: ValueError).  A float, a string, a boolean, an array (unless per-layer: see
+    _metadata) or a value out of range: ValueError naming the file and the key (``why``: the
+    reason for the maximum, for the message)."""
     value, name = _metadata(reader, key, default, layer, n_layers)
     if value is _MISSING:
         return default
     if not _is_int(value):
-        raise ValueError(f"GGUF metadata: {name}: expected an integer, got {_describe(value)}")
+        raise _error(reader, f"{name}: expected an integer, got {_describe(value)}")
     if value < minimum:
-        raise ValueError(f"GGUF metadata: {name}: expected an integer >= {minimum}, got "
-                         f"{int(value)}")
+        raise _error(reader, f"{name}: expected an integer >= {minimum}, got {int(value)}")
+    if maximum is not None and value > maximum:
+        raise _error(reader, f"{name}: expected an integer <= {maximum}"
+                             f"{why or ' (a C int of the native step)'}, got {int(value)}")
     return int(value)
 
 
-def _float_field(reader: Any, key: str, default: Any = _REQUIRED) -> Any:
+def _float_field(reader: Any, key: str, default: Any = _REQUIRED, *,
+                 zero_ok: bool = False) -> Any:
     """A float hyper-parameter, finite and > 0 (an epsilon, a RoPE base or factor: NaN, inf,
-    0 or a negative value would give NaN / inf logits, not an error); default when the key is
-    missing.  An integer is taken; a string, a boolean, an array: ValueError naming the key."""
+    0 or a negative value would give NaN / inf logits, not an error; zero_ok: 0 too, a
+    soft-cap's "not capped"), and still so in float32, the kernels' precision (an epsilon of
+    1e300 is inf there, and every logit 0); default when the key is missing.  An integer is
+    taken; a string, a boolean, an array: ValueError naming the file and the key."""
     value, _ = _metadata(reader, key, default)
     if value is _MISSING:
         return default
     if not _is_number(value):
-        raise ValueError(f"GGUF metadata: {key}: expected a number, got {_describe(value)}")
-    if not (math.isfinite(value) and value > 0):
-        raise ValueError(f"GGUF metadata: {key}: expected a finite value > 0, got "
-                         f"{float(value)!r}")
-    return float(value)
+        raise _error(reader, f"{key}: expected a number, got {_describe(value)}")
+    v = float(value)
+    lowest = ">= 0" if zero_ok else "> 0"
+    if not (math.isfinite(v) and (v > 0 or (zero_ok and v == 0))):
+        raise _error(reader, f"{key}: expected a finite value {lowest}, got {v!r}")
+    with np.errstate(over="ignore", under="ignore"):
+        single = np.float32(v)
+    if not (np.isfinite(single) and (single > 0 or v == 0)):
+        raise _error(reader, f"{key}: {v!r} is {float(single)!r} in float32, the kernels' "
+                             f"precision: expected a value that is finite and {lowest} there")
+    return v
 
 
 def _str_field(reader: Any, key: str, default: Any = _REQUIRED) -> Any:
@@ -618,14 +659,25 @@ def _str_field(reader: Any, key: str, default: Any = _REQUIRED) -> Any:
     if value is _MISSING:
         return default
     if not isinstance(value, str):
-        raise ValueError(f"GGUF metadata: {key}: expected a string, got {_describe(value)}")
+        raise _error(reader, f"{key}: expected a string, got {_describe(value)}")
     return value
+
+
+def _architecture(reader: Any) -> _arch.Architecture:
+    """The row of the file's ``general.architecture`` (megafuse.llm.arch): missing or not a
+    string, a ValueError; an architecture megafuse does not run, a NotImplementedError; each
+    naming the file."""
+    name = _str_field(reader, "general.architecture")
+    try:
+        return _arch.architecture(name)
+    except NotImplementedError as exc:
+        raise NotImplementedError(f"{file_name(reader)}: {exc}") from None
 
 
 def architecture(reader: Any) -> str:
     """``general.architecture``; NotImplementedError unless megafuse.llm.arch has a row for it
     (missing or not a string: ValueError)."""
-    return _arch.architecture(_str_field(reader, "general.architecture")).name
+    return _architecture(open_reader(reader)).name
 
 
 def _keys(arch: _arch.Architecture) -> Dict[str, str]:
@@ -633,44 +685,100 @@ def _keys(arch: _arch.Architecture) -> Dict[str, str]:
     return {role: f"{arch.name}.{key}" for role, key in _arch.COMMON_HPARAMS + arch.hparams}
 
 
+def _block_count(reader: Any, key: Dict[str, str]) -> int:
+    L: int = _int_field(reader, key["block_count"], maximum=MAX_LAYERS,
+                        why=" (llama.cpp's LLAMA_MAX_LAYERS)")
+    return L
+
+
+def _head_dims(reader: Any, key: Dict[str, str], L: int,
+               layer: int) -> Tuple[int, int, int, int, int]:
+    """(E, H, G, D, Dv) of a layer: embedding_length, the head counts, key_length (default
+    E / H) and value_length (default key_length).  Values that contradict each other are a
+    broken file (ValueError naming the file and the keys); NotImplementedError is kept for a
+    consistent file that uses what megafuse does not run (hparams decides)."""
+    E = _int_field(reader, key["embed_dim"])
+    H = _int_field(reader, key["num_heads"], layer=layer, n_layers=L)
+    G = _int_field(reader, key["num_kv_heads"], H, layer=layer, n_layers=L)
+    if H % G:
+        raise _error(reader, f"{key['num_heads']} = {H} is not a multiple of "
+                             f"{key['num_kv_heads']} = {G} (query heads share kv heads in "
+                             f"equal groups)")
+    D = _int_field(reader, key["head_dim"], None)
+    if D is None:
+        if E % H:
+            raise _error(reader, f"{key['embed_dim']} = {E} is not a multiple of "
+                                 f"{key['num_heads']} = {H}, and {key['head_dim']} is "
+                                 f"missing (head_dim would be embedding_length / head_count)")
+        D = E // H
+    Dv = _int_field(reader, key["value_dim"], D)
+    return E, H, G, D, Dv
+
+
+def _check_core_shapes(reader: Any, arch: _arch.Architecture) -> None:
+    """The file's own tensors against the dimensions of its metadata, before a
+    NotImplementedError is raised for a feature: the token embedding's columns (E) and layer
+    0's attention matrices (H, G, D; v and the output by value_length).  A corrupt head_count
+    or embedding_length then reads as the broken file it is (ValueError), not as an
+    unsupported feature (partial rotary dimensions, value_length != key_length, ...)."""
+    key = _keys(arch)
+    E, H, G, D, Dv = _head_dims(reader, key, _block_count(reader, key), 0)
+    names = _tensor_map(reader)
+    for spec in _arch.COMMON_MODEL_TENSORS + arch.model_tensors:
+        if spec.role == "embedding" and spec.gguf in names:
+            ne = [int(n) for n in names[spec.gguf].shape]
+            if ne[0] != E:
+                raise _error(reader, f"{spec.gguf}: {ne[0]} columns, but {key['embed_dim']} = "
+                                     f"{E} (GGML shape {ne})")
+    for spec in arch.layer_tensors:
+        name = f"blk.0.{spec.gguf}"
+        if name in names and spec.role in ("wq", "wk", "wv", "wo", "wqkv"):
+            d = Dv if spec.role in ("wv", "wo") else D
+            _check_shape(reader, name, _arch.shape_of(spec, {"E": E, "H": H, "G": G, "D": d}))
+
+
 def hparams(source: PathOrReader, layer_index: int = 0) -> Dict[str, Any]:
     """The hyper-parameters of a file of an architecture megafuse runs (megafuse.llm.arch),
     named as DecoderLayer's keywords: architecture, block_count, context_length, embed_dim,
     num_heads, num_kv_heads, head_dim, intermediate_dim, eps, rope_theta, rope_position_scale
     (per-layer arrays: the value of ``layer_index``).  A missing key, a value of the wrong type,
-    a dimension < 1, a per-layer array without one value per layer, an epsilon or RoPE base
-    that is not finite and > 0: ValueError naming the key."""
+    a dimension < 1 or past a C int, more than MAX_LAYERS layers, a per-layer array without
+    one value per layer, a float that is not finite and > 0 in float32 too, values that
+    contradict each other: ValueError naming the file and the key.  A valid value megafuse
+    does not run: NotImplementedError naming the file and the key, once every value is read (a
+    file both broken and unsupported is a ValueError)."""
     reader = open_reader(source)
-    arch = _arch.architecture(_str_field(reader, "general.architecture"))
+    arch = _architecture(reader)
+    where = file_name(reader)
     key = _keys(arch)
-    L = _int_field(reader, key["block_count"])
-    per_layer = {"layer": layer_index, "n_layers": L}
-    E = _int_field(reader, key["embed_dim"])
-    H = _int_field(reader, key["num_heads"], **per_layer)
-    G = _int_field(reader, key["num_kv_heads"], H, **per_layer)
-    D = _int_field(reader, key["head_dim"], None)
-    if D is None:
-        if E < H:
-            raise ValueError(f"GGUF metadata: {key['num_heads']}: {H} heads of "
-                             f"embedding_length = {E} leave no head_dim (and "
-                             f"{key['head_dim']} is missing)")
-        D = E // H
-    Dv = _int_field(reader, key["value_dim"], None)
-    if Dv is not None and Dv != D:
-        raise NotImplementedError(f"{key['value_dim']} = {Dv} differs from "
-                                  f"key_length = {D}: not supported")
-    experts = _int_field(reader, key["expert_count"], None, minimum=0)
+    L = _block_count(reader, key)
+    E, H, G, D, Dv = _head_dims(reader, key, L, layer_index)
+    # What megafuse does not run is a NotImplementedError, raised once every value has been
+    # read and checked: a file that is broken as well is a ValueError first.
+    unsupported: List[str] = []
+    if Dv != D:
+        unsupported.append(f"{key['value_dim']} = {Dv} differs from key_length = {D}: not "
+                           f"supported")
+    experts = _int_field(reader, key["expert_count"], None, minimum=0, maximum=None)
     if experts:
-        raise NotImplementedError(f"{key['expert_count']} = {experts}: mixture-of-experts "
-                                  f"layers are not supported")
+        unsupported.append(f"{key['expert_count']} = {experts}: mixture-of-experts layers are "
+                           f"not supported")
     rope_dims = _int_field(reader, key["rope_dims"], None, minimum=0)
+    if rope_dims is not None and rope_dims > D:
+        raise _error(reader, f"{key['rope_dims']} = {rope_dims} is more than head_dim = {D}: "
+                             f"RoPE rotates dimensions of a head")
     if rope_dims is not None and rope_dims != D:
-        raise NotImplementedError(f"{key['rope_dims']} = {rope_dims}: partial rotary "
-                                  f"embeddings (head_dim = {D}) are not supported")
+        unsupported.append(f"{key['rope_dims']} = {rope_dims}: partial rotary embeddings "
+                           f"(head_dim = {D}) are not supported")
+    elif D % 2:
+        source_of_d = key["head_dim"] if key["head_dim"] in reader.fields else \
+            "embedding_length / head_count"
+        raise _error(reader, f"head_dim = {D} ({source_of_d}) is odd: RoPE rotates pairs of "
+                             f"dimensions")
     scaling = _str_field(reader, key["rope_scaling"], "none")
     position_scale, yarn = 1.0, None
-    context = _int_field(reader, key["context_length"], 0, minimum=0)
-    original = _int_field(reader, key["rope_original_context"], context or None)
+    context = _int_field(reader, key["context_length"], 0, minimum=0, maximum=None)
+    original = _int_field(reader, key["rope_original_context"], context or None, maximum=None)
     if scaling in ("linear", "yarn"):
         # llama.cpp reads a factor of 0 as no scaling (rope_freq_scale_train = 1), as we do
         raw = _field(reader, key["rope_scaling_factor"])
@@ -679,20 +787,26 @@ def hparams(source: PathOrReader, layer_index: int = 0) -> Dict[str, Any]:
         if scaling == "linear":
             position_scale = 1.0 / factor
         elif original is None:
-            raise ValueError(f"GGUF metadata: {key['rope_scaling']} = 'yarn' needs "
-                             f"{key['rope_original_context']} (or {key['context_length']})")
+            raise _error(reader, f"{key['rope_scaling']} = 'yarn' needs "
+                                 f"{key['rope_original_context']} (or {key['context_length']})")
         else:
             yarn = (factor, original, _float_field(reader, key["yarn_beta_fast"], 32.0),
                     _float_field(reader, key["yarn_beta_slow"], 1.0))
     elif scaling != "none":
-        raise NotImplementedError(f"{key['rope_scaling']} = {scaling!r}: linear and yarn RoPE "
-                                  f"scaling are supported")
+        unsupported.append(f"{key['rope_scaling']} = {scaling!r}: linear and yarn RoPE "
+                           f"scaling are supported")
     features = _features(reader, arch, key, L, E, H, D)
     rope_theta = _float_field(reader, key["rope_theta"], 10000.0)
     swa = arch.sliding_window
     rope_theta_swa = rope_theta if swa is None or swa.rope_base is None else swa.rope_base
     rope_theta_swa = _float_field(reader, key["rope_theta_swa"], rope_theta_swa)
     scale_swa = position_scale if swa is None or swa.rope_scaling else 1.0
+    intermediate_dim = _int_field(reader, key["intermediate_dim"], layer=layer_index,
+                                  n_layers=L)
+    eps = _float_field(reader, key["eps"], 1e-6)
+    attn_factor = _float_field(reader, key["rope_attn_factor"], 1.0)
+    if unsupported:
+        raise NotImplementedError(f"{where}: {unsupported[0]}")
     return {
         "architecture": arch.name,
         "block_count": L,
@@ -701,12 +815,12 @@ def hparams(source: PathOrReader, layer_index: int = 0) -> Dict[str, Any]:
         "num_heads": H,
         "num_kv_heads": G,
         "head_dim": D,
-        "intermediate_dim": _int_field(reader, key["intermediate_dim"], **per_layer),
-        "eps": _float_field(reader, key["eps"], 1e-6),
+        "intermediate_dim": intermediate_dim,
+        "eps": eps,
         "rope_theta": rope_theta,
         "rope_position_scale": position_scale,
         "rope_yarn": yarn,
-        "rope_attn_factor": _float_field(reader, key["rope_attn_factor"], 1.0),
+        "rope_attn_factor": attn_factor,
         "rope_original_context": original or 0,
         "rope_theta_swa": rope_theta_swa,
         "rope_position_scale_swa": scale_swa,
@@ -719,13 +833,8 @@ def _features(reader: Any, arch: _arch.Architecture, key: Dict[str, str], L: int
     """The layer features of a file (megafuse.llm.arch): embed_scale, attn_scale,
     attn_softcap, final_softcap, gate, sliding_window and window_layers (one bool a layer)."""
     def cap(role: str, default: float) -> float:
-        raw = _field(reader, key[role])
-        if raw is None:
-            return default
-        if not _is_number(raw) or not (math.isfinite(raw) and raw >= 0):
-            raise ValueError(f"GGUF metadata: {key[role]}: expected a finite value >= 0, got "
-                             f"{_describe(raw)}")
-        return float(raw)
+        value: float = _float_field(reader, key[role], default, zero_ok=True)
+        return value
     window, layers = 0, [False] * L
     swa = arch.sliding_window
     if swa is not None:
@@ -733,15 +842,20 @@ def _features(reader: Any, arch: _arch.Architecture, key: Dict[str, str], L: int
         pattern = _field(reader, key["sliding_window_pattern"])
         if isinstance(pattern, list):
             if len(pattern) != L or not all(isinstance(b, bool) for b in pattern):
-                raise ValueError(f"GGUF metadata: {key['sliding_window_pattern']}: expected an "
-                                 f"integer or one boolean a layer ({L}), got {_describe(pattern)}")
+                raise _error(reader, f"{key['sliding_window_pattern']}: expected an integer "
+                                     f"or one boolean a layer ({L}), got {_describe(pattern)}")
             layers = [bool(b) for b in pattern]
         else:
-            n = _int_field(reader, key["sliding_window_pattern"], swa.pattern, minimum=0)
+            n = _int_field(reader, key["sliding_window_pattern"], swa.pattern, minimum=0,
+                           maximum=None)
             layers = [n == 0 or i % n < n - 1 for i in range(L)]
         if window == 0:
             layers = [False] * L
     scale_dim = E // H if L in arch.attn_scale_by_embed_at else D
+    if scale_dim < 1:       # (only with key_length given: else E is a multiple of H)
+        raise _error(reader, f"{key['embed_dim']} = {E} is less than {key['num_heads']} = {H}: "
+                             f"a {arch.name} model of {L} layers scales its scores by "
+                             f"1/sqrt(embedding_length / head_count)")
     return {
         "embed_scale": float(np.float32(math.sqrt(E))) if arch.embedding_scale == "sqrt_embed"
         else 1.0,
@@ -788,28 +902,37 @@ def tensor(source: PathOrReader, name: str) -> Tuple[npt.NDArray[Any], CKDataTyp
     return data, dt
 
 
+def _ck_dtype_of(reader: Any, name: str) -> CKDataType:
+    """The megafuse format of a tensor of the file (NotImplementedError naming the file, the
+    tensor and its type)."""
+    return ck_dtype(_tensor_map(reader)[name].tensor_type, f"{file_name(reader)}: {name}")
+
+
 def _float_vector(reader: Any, name: str, size: int) -> npt.NDArray[np.float32]:
     """A norm weight or bias as float32 [size] (zero-copy when stored F32)."""
+    _check_shape(reader, name, (size,))
+    _ck_dtype_of(reader, name)
     data, dt = tensor(reader, name)
     if dt == CKDataType.FP32:
         out = data.reshape(-1)
     else:
-        import megafuse as _mf
-        try:
-            out = _mf.dequantize(np.ascontiguousarray(data), dt, size).reshape(-1)
-        except ValueError as exc:
-            raise ValueError(f"{name}: expected {size} values ({exc})") from None
-    if out.size != size:
-        raise ValueError(f"{name}: expected {size} values, got {out.size}")
+        out = _mf.dequantize(np.ascontiguousarray(data), dt, size).reshape(-1)
     return out
 
 
+def _check_shape(reader: Any, name: str, shape: Tuple[int, ...]) -> None:
+    """The tensor's GGML dims are shape's, reversed (columns first); further dims may only be
+    1 (as llama.cpp's check_tensor_dims): else a ValueError naming the file and the tensor."""
+    ne = [int(n) for n in _tensor_map(reader)[name].shape]
+    want = list(reversed(shape))
+    if len(ne) < len(want) or ne[:len(want)] != want or any(n != 1 for n in ne[len(want):]):
+        what = (f"a [{shape[0]}, {shape[1]}] matrix" if len(shape) == 2
+                else f"a vector of {shape[0]}")
+        raise _error(reader, f"{name}: expected GGML shape {want} ({what}), got {ne}")
+
+
 def _check_matrix(reader: Any, name: str, rows: int, cols: int) -> None:
-    t = _tensor_map(reader)[name]
-    ne = [int(n) for n in t.shape]
-    if ne[:2] != [cols, rows] or any(n != 1 for n in ne[2:]):
-        raise ValueError(f"{name}: expected GGML shape [{cols}, {rows}] (a [{rows}, {cols}] "
-                         f"matrix), got {ne}")
+    _check_shape(reader, name, (rows, cols))
 
 
 def unpermute_rows(w: npt.NDArray[Any], n_head: int) -> npt.NDArray[Any]:
@@ -859,9 +982,144 @@ def _layer_tensor(reader: Any, name: str, spec: _arch.TensorSpec,
     shape = _arch.shape_of(spec, dims)
     if len(shape) == 1:
         return _float_vector(reader, name, shape[0]), None
-    data, dt = tensor(reader, name)
     _check_matrix(reader, name, *shape)
-    return data, dt
+    _ck_dtype_of(reader, name)
+    return tensor(reader, name)
+
+
+_LAYER_TENSOR = re.compile(r"blk\.(0|[1-9][0-9]*)\.(.+)")    # blk.N.<name>, N in decimal
+
+
+def check_file(source: PathOrReader, *, whole_model: bool = True) -> Dict[str, Any]:
+    """Everything megafuse checks in a model file before it reads a weight (Model.from_gguf
+    and DecoderLayer.from_gguf run it first, so that a broken file is refused before anything
+    is copied or allocated).  Returns the hyper-parameters of layer 0 (``hparams``) and
+    ``vocab_size`` (the token embedding's rows; None in a file of layers only).
+    whole_model=False (DecoderLayer) takes a file of layers only: the model's own tensors
+    are then checked only if the file has them.
+
+    In order: the hyper-parameters of every layer (``hparams``; before one is called
+    unsupported, the token embedding and layer 0's attention matrices against them); the
+    tensors' names against the architecture's row of megafuse.llm.arch -- a tensor the row does
+    not list (``blk.N.x`` of an unknown x, ``blk.N`` with N >= block_count, an unknown model
+    tensor) is a ValueError, as llama.cpp refuses it; every required tensor of every layer and
+    of the model present; every tensor's GGML shape as its rule says for its layer's
+    hyper-parameters, and its type one megafuse runs (else NotImplementedError); the output
+    head's rows, ``{arch}.vocab_size`` and the length of ``tokenizer.ggml.tokens`` equal to the
+    embedding's rows; the RoPE frequency factors (Llama 3's, LongRoPE's) finite and > 0.  Every
+    ValueError and NotImplementedError names the file and the key or the tensor."""
+    reader = open_reader(source)
+    arch = _architecture(reader)
+    try:
+        hp = hparams(reader, 0)
+    except NotImplementedError:
+        _check_core_shapes(reader, arch)        # (a ValueError if the metadata lies)
+        raise
+    key = _keys(arch)
+    L = hp["block_count"]
+    names = _tensor_map(reader)
+    layer_names = {t.gguf for t in arch.layer_tensors}
+    model_specs = {t.gguf: t for t in _arch.COMMON_MODEL_TENSORS + arch.model_tensors}
+    layers_present = set()
+    for name in names:
+        m = _LAYER_TENSOR.fullmatch(name)
+        if m is None:
+            if name not in model_specs:
+                raise _error(reader, f"{name}: not a tensor of a {arch.name} model (it has "
+                                     f"{', '.join(sorted(model_specs))} and blk.N.* layer "
+                                     f"tensors)")
+            continue
+        index, rest = m.groups()
+        if rest not in layer_names:
+            raise _error(reader, f"{name}: not a tensor of a {arch.name} layer (a layer has "
+                                 f"{', '.join(sorted(layer_names))})")
+        if len(index) > len(str(L)) or int(index) >= L:
+            raise _error(reader, f"{name}: a tensor of layer {index}, but {key['block_count']} "
+                                 f"= {L} (layers 0..{L - 1})")
+        layers_present.add(int(index))
+    for layer in range(L):
+        for full, spec in arch.tensor_names(layer).items():
+            if spec.required and full not in names:
+                held = (f"; it has tensors of layers {_ranges(sorted(layers_present))}"
+                        if layers_present else "; it has no layer tensors")
+                raise _error(reader, f"{full}: a {arch.name} layer needs this tensor; the file "
+                                     f"has none ({key['block_count']} = {L}{held})")
+    for layer in range(L):
+        hl = hp if layer == 0 else hparams(reader, layer)
+        dims = {"E": hl["embed_dim"], "H": hl["num_heads"], "G": hl["num_kv_heads"],
+                "D": hl["head_dim"], "I": hl["intermediate_dim"]}
+        for full, spec in arch.tensor_names(layer).items():
+            if full in names:
+                _check_shape(reader, full, _arch.shape_of(spec, dims))
+                _ck_dtype_of(reader, full)
+    E, D = hp["embed_dim"], hp["head_dim"]
+    for spec in model_specs.values():
+        if spec.required and spec.gguf not in names and whole_model:
+            raise _error(reader, f"{spec.gguf}: a {arch.name} model needs this tensor; the file "
+                                 f"has none")
+    embedding = next(s.gguf for s in model_specs.values() if s.role == "embedding")
+    head = next(s.gguf for s in model_specs.values() if s.role == "head")
+    rows_of = embedding if embedding in names else head     # (no embedding: a layers' file)
+    V: Optional[int] = None
+    if rows_of in names:
+        ne = [int(n) for n in names[rows_of].shape]
+        V = ne[1] if len(ne) > 1 else 1         # (a 1-d matrix: its shape check says so)
+    dims = {"E": E, "D": D, "V": V or 0}
+    for spec in model_specs.values():
+        if spec.gguf not in names:
+            continue
+        ne = [int(n) for n in names[spec.gguf].shape]
+        if spec.gguf == head and len(ne) > 1 and ne[0] == E and ne[1] != V:
+            raise _error(reader, f"{spec.gguf}: {ne[1]} rows (the output head's vocabulary), "
+                                 f"but {embedding} has {V}")
+        _check_shape(reader, spec.gguf, _arch.shape_of(spec, dims))
+        _ck_dtype_of(reader, spec.gguf)
+    if V is not None:
+        _check_vocabulary(reader, key, embedding, V)
+    for spec in model_specs.values():       # they divide the RoPE frequencies
+        if spec.role in _ROPE_FACTOR_ROLES and spec.gguf in names:
+            values = _float_vector(reader, spec.gguf, D // 2)
+            if not (np.isfinite(values).all() and (values > 0).all()):
+                raise _error(reader, f"{spec.gguf}: expected RoPE frequency factors that are "
+                                     f"finite and > 0, got {values.tolist()[:8]}"
+                                     f"{' ...' if values.size > 8 else ''}")
+    return {**hp, "vocab_size": V}
+
+
+#: The model tensors that divide the RoPE frequencies (Llama 3's, Phi-3's LongRoPE).
+_ROPE_FACTOR_ROLES = ("rope_freq_factors", "rope_factors_long", "rope_factors_short")
+
+
+def _check_vocabulary(reader: Any, key: Dict[str, str], embedding: str, V: int) -> None:
+    """The embedding's V rows are the vocabulary: ``{arch}.vocab_size`` and the length of
+    ``tokenizer.ggml.tokens``, where the file has them, must be V (llama.cpp refuses a file
+    whose token list and embedding disagree)."""
+    if V > MAX_DIM:
+        raise _error(reader, f"{embedding}: {V} rows, more than the native step takes "
+                             f"({MAX_DIM})")
+    vocab = _int_field(reader, key["vocab_size"], None)
+    if vocab is not None and vocab != V:
+        raise _error(reader, f"{key['vocab_size']} = {vocab}, but {embedding} has {V} rows "
+                             f"(one a token)")
+    if reader.fields.get("tokenizer.ggml.tokens") is not None:
+        tokens = _field(reader, "tokenizer.ggml.tokens")
+        if not isinstance(tokens, list):
+            raise _error(reader, f"tokenizer.ggml.tokens: expected an array of strings, got "
+                                 f"{_describe(tokens)}")
+        if len(tokens) != V:
+            raise _error(reader, f"tokenizer.ggml.tokens: {len(tokens)} tokens, but {embedding} "
+                                 f"has {V} rows (one a token)")
+
+
+def _ranges(indices: List[int]) -> str:
+    """Sorted layer indices as runs: [0, 1, 2, 5] -> "0..2, 5"."""
+    runs: List[List[int]] = []
+    for i in indices:
+        if runs and i == runs[-1][1] + 1:
+            runs[-1][1] = i
+        else:
+            runs.append([i, i])
+    return ", ".join(str(a) if a == b else f"{a}..{b}" for a, b in runs)
 
 
 def model_arrays(source: PathOrReader, dims: Mapping[str, Optional[int]],
@@ -871,7 +1129,7 @@ def model_arrays(source: PathOrReader, dims: Mapping[str, Optional[int]],
     optional tensor the file lacks.  dims: E, D, V (the vocabulary: None to take the
     embedding's rows).  roles: only these."""
     reader = open_reader(source)
-    arch = _arch.architecture(_str_field(reader, "general.architecture"))
+    arch = _architecture(reader)
     names = _tensor_map(reader)
     known: Dict[str, int] = {k: v for k, v in dims.items() if v is not None}
     out: Dict[str, Any] = {}
@@ -880,8 +1138,8 @@ def model_arrays(source: PathOrReader, dims: Mapping[str, Optional[int]],
             continue
         if spec.gguf not in names:
             if spec.required:
-                raise ValueError(f"{spec.gguf}: a {arch.name} model needs this tensor; the "
-                                 f"file has none")
+                raise _error(reader, f"{spec.gguf}: a {arch.name} model needs this tensor; "
+                                     f"the file has none")
             out[spec.role] = None
             continue
         if "V" not in known and "V" in spec.shape[:1]:
@@ -890,9 +1148,9 @@ def model_arrays(source: PathOrReader, dims: Mapping[str, Optional[int]],
         if len(shape) == 1:
             out[spec.role] = _float_vector(reader, spec.gguf, shape[0])
         else:
-            data, dt = tensor(reader, spec.gguf)
             _check_matrix(reader, spec.gguf, *shape)
-            out[spec.role] = (data, dt)
+            _ck_dtype_of(reader, spec.gguf)
+            out[spec.role] = tensor(reader, spec.gguf)
     return out
 
 
@@ -918,7 +1176,7 @@ def layer_arrays(source: PathOrReader, layer_index: int) -> Dict[str, Any]:
         raise TypeError(f"layer_index: expected an int, got {type(layer_index).__name__}")
     layer_index = int(layer_index.__index__())
     reader = open_reader(source)
-    arch = _arch.architecture(_str_field(reader, "general.architecture"))
+    arch = _architecture(reader)
     n_layers = _int_field(reader, _keys(arch)["block_count"])
     if not 0 <= layer_index < n_layers:
         raise ValueError(f"layer_index: expected a layer in 0..{n_layers - 1}, got "
@@ -934,8 +1192,8 @@ def layer_arrays(source: PathOrReader, layer_index: int) -> Dict[str, Any]:
     for full, spec in arch.tensor_names(layer_index).items():
         if full not in names:
             if spec.required:
-                raise ValueError(f"{full}: a {arch.name} layer needs this tensor; the file has "
-                                 f"none")
+                raise _error(reader, f"{full}: a {arch.name} layer needs this tensor; the file "
+                                     f"has none")
             continue
         data, dt = _layer_tensor(reader, full, spec, dims)
         if spec.parts:                          # a fused tensor, cut into its roles by rows

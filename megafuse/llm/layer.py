@@ -398,7 +398,8 @@ class DecoderLayer:
     def from_gguf(cls, reader: Any, layer_index: int, *, cache_capacity: Optional[int] = None,
                   max_tokens: Optional[int] = None,
                   activations: str = "int8", kv_dtype: str = "float32") -> DecoderLayer:
-        """Layer ``layer_index`` of a llama- or qwen2-architecture GGUF file.
+        """Layer ``layer_index`` of a GGUF file of an architecture of megafuse.llm.arch (the
+        whole file checked first, as by ``Model.from_gguf``: a file of layers only is taken).
 
         reader: a path, a ``megafuse.llm.gguf.GGUFFile`` or a ``gguf.GGUFReader``.  Weights stay
         read-only views of the file in their GGML format, except w1 (gate and up rows
@@ -408,7 +409,9 @@ class DecoderLayer:
         ``megafuse.llm.gguf``.
         """
         from megafuse.llm import gguf as _gguf
-        kwargs = _gguf.layer_arrays(reader, layer_index)
+        source = _gguf.open_reader(reader)
+        _gguf.check_file(source, whole_model=False)     # the file, before anything is copied
+        kwargs = _gguf.layer_arrays(source, layer_index)
         if cache_capacity is None:
             cache_capacity = min(int(kwargs.pop("context_length", 4096) or 4096), 4096)
         else:

@@ -213,12 +213,15 @@ class Model:
     @classmethod
     def from_gguf(cls, path: Any, *, cache_capacity: Optional[int] = None,
                   activations: str = "int8", kv_dtype: str = "float32") -> Model:
-        """The model of a llama- or qwen2-architecture GGUF file (any other architecture is a
+        """The model of a GGUF file of an architecture of megafuse.llm.arch (any other is a
         NotImplementedError naming it).  path: a path, a ``megafuse.llm.gguf.GGUFFile`` or a
-        ``gguf.GGUFReader``.  Weights keep their GGML formats.  The layers' matrices and the
-        output head are copied once into one arena on 2 MiB pages, in the order a step reads
-        them (``_pack_weights``); an untied token embedding stays a read-only view of the file
-        (a step reads only its tokens' rows).  ``megafuse.llm.gguf.layer_arrays`` already gives
+        ``gguf.GGUFReader``.  The whole file is checked first (``megafuse.llm.gguf.check_file``):
+        a broken file is a ValueError naming the file and the key or tensor, a valid file
+        megafuse cannot run a NotImplementedError, before anything is copied or allocated.
+        Weights keep their GGML formats.  The layers' matrices and the output head are copied
+        once into one arena on 2 MiB pages, in the order a step reads them (``_pack_weights``);
+        an untied token embedding stays a read-only view of the file (a step reads only its
+        tokens' rows).  ``megafuse.llm.gguf.layer_arrays`` already gives
         w1 as gate + up rows and llama's q / k rows in rotate-half order.  cache_capacity
         (positions of the KV cache) defaults to min(context length, 4096); kv_dtype
         ("float32" or "float16") is what the cache holds (see the class)."""
@@ -228,7 +231,10 @@ class Model:
             raise ValueError(f"activations: expected 'int8' or 'float', got {activations!r}")
         kv_cache_dtype(kv_dtype)
         reader = _gguf.open_reader(path)
-        hp = _gguf.hparams(reader)                 # NotImplementedError for other architectures
+        # the whole file checked before anything is copied or allocated: ValueError naming the
+        # file and the key or tensor if it is broken, NotImplementedError if megafuse cannot
+        # run it (another architecture, a feature or a tensor type)
+        hp = _gguf.check_file(reader)
         L = hp["block_count"]
         layers: List[Dict[str, Any]] = []
         freq_arrays: Dict[str, Any] = {}
