@@ -288,8 +288,8 @@ def add_run_arguments(parser):
                         help="float (default: float32 activations, exact) or int8 "
                              "(llama.cpp's quantized activations)")
     parser.add_argument("--threads", type=int, default=0, help="threads (default: all)")
-    parser.add_argument("--ctx", type=int, default=4096,
-                        help="KV-cache positions (default 4096, at most the model's context)")
+    parser.add_argument("--ctx", type=int, default=None,
+                        help="KV-cache positions (default: the model's context, at most 4096)")
     parser.add_argument("--kv-dtype", default="float32", choices=["float32", "float16"],
                         help="what the KV cache holds: float32 (default) or float16 (half the "
                              "memory, faster decode late in a long context)")
@@ -418,7 +418,7 @@ def cmd_run(args, parser):
 
     if args.max_tokens < 0:
         parser.error(f"--max-tokens: expected a value >= 0, got {args.max_tokens}")
-    if args.ctx < 1:
+    if args.ctx is not None and args.ctx < 1:
         parser.error(f"--ctx: expected a positive value, got {args.ctx}")
     if args.system is not None and not args.chat:
         parser.error("--system: a system message needs --chat")

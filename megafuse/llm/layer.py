@@ -223,7 +223,10 @@ class DecoderLayer:
                                  "[2*intermediate_dim, ...] array to infer it from)")
             intermediate_dim = np.shape(w1)[0] // 2
         I = _positive_int(intermediate_dim, "intermediate_dim")
-        C = _positive_int(cache_capacity, "cache_capacity")
+        from megafuse.llm.model import cache_capacity_arg, check_cache_memory
+        C = cache_capacity_arg(cache_capacity)
+        window = _nonnegative_int(window, "window")
+        check_cache_memory(C, [window], G, D, cache_dtype, rope_tables=1)
         self.embed_dim, self.num_heads, self.num_kv_heads = E, H, G
         self.head_dim, self.intermediate_dim, self.cache_capacity = D, I, C
         self.eps = float(eps)
@@ -260,7 +263,7 @@ class DecoderLayer:
             n: None if given_features[n] is None
             else self._vector(given_features[n], n, *feature_sizes[n])
             for n in _arch.FEATURE_ROLES}
-        self.window = _nonnegative_int(window, "window")
+        self.window = window
         self.attn_scale = attn_scale
         self.attn_softcap = float(attn_softcap)
         self.gate = str(gate)
@@ -343,10 +346,11 @@ class DecoderLayer:
 
         Hyper-parameters: embed_dim (default ln1_gamma.size), num_heads, num_kv_heads (default
         num_heads), head_dim (default embed_dim // num_heads), intermediate_dim (default
-        w1.shape[0] // 2), eps, rope_theta, cache_capacity (KV-cache positions), max_tokens (the
-        most tokens one prefill call takes; None: any), rope_freq_factors / rope_position_scale /
-        rope_yarn / rope_attn_factor (see ``rope_tables``: freq_factors, position_scale, yarn,
-        attn_factor).
+        w1.shape[0] // 2), eps, rope_theta, cache_capacity (KV-cache positions: an integer
+        whose cache and RoPE tables the machine can hold, megafuse.llm.model.check_cache_memory),
+        max_tokens (the most tokens one prefill call takes; None: any), rope_freq_factors /
+        rope_position_scale / rope_yarn / rope_attn_factor (see ``rope_tables``: freq_factors,
+        position_scale, yarn, attn_factor).
 
         activations: "int8" (default) takes the int8 path whenever a weight is block-quantized
         (activations quantized to Q8_0 / Q8_K for those weights' integer dot products); "float"
@@ -409,18 +413,23 @@ class DecoderLayer:
         ``megafuse.llm.gguf``.
         """
         from megafuse.llm import gguf as _gguf
+        from megafuse.llm.model import (cache_capacity_arg, default_cache_capacity,
+                                        warn_past_context)
+        if cache_capacity is not None:
+            cache_capacity_arg(cache_capacity)
         source = _gguf.open_reader(reader)
         _gguf.check_file(source, whole_model=False)     # the file, before anything is copied
         kwargs = _gguf.layer_arrays(source, layer_index)
+        context_length = kwargs.pop("context_length")
         if cache_capacity is None:
-            cache_capacity = min(int(kwargs.pop("context_length", 4096) or 4096), 4096)
-        else:
-            kwargs.pop("context_length", None)
+            cache_capacity = default_cache_capacity(context_length)
         kwargs["rope_freq_factors"] = _gguf.rope_freq_factors(kwargs, cache_capacity)
         for name in ("rope_factors_long", "rope_factors_short", "rope_original_context"):
             kwargs.pop(name)
-        return cls(cache_capacity=cache_capacity, max_tokens=max_tokens, activations=activations,
-                   kv_dtype=kv_dtype, **kwargs)
+        layer = cls(cache_capacity=cache_capacity, max_tokens=max_tokens, activations=activations,
+                    kv_dtype=kv_dtype, **kwargs)
+        warn_past_context(layer.cache_capacity, context_length)
+        return layer
 
     @staticmethod
     def _formats(dtype: DTypeLike,

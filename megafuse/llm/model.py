@@ -27,7 +27,9 @@ cache, a full cache) is a ValueError raised before anything is written: the mode
 from __future__ import annotations
 
 import dataclasses
+import os
 import threading
+import warnings
 from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Set, Tuple, Union
 
 import numpy as np
@@ -81,9 +83,6 @@ class ModelConfig:
                 "gate": self.gate}
 
 
-
-
-
 def cache_rows(cache_capacity: int, window: int) -> int:
     """Rows of a layer's KV cache: cache_capacity, or for a sliding-window layer a ring of its
     window and one native step's tokens (fewer when that is less than cache_capacity):
@@ -94,6 +93,95 @@ def cache_rows(cache_capacity: int, window: int) -> int:
     if window <= 0:
         return cache_capacity
     return int(min(cache_capacity, window + runner.STEP_TOKENS))
+
+
+#: The most positions a KV cache holds: the step's positions are C ints.
+MAX_CACHE_CAPACITY = 2**31 - 1
+#: cache_capacity when the file gives no context length, and the most the default takes.
+DEFAULT_CACHE_CAPACITY = 4096
+
+
+def cache_capacity_arg(value: Any) -> int:
+    """cache_capacity checked: an integer (a bool, a float -- 1.5 is not 1 --, a string:
+    TypeError naming it) >= 1 (ValueError).  Its upper bound depends on the model: see
+    check_cache_memory."""
+    if isinstance(value, bool) or not hasattr(value, "__index__"):
+        from megafuse.llm.metadata_values import describe
+        raise TypeError(f"cache_capacity: expected an int, got {describe(value)}")
+    C = int(value.__index__())
+    if C < 1:
+        raise ValueError(f"cache_capacity: expected a positive value, got {C}")
+    return C
+
+
+def default_cache_capacity(context_length: int) -> int:
+    """The cache_capacity of a model loaded without one: its context length (what it was
+    trained for), at most DEFAULT_CACHE_CAPACITY; DEFAULT_CACHE_CAPACITY when the file gives
+    none (0)."""
+    if context_length > 0:
+        return min(int(context_length), DEFAULT_CACHE_CAPACITY)
+    return DEFAULT_CACHE_CAPACITY
+
+
+def warn_past_context(cache_capacity: int, context_length: int, stacklevel: int = 3) -> None:
+    """A cache larger than the context the model was trained for is allowed, as llama.cpp
+    allows it ("possible training context overflow"), with a warning: positions past it are
+    outside what the model has seen."""
+    if 0 < context_length < cache_capacity:
+        warnings.warn(f"cache_capacity = {cache_capacity} is more than the model's "
+                      f"context_length = {context_length}: positions past it are outside what "
+                      f"the model was trained on", RuntimeWarning, stacklevel=stacklevel)
+
+
+def machine_memory() -> Optional[int]:
+    """Bytes of memory this process can have: the machine's physical memory
+    (SC_PHYS_PAGES x SC_PAGE_SIZE), or its cgroup's limit when that is lower; None where
+    neither can be read."""
+    limits = []
+    try:
+        limits.append(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+    except (AttributeError, ValueError, OSError):
+        pass
+    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            with open(path) as f:
+                text = f.read().strip()
+        except OSError:
+            continue
+        if text.isdigit():
+            limits.append(int(text))
+    positive = [n for n in limits if n > 0]
+    return min(positive) if positive else None
+
+
+def cache_bytes(cache_capacity: int, windows: Sequence[int], num_kv_heads: int, head_dim: int,
+                kv_dtype: str, rope_tables: int) -> Tuple[int, int]:
+    """(bytes of the KV caches, bytes of the RoPE tables) at cache_capacity: k and v
+    [G, rows, D] of kv_dtype a layer (windows: each layer's sliding window, 0 for none: its
+    rows, ``cache_rows``), and rope_tables pairs of cos / sin float32 [C, D/2]."""
+    itemsize = 2 if kv_dtype == "float16" else 4
+    rows = sum(cache_rows(cache_capacity, int(w)) for w in windows)
+    return (2 * num_kv_heads * head_dim * itemsize * rows,
+            rope_tables * 2 * cache_capacity * (head_dim // 2) * 4)
+
+
+def check_cache_memory(cache_capacity: int, windows: Sequence[int], num_kv_heads: int,
+                       head_dim: int, kv_dtype: str, rope_tables: int) -> None:
+    """A ValueError naming cache_capacity, before anything is allocated, when the KV caches
+    and RoPE tables it needs (``cache_bytes``) do not fit in the machine's memory
+    (``machine_memory``), or when it is past MAX_CACHE_CAPACITY."""
+    kv, rope = cache_bytes(cache_capacity, windows, num_kv_heads, head_dim, kv_dtype,
+                           rope_tables)
+    have = machine_memory()
+    if have is not None and kv + rope > have:
+        raise ValueError(f"cache_capacity = {cache_capacity}: the KV caches ({kv} bytes) and "
+                         f"the RoPE tables ({rope} bytes) would need {kv + rope} bytes "
+                         f"({(kv + rope) / 2**30:.4g} GiB), more than this machine's memory "
+                         f"({have} bytes, {have / 2**30:.4g} GiB)")
+    if cache_capacity > MAX_CACHE_CAPACITY:
+        raise ValueError(f"cache_capacity = {cache_capacity}: at most {MAX_CACHE_CAPACITY} "
+                         f"positions (the step's positions are C ints); the caches would need "
+                         f"{kv + rope} bytes")
 
 
 def _pack_weights(layers: List[Dict[str, Any]], head: Any) -> Any:
@@ -166,9 +254,9 @@ class Model:
             raise ValueError(f"activations: expected 'int8' or 'float', got {activations!r}")
         cache_dtype = kv_cache_dtype(kv_dtype)
         cfg = config
-        G, C, D = cfg.num_kv_heads, int(cache_capacity), cfg.head_dim
-        if C < 1:
-            raise ValueError(f"cache_capacity: expected a positive value, got {C}")
+        G, C, D = cfg.num_kv_heads, cache_capacity_arg(cache_capacity), cfg.head_dim
+        windows = [int(spec.get("window", 0) or 0) for spec in layers]
+        check_cache_memory(C, windows, G, D, cache_dtype, rope_tables=0)   # (tables: given)
         self.config = cfg
         self.activations = activations
         self.kv_dtype = str(kv_dtype)
@@ -179,7 +267,7 @@ class Model:
         # would take a whole huge page for each (60 x 2 MiB for SmolLM2's 60 caches of 48 KiB at
         # C = 64), and unmapped pages would make the first forward pay for mapping them.  A
         # sliding-window layer keeps only its window and one step's rows (a ring).
-        rows = [cache_rows(C, int(spec.get("window", 0) or 0)) for spec in layers]
+        rows = [cache_rows(C, window) for window in windows]
         arena = huge_page_zeros(2 * G * D * sum(rows), cache_dtype)   # [L x (k|v, G, rows, D)]
         map_zero_pages(arena)
         at = 0
@@ -223,19 +311,34 @@ class Model:
         an untied token embedding stays a read-only view of the file (a step reads only its
         tokens' rows).  ``megafuse.llm.gguf.layer_arrays`` already gives
         w1 as gate + up rows and llama's q / k rows in rotate-half order.  cache_capacity
-        (positions of the KV cache) defaults to min(context length, 4096); kv_dtype
+        (positions of the KV cache, an integer) defaults to min(context length, 4096); one
+        whose caches and RoPE tables the machine cannot hold is a ValueError naming it and the
+        bytes (``check_cache_memory``), one past the context length a RuntimeWarning; kv_dtype
         ("float32" or "float16") is what the cache holds (see the class)."""
         from megafuse.llm import gguf as _gguf
         from megafuse.llm.layer import rope_tables
         if activations not in _ACTIVATIONS:
             raise ValueError(f"activations: expected 'int8' or 'float', got {activations!r}")
         kv_cache_dtype(kv_dtype)
+        if cache_capacity is not None:
+            cache_capacity_arg(cache_capacity)
         reader = _gguf.open_reader(path)
         # the whole file checked before anything is copied or allocated: ValueError naming the
         # file and the key or tensor if it is broken, NotImplementedError if megafuse cannot
         # run it (another architecture, a feature or a tensor type)
         hp = _gguf.check_file(reader)
         L = hp["block_count"]
+        ctx = hp["context_length"]
+        if cache_capacity is None:
+            C = default_cache_capacity(ctx)
+        else:
+            C = cache_capacity_arg(cache_capacity)
+        windows = [hp["sliding_window"] if w else 0 for w in hp["window_layers"]]
+        pairs = {(hp["rope_theta_swa"], hp["rope_position_scale_swa"]) if w
+                 else (hp["rope_theta"], hp["rope_position_scale"]) for w in hp["window_layers"]}
+        check_cache_memory(C, windows, hp["num_kv_heads"], hp["head_dim"], kv_dtype,
+                           rope_tables=len(pairs))
+        warn_past_context(C, ctx)
         layers: List[Dict[str, Any]] = []
         freq_arrays: Dict[str, Any] = {}
         for index in range(L):
@@ -268,12 +371,6 @@ class Model:
         head = _pack_weights(layers, head)
         if tied:
             embedding = head                      # the tied embedding: the head's rows
-        ctx = hp["context_length"]
-        if cache_capacity is None:
-            cache_capacity = min(ctx, 4096) if ctx > 0 else 4096
-        C = int(cache_capacity)
-        if C < 1:
-            raise ValueError(f"cache_capacity: expected a positive value, got {C}")
         freq_factors = _gguf.rope_freq_factors(freq_arrays, C)
         tables: Dict[Tuple[float, float], Tuple[F32Array, F32Array]] = {}
         for spec in layers:                       # one pair of tables a RoPE base and scale
@@ -561,7 +658,8 @@ class Model:
                              num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads,
                              head_dim=cfg.head_dim, intermediate_dim=cfg.intermediate_dim,
                              eps=cfg.eps, rope_theta=spec.get("rope_theta", cfg.rope_theta),
-                             cache_capacity=cache_capacity or self.cache_capacity,
+                             cache_capacity=(self.cache_capacity if cache_capacity is None
+                                             else cache_capacity),
                              rope_position_scale=spec.get("rope_position_scale",
                                                           cfg.rope_position_scale),
                              rope_freq_factors=self._rope_freq_factors,

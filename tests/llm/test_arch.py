@@ -94,6 +94,7 @@ def test_int8_mode_on_block_weights_matches_the_emulation(tmp_path, name, fmt):
         assert_model_matches_reference(model, ids)
 
 
+@pytest.mark.filterwarnings("ignore:cache_capacity = 640 is more than the model's context")
 @pytest.mark.parametrize("mode", ["float", "int8"])
 @pytest.mark.parametrize("name", ["gemma2", "gemma3"])
 def test_sliding_windows_past_the_ring_and_split_kv(tmp_path, name, mode, threads):

@@ -1,7 +1,7 @@
 """A loader that rejects every broken file the same way (issue 36, item 6): each defect of a model
 file is a ValueError naming the file and the key or tensor, raised by Model.from_gguf and
 DecoderLayer.from_gguf before anything is copied or allocated; NotImplementedError is kept for a
-valid file that uses what megafuse does not run.
+valid file that uses what megafuse does not run.  Also the rules of ``cache_capacity``.
 
 The files are one small valid llama model (tests/llm/test_model.py's write_model) edited byte by
 byte (tests/llm/gguf_edit.py)."""
@@ -14,6 +14,7 @@ gguf = pytest.importorskip("gguf")
 
 from megafuse import DecoderLayer  # noqa: E402
 from megafuse.llm import gguf as mf_gguf  # noqa: E402
+from megafuse.llm import model as mf_model  # noqa: E402
 from megafuse.llm.model import Model  # noqa: E402
 from gguf_edit import GGUFDoc, V  # noqa: E402
 from test_model import write_model  # noqa: E402
@@ -321,3 +322,111 @@ def test_phi3_longrope_factors_must_be_finite_and_positive(tmp_path, name):
 def test_the_real_files_pass_the_checks(smollm2_path):
     hp = mf_gguf.check_file(smollm2_path)
     assert (hp["block_count"], hp["vocab_size"]) == (30, 49152)
+
+
+# ---- cache_capacity ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("value,kind,match", [
+    (True, TypeError, r"cache_capacity: expected an int, got the boolean True"),
+    (1.5, TypeError, r"cache_capacity: expected an int, got float 1\.5"),
+    (64.0, TypeError, r"cache_capacity: expected an int, got float 64\.0"),
+    ("64", TypeError, r"cache_capacity: expected an int, got the string '64'"),
+    (0, ValueError, r"cache_capacity: expected a positive value, got 0"),
+    (-3, ValueError, r"cache_capacity: expected a positive value, got -3"),
+])
+def test_cache_capacity_takes_integers_only(base, value, kind, match):
+    """'64' was accepted and 1.5 became 1."""
+    with pytest.raises(kind, match=match):
+        Model.from_gguf(base, cache_capacity=value)
+    with pytest.raises(kind, match=match):
+        DecoderLayer.from_gguf(base, 0, cache_capacity=value)
+    model = Model.from_gguf(base, cache_capacity=8)
+    with pytest.raises(kind, match=match):
+        model.layer(0, cache_capacity=value)
+    with pytest.raises(kind, match=match):
+        DecoderLayer.from_arrays(**layer_arrays(), cache_capacity=value)
+    assert Model.from_gguf(base, cache_capacity=np.int64(8)).cache_capacity == 8
+
+
+def layer_arrays(E=64, H=4, G=2, D=16, I=128):
+    rng = np.random.default_rng(0)
+
+    def w(rows, cols):
+        return rng.standard_normal((rows, cols)).astype(np.float32) * 0.1
+    return dict(ln1_gamma=np.ones(E, np.float32), ln2_gamma=np.ones(E, np.float32),
+                wq=w(H * D, E), wk=w(G * D, E), wv=w(G * D, E), wo=w(E, H * D),
+                w1=w(2 * I, E), w2=w(E, I), num_heads=H, num_kv_heads=G)
+
+
+def test_a_cache_the_machine_cannot_hold_is_refused_before_it_is_allocated(base):
+    """2**40 positions died in a MemoryError allocating 8 TiB of RoPE tables."""
+    E, H, G, D, I = SMALL
+    kv = 2 * 2 * G * D * 4 * 2**40                  # 2 layers x k, v x [G, C, D] float32
+    rope = 2 * 2**40 * (D // 2) * 4                 # one pair of [C, D/2] float32 tables
+    match = (rf"cache_capacity = {2**40}: the KV caches \({kv} bytes\) and the RoPE tables "
+             rf"\({rope} bytes\) would need {kv + rope} bytes \(.* GiB\), more than this "
+             rf"machine's memory")
+    with pytest.raises(ValueError, match=match):
+        Model.from_gguf(base, cache_capacity=2**40)
+    with pytest.raises(ValueError, match=r"cache_capacity = 1099511627776: the KV caches"):
+        DecoderLayer.from_gguf(base, 0, cache_capacity=2**40)
+    with pytest.raises(ValueError, match=r"cache_capacity = 1099511627776: the KV caches"):
+        DecoderLayer.from_arrays(**layer_arrays(), cache_capacity=2**40)
+    model = Model.from_gguf(base, cache_capacity=8)
+    with pytest.raises(ValueError, match=r"cache_capacity = 1099511627776: the KV caches"):
+        model.layer(1, cache_capacity=2**40)
+
+
+@pytest.mark.filterwarnings("ignore:cache_capacity = 4096 is more than")
+def test_the_memory_bound_is_the_machines(base, monkeypatch):
+    """With 1 MiB of memory, a cache of 4096 positions (2 layers x 2 x [2, 4096, 16] float32 =
+    2 MiB) is refused and one of 64 loads; float16 caches take half."""
+    monkeypatch.setattr(mf_model, "machine_memory", lambda: 2**20)
+    with pytest.raises(ValueError, match=r"cache_capacity = 4096: the KV caches \(2097152 "
+                                         r"bytes\) and the RoPE tables \(262144 bytes\)"):
+        Model.from_gguf(base, cache_capacity=4096)
+    with pytest.raises(ValueError, match=r"cache_capacity = 4096: the KV caches \(1048576 "
+                                         r"bytes\)"):
+        Model.from_gguf(base, cache_capacity=4096, kv_dtype="float16")
+    assert Model.from_gguf(base, cache_capacity=64).cache_capacity == 64
+    monkeypatch.setattr(mf_model, "machine_memory", lambda: None)    # unknown: not bounded
+    assert Model.from_gguf(base, cache_capacity=4096).cache_capacity == 4096
+
+
+def test_machine_memory_is_the_physical_memory_or_less():
+    import os
+    have = mf_model.machine_memory()
+    assert have is not None and 0 < have <= os.sysconf("SC_PHYS_PAGES") * \
+        os.sysconf("SC_PAGE_SIZE")
+
+
+def test_past_the_int_positions_of_the_step(base, monkeypatch):
+    monkeypatch.setattr(mf_model, "machine_memory", lambda: None)
+    with pytest.raises(ValueError, match=r"cache_capacity = 2147483648: at most 2147483647 "
+                                         r"positions \(the step's positions are C ints\)"):
+        Model.from_gguf(base, cache_capacity=2**31)
+
+
+def test_the_context_length_policy(base, tmp_path):
+    """No cache_capacity: the model's context length, at most 4096 (4096 when the file has
+    none).  More than the context length is allowed, as llama.cpp allows it, with a warning."""
+    assert Model.from_gguf(base).cache_capacity == 256               # write_model's context
+    path = edited(base, tmp_path / "c.gguf", lambda d: d.set("llama.context_length", 2**40,
+                                                             V.UINT64))
+    assert Model.from_gguf(path).cache_capacity == 4096
+    path = edited(base, tmp_path / "n.gguf", lambda d: d.drop("llama.context_length"))
+    assert DecoderLayer.from_gguf(path, 0).cache_capacity == 4096
+    with pytest.warns(RuntimeWarning, match=r"cache_capacity = 300 is more than the model's "
+                                            r"context_length = 256"):
+        Model.from_gguf(base, cache_capacity=300)
+    with pytest.warns(RuntimeWarning, match=r"context_length = 256"):
+        DecoderLayer.from_gguf(base, 0, cache_capacity=300)
+
+
+def test_layer_zero_cache_capacity_is_not_the_models(base):
+    """Model.layer(cache_capacity=0) took the model's capacity (0 is falsy)."""
+    model = Model.from_gguf(base, cache_capacity=8)
+    assert model.layer(0).cache_capacity == 8
+    assert model.layer(0, cache_capacity=16).cache_capacity == 16
+    with pytest.raises(ValueError, match=r"cache_capacity: expected a positive value, got 0"):
+        model.layer(0, cache_capacity=0)

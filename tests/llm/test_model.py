@@ -346,6 +346,7 @@ def test_a_float16_cache_holds_the_rounded_rows_and_matches_the_reference(tmp_pa
         assert 0 < rel_err(got16, got32) < KV_F16_TOL
 
 
+@pytest.mark.filterwarnings("ignore:cache_capacity = 560 is more than the model's context")
 def test_a_float16_cache_splits_and_threads_like_a_float32_one(tmp_path, threads):
     """Prefill then decode equals one prefill bit for bit (int8 mode, under 512 keys), and the
     results do not depend on threads, with split-KV decode (past 512 keys) too."""
