@@ -39,7 +39,7 @@ and YaRN RoPE scaling are applied to the RoPE tables; other RoPE scalings and pa
 dimensions are NotImplementedError.  Each is checked as it is read: an integer where an integer
 is expected (a dimension in 1..2**31 - 1; head counts and feed_forward_length may be one value
 per layer, as llama.cpp allows), a number that is finite and > 0 in float64 and in float32
-(the kernels' precision) for the epsilon, the RoPE bases and factors, >= 0 for the
+(the kernels' precision) for the epsilon (< 1), the RoPE bases and factors, >= 0 for the
 soft-caps; values that contradict each other (head counts, embedding_length, key_length,
 rope.dimension_count) are refused too.  Any such value is a ValueError naming the file and the
 key.
@@ -804,7 +804,17 @@ def hparams(source: PathOrReader, layer_index: int = 0) -> Dict[str, Any]:
     intermediate_dim = _int_field(reader, key["intermediate_dim"], layer=layer_index,
                                   n_layers=L)
     eps = _float_field(reader, key["eps"], 1e-6)
+    if eps >= 1:    # (finite in float32 up to 3.4e38, where every output underflows to 0)
+        raise _error(reader, f"{key['eps']}: expected an epsilon < 1, got {eps!r} (it is added "
+                             f"to a row's mean square: a value this size swamps it, and at "
+                             f"~1e30 the float32 outputs underflow to 0)")
+    # the RoPE tables are scaled by attn_factor, so are q and k, and the scores by its square
     attn_factor = _float_field(reader, key["rope_attn_factor"], 1.0)
+    with np.errstate(over="ignore"):
+        scores_scale = np.float32(attn_factor) * np.float32(attn_factor)
+    if not np.isfinite(scores_scale):
+        raise _error(reader, f"{key['rope_attn_factor']}: {attn_factor!r} scales q and k, so "
+                             f"the scores by its square, which is inf in float32")
     if unsupported:
         raise NotImplementedError(f"{where}: {unsupported[0]}")
     return {

@@ -4,7 +4,8 @@ DecoderLayer.from_gguf before anything is copied or allocated; NotImplementedErr
 valid file that uses what megafuse does not run.  Also the rules of ``cache_capacity``.
 
 The files are one small valid llama model (tests/llm/test_model.py's write_model) edited byte by
-byte (tests/llm/gguf_edit.py)."""
+byte (tests/llm/gguf_edit.py).  The fuzz over hundreds of such variants is
+tests/llm/test_loader_fuzz.py."""
 import re
 
 import numpy as np
@@ -197,6 +198,26 @@ def test_a_value_float32_cannot_hold(base, tmp_path, key, value, vtype, shown):
     path = edited(base, tmp_path / "f.gguf", lambda d: d.set(key, value, vtype))
     refused(path, re.escape(key) + ": " + shown + r" in float32, the kernels' precision: "
                   r"expected a value that is finite and (>|>=) 0 there$")
+
+
+@pytest.mark.parametrize("value", [1.0, 3e38, 2**64 - 1])
+def test_an_epsilon_is_less_than_one(base, tmp_path, value):
+    """An epsilon float32 holds (3e38) swamps every mean square: each layer's output is ~0, the
+    last one underflows, and every logit is the same (the fuzz found it)."""
+    vtype = V.UINT64 if isinstance(value, int) else V.FLOAT64
+    path = edited(base, tmp_path / "e.gguf",
+                  lambda d: d.set("llama.attention.layer_norm_rms_epsilon", value, vtype))
+    refused(path, r"llama\.attention\.layer_norm_rms_epsilon: expected an epsilon < 1, got ")
+
+
+@pytest.mark.parametrize("value,vtype", [(3e38, V.FLOAT32), (2**64 - 1, V.UINT64)])
+def test_a_rope_attn_factor_whose_square_float32_cannot_hold(base, tmp_path, value, vtype):
+    """The RoPE tables are scaled by it, so q and k are, and the scores by its square: 3e38 is
+    finite in float32, the scores were not, and every logit NaN (the fuzz found it)."""
+    path = edited(base, tmp_path / "a.gguf",
+                  lambda d: d.set("llama.rope.scaling.attn_factor", value, vtype))
+    refused(path, r"llama\.rope\.scaling\.attn_factor: .* scales q and k, so the scores by its "
+                  r"square, which is inf in float32$")
 
 
 def test_a_linear_rope_factor_float32_cannot_hold(base, tmp_path):
