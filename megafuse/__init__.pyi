@@ -48,7 +48,8 @@ __all__ = [
     # data types
     "CKDataType", "CK_DT_FP32", "CK_DT_BF16", "CK_DT_FP16", "CK_DT_INT8", "CK_DT_INT4",
     "CK_DT_Q4_0", "CK_DT_Q4_1", "CK_DT_Q4_K", "CK_DT_Q6_K", "CK_DT_Q8_0", "CK_DT_Q8_K",
-    "CK_DT_Q5_0", "CK_DT_Q5_1", "CK_DT_Q5_K", "CK_DT_COUNT", "CK_DT_MASK",
+    "CK_DT_Q5_0", "CK_DT_Q5_1", "CK_DT_Q5_K", "CK_DT_Q2_K", "CK_DT_Q3_K", "CK_DT_IQ4_NL",
+    "CK_DT_IQ4_XS", "CK_DT_COUNT", "CK_DT_MASK",
     "ck_dtype_is_quantized", "ck_dtype_bytes", "ck_dtype_block_size", "ck_dtype_block_bytes",
     "ck_dtype_row_bytes", "ck_dtype_supported",
     # configuration
@@ -77,6 +78,10 @@ CK_DT_Q8_K: Literal[CKDataType.Q8_K]
 CK_DT_Q5_0: Literal[CKDataType.Q5_0]
 CK_DT_Q5_1: Literal[CKDataType.Q5_1]
 CK_DT_Q5_K: Literal[CKDataType.Q5_K]
+CK_DT_Q2_K: Literal[CKDataType.Q2_K]
+CK_DT_Q3_K: Literal[CKDataType.Q3_K]
+CK_DT_IQ4_NL: Literal[CKDataType.IQ4_NL]
+CK_DT_IQ4_XS: Literal[CKDataType.IQ4_XS]
 CK_DT_COUNT: Literal[CKDataType.COUNT]
 
 # ---- the header's functions ----------------------------------------------------------------

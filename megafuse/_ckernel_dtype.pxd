@@ -23,6 +23,10 @@ cdef extern from "megafuse/ckernel_dtype.h" nogil:
         CK_DT_Q5_0
         CK_DT_Q5_1
         CK_DT_Q5_K
+        CK_DT_Q2_K
+        CK_DT_Q3_K
+        CK_DT_IQ4_NL
+        CK_DT_IQ4_XS
         CK_DT_COUNT
 
     ctypedef unsigned int CKDataTypeMask         # uint32_t

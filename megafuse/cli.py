@@ -46,10 +46,11 @@ TOLERANCE = {"float": 1e-4, "quantized": 2e-2}
 
 #: llama.cpp's fallback for a K-quant tensor whose rows are not whole blocks of 256
 #: (llama_tensor_get_type): Qwen2-0.5B's 896-column weights are stored so in Q4_K_M files.
-KQUANT_FALLBACK = {"Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0"}
+KQUANT_FALLBACK = {"Q2_K": "Q4_0", "Q3_K": "Q4_0", "Q4_K": "Q5_0", "Q5_K": "Q5_1",
+                   "Q6_K": "Q8_0", "IQ4_XS": "IQ4_NL"}
 
-FORMATS = ["fp32", "fp16", "bf16", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_k", "q5_k",
-           "q6_k"]
+FORMATS = ["fp32", "fp16", "bf16", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "iq4_nl", "q2_k",
+           "q3_k", "q4_k", "q5_k", "q6_k", "iq4_xs"]
 
 
 class Progress:

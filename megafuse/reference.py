@@ -45,9 +45,10 @@ DT = CKDataType
 #: The float weight formats: activations stay float for them, even on the int8 path.
 FLOAT_FORMATS = (DT.FP32, DT.FP16, DT.BF16)
 #: Block formats of 32 weights: their activations are quantized to Q8_0 on the int8 path.
-BLOCK32_FORMATS = (DT.Q4_0, DT.Q4_1, DT.Q5_0, DT.Q5_1, DT.Q8_0)
-#: K-quants (super-blocks of 256): their activations are quantized to Q8_K on the int8 path.
-KQUANT_FORMATS = (DT.Q4_K, DT.Q5_K, DT.Q6_K)
+BLOCK32_FORMATS = (DT.Q4_0, DT.Q4_1, DT.Q5_0, DT.Q5_1, DT.Q8_0, DT.IQ4_NL)
+#: Super-blocks of 256 (the K-quants, and IQ4_XS, which llama.cpp pairs with them): their
+#: activations are quantized to Q8_K on the int8 path.
+KQUANT_FORMATS = (DT.Q2_K, DT.Q3_K, DT.Q4_K, DT.Q5_K, DT.Q6_K, DT.IQ4_XS)
 
 #: (weights per block, bytes per block) of the GGML block formats (Q8_K: activations only).
 BLOCK_LAYOUT = {
@@ -56,9 +57,13 @@ BLOCK_LAYOUT = {
     DT.Q5_0: (32, 22),    # d fp16, qh u32, qs[16]
     DT.Q5_1: (32, 24),    # d fp16, m fp16, qh u32, qs[16]
     DT.Q8_0: (32, 34),    # d fp16, qs int8[32]
+    DT.IQ4_NL: (32, 18),  # d fp16, qs[16] (indices into KVALUES_IQ4NL)
+    DT.Q2_K: (256, 84),   # scales[16], qs[64], d fp16, dmin fp16
+    DT.Q3_K: (256, 110),  # hmask[32], qs[64], scales[12], d fp16
     DT.Q4_K: (256, 144),  # d fp16, dmin fp16, scales[12], qs[128]
     DT.Q5_K: (256, 176),  # d fp16, dmin fp16, scales[12], qh[32], qs[128]
     DT.Q6_K: (256, 210),  # ql[128], qh[64], scales int8[16], d fp16
+    DT.IQ4_XS: (256, 136),  # d fp16, scales_h u16, scales_l[4], qs[128]
     DT.Q8_K: (256, 292),  # d f32, qs int8[256], bsums int16[16]
 }
 
@@ -302,10 +307,88 @@ def _dequant_q6_k(b):
     return out
 
 
+#: GGML's kvalues_iq4nl: the value of each 4-bit index of IQ4_NL and IQ4_XS.
+KVALUES_IQ4NL = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113],
+                         dtype=np.int8)
+
+
+def _two_bit_codes(qs):
+    """Q2_K / Q3_K: the 2-bit codes of a super-block in weight order, (n, 256) uint8.
+
+    qs (n, 64): two halves of 32 bytes; in half h, bits 2k..2k+1 of byte l are weight
+    128h + 32k + l.
+    """
+    n = qs.shape[0]
+    halves = qs.reshape(n, 2, 1, 32)
+    shifts = (2 * np.arange(4, dtype=np.uint8)).reshape(1, 1, 4, 1)
+    return ((halves >> shifts) & 3).reshape(n, 256)
+
+
+def _dequant_q2_k(b):
+    # Q2_K (84 B / 256): scales[16] (low nibble: scale, high: min), qs[64], d, dmin fp16.
+    # 16 sub-blocks of 16: x = (d*sc) * q - (dmin*m), q the 2-bit code.
+    n = b.shape[0]
+    d = _fp16_to_f32(b[:, 80:82])
+    dmin = _fp16_to_f32(b[:, 82:84])
+    d_sc = (d * (b[:, 0:16] & 0x0F).astype(np.float32))[:, :, None]     # exact
+    dmin_m = (dmin * (b[:, 0:16] >> 4).astype(np.float32))[:, :, None]
+    q = _two_bit_codes(b[:, 16:80]).reshape(n, 16, 16).astype(np.float32)
+    return (d_sc * q - dmin_m).reshape(n, 256)
+
+
+def _q3k_scales(scales):
+    """Q3_K: the 16 6-bit scales (0..63) of (n, 12) scale bytes.  Scale j keeps its low 4 bits
+    in the low (j < 8) or high (j >= 8) nibble of byte j % 8 and its top 2 bits in bits
+    2(j // 4), 2(j // 4) + 1 of byte 8 + j % 4."""
+    j = np.arange(16)
+    low = (scales[:, j % 8] >> np.where(j < 8, 0, 4).astype(np.uint8)) & 0x0F
+    high = (scales[:, 8 + j % 4] >> (2 * (j // 4)).astype(np.uint8)) & 3
+    return low | (high << 4)
+
+
+def _dequant_q3_k(b):
+    # Q3_K (110 B / 256): hmask[32], qs[64], scales[12], d fp16.  16 sub-blocks of 16:
+    # x = (d * (sc - 32)) * (q - 4 + 4h), q the 2-bit code, h bit k of hmask[l] for weight
+    # 32k + l.
+    n = b.shape[0]
+    d = _fp16_to_f32(b[:, 108:110])
+    sc = _q3k_scales(b[:, 96:108]).astype(np.int8) - 32
+    dl = (d * sc.astype(np.float32))[:, :, None]                         # exact
+    hbit = (b[:, 0:32].reshape(n, 1, 32) >> np.arange(8, dtype=np.uint8).reshape(1, 8, 1)) & 1
+    q = (_two_bit_codes(b[:, 32:96]).astype(np.int8) - 4 + 4 * hbit.reshape(n, 256).astype(np.int8))
+    return (dl * q.reshape(n, 16, 16).astype(np.float32)).reshape(n, 256)
+
+
+def _dequant_iq4_nl(b):
+    # IQ4_NL (18 B / 32): d fp16, qs[16].  x = d * KVALUES_IQ4NL[nibble].
+    d = _fp16_to_f32(b[:, 0:2])
+    return d * KVALUES_IQ4NL[_nibbles(b[:, 2:18])].astype(np.float32)
+
+
+def _dequant_iq4_xs(b):
+    # IQ4_XS (136 B / 256): d fp16, scales_h u16, scales_l[4], qs[128].  8 sub-blocks of 32:
+    # ls_j = (4 bits of scales_l[j // 2], low nibble for even j) | (bits 2j, 2j+1 of scales_h) << 4,
+    # x = (d * (ls_j - 32)) * KVALUES_IQ4NL[nibble]; qs[16j + l] holds weights 32j + l (low
+    # nibble) and 32j + 16 + l (high).
+    n = b.shape[0]
+    d = _fp16_to_f32(b[:, 0:2])
+    scales_h = np.ascontiguousarray(b[:, 2:4]).view('<u2')                # (n, 1)
+    j = np.arange(8)
+    low = (b[:, 4 + j // 2] >> (4 * (j % 2)).astype(np.uint8)) & 0x0F
+    high = ((scales_h >> (2 * j).astype(np.uint16)) & 3).astype(np.uint8)
+    ls = (low | (high << 4)).astype(np.int8) - 32
+    dl = (d * ls.astype(np.float32))[:, :, None]                         # exact
+    qs = b[:, 8:136].reshape(n * 8, 16)
+    v = KVALUES_IQ4NL[_nibbles(qs)].astype(np.float32).reshape(n, 8, 32)
+    return (dl * v).reshape(n, 256)
+
+
 _DEQUANT_BLOCKS = {
     DT.Q4_0: _dequant_q4_0, DT.Q4_1: _dequant_q4_1,
     DT.Q5_0: _dequant_q5_0, DT.Q5_1: _dequant_q5_1, DT.Q8_0: _dequant_q8_0,
     DT.Q4_K: _dequant_q4_k, DT.Q5_K: _dequant_q5_k, DT.Q6_K: _dequant_q6_k,
+    DT.Q2_K: _dequant_q2_k, DT.Q3_K: _dequant_q3_k, DT.IQ4_NL: _dequant_iq4_nl,
+    DT.IQ4_XS: _dequant_iq4_xs,
 }
 
 
@@ -315,10 +398,10 @@ def dequantize(blob, dtype, shape):
     * FP32: a float32 array.
     * FP16: a float16 array, or uint16 holding fp16 bits.
     * BF16: uint16 holding bfloat16 bits (the top 16 bits of a float32).
-    * Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K: uint8 bytes, ``rows`` rows of
-      ``cols / block`` blocks (GGML layouts).  The values are computed in float32 exactly as
-      GGML's ``dequantize_row_*`` does, so they equal ``gguf.quants.dequantize`` bit for bit;
-      float64 of those float32 values is returned.
+    * Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS: uint8 bytes,
+      ``rows`` rows of ``cols / block`` blocks (GGML layouts).  The values are computed in
+      float32 exactly as GGML's ``dequantize_row_*`` does, so they equal
+      ``gguf.quants.dequantize`` bit for bit; float64 of those float32 values is returned.
     """
     shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
     rows, cols = (1, shape[0]) if len(shape) == 1 else (math.prod(shape[:-1]), shape[-1])
@@ -767,8 +850,8 @@ def quantized_activations(x_rows, dt):
     """What the int8 path multiplies weights of format ``dt`` with, for activations x_rows.
 
     The rows are first rounded to float32 (the kernel holds its activations in float32), then
-    quantized to Q8_0 (32-weight formats) or Q8_K (K-quants) and dequantized.  Float weight
-    formats keep the float activations.  Returns float64 of the same shape.
+    quantized to Q8_0 (32-weight formats) or Q8_K (the 256-weight ones) and dequantized.  Float
+    weight formats keep the float activations.  Returns float64 of the same shape.
     """
     dt = DT(int(dt))
     x32 = np.asarray(x_rows, dtype=np.float64).astype(np.float32)

@@ -159,8 +159,12 @@ def without_rope(args):
 # ckernel_dtype.h helpers, never from literals.
 DT = megafuse.CKDataType
 FLOAT_FORMATS = ("FP32", "FP16", "BF16")                    # activations stay float for these
-BLOCK32_FORMATS = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")  # 32 weights a block; Q8_0 activations
-KQUANT_FORMATS = ("Q4_K", "Q5_K", "Q6_K")                   # 256 weights a block; Q8_K activations
+# 32 weights a block; Q8_0 activations
+BLOCK32_FORMATS = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "IQ4_NL")
+# 256 weights a block (the K-quants and IQ4_XS); Q8_K activations
+KQUANT_FORMATS = ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS")
+# what gguf.quants.quantize makes (the tests' independent quantizer); megafuse.quantize the rest
+GGUF_QUANTIZES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")
 BLOCK_FORMATS = BLOCK32_FORMATS + KQUANT_FORMATS
 WEIGHT_FORMATS = FLOAT_FORMATS + BLOCK_FORMATS
 
@@ -189,22 +193,31 @@ def random_kquant_blocks(fmt, rows, cols, rng, target):
     Independent of any quantizer: the reference dequantizes these bit for bit."""
     nb = rows * cols // 256
     blob = rng.integers(0, 256, size=(nb, block_bytes(fmt)), dtype=np.uint8)
+    u = rng.uniform(0.5, 1.5, nb)
     if fmt in ("Q4_K", "Q5_K"):
         qmax = 15 if fmt == "Q4_K" else 31
-        d = rng.uniform(0.5, 1.5, nb) * target * 2 / (63 * qmax / 2)
+        d = u * target * 2 / (63 * qmax / 2)
         blob[:, 0:2] = _fp16_bytes(d)
         blob[:, 2:4] = _fp16_bytes(d * qmax / 2)      # dmin: centres the 6-bit mins near 0.5*range
-    else:  # Q6_K: ql[128] qh[64] scales int8[16] d fp16
-        d = rng.uniform(0.5, 1.5, nb) * target * 2 / (64 * 32)
-        blob[:, 208:210] = _fp16_bytes(d)
+    elif fmt == "Q6_K":  # ql[128] qh[64] scales int8[16] d fp16
+        blob[:, 208:210] = _fp16_bytes(u * target * 2 / (64 * 32))
+    elif fmt == "Q2_K":  # scales[16] qs[64] d dmin: 4-bit scales and mins, 2-bit codes
+        d = u * target / 8
+        blob[:, 80:82] = _fp16_bytes(d)
+        blob[:, 82:84] = _fp16_bytes(1.5 * d)         # dmin: centres the weights near 0
+    elif fmt == "Q3_K":  # hmask[32] qs[64] scales[12] d: (6-bit scale - 32) * (3-bit code - 4)
+        blob[:, 108:110] = _fp16_bytes(u * target / 42)
+    else:  # IQ4_XS: d scales_h scales_l[4] qs[128]: (6-bit scale - 32) * kvalues_iq4nl
+        blob[:, 0:2] = _fp16_bytes(u * target / 1260)
     return blob.reshape(rows, -1)
 
 
 def encode_weight(w, fmt, rng, random_kquants=False):
     """Float32 weight [rows, cols] -> the array megafuse takes for format fmt.  Block formats
-    come from gguf's quantizer (32-weight blocks) or megafuse.quantize (K-quants, which gguf
-    cannot make); random_kquants=True gives random K-quant blocks instead.  Either way the
-    reference dequantizes the bytes on its own, so the data's origin does not weaken a test."""
+    come from gguf's quantizer (GGUF_QUANTIZES) or megafuse.quantize (the others, which gguf
+    cannot make); random_kquants=True gives random blocks of the 256-weight formats instead.
+    Either way the reference dequantizes the bytes on its own, so the data's origin does not
+    weaken a test."""
     import gguf
     w = np.ascontiguousarray(w, dtype=np.float32)
     if fmt == "FP32":
@@ -214,7 +227,7 @@ def encode_weight(w, fmt, rng, random_kquants=False):
     if fmt == "BF16":
         from megafuse import reference
         return reference.float_to_bf16_bits(w)
-    if fmt in BLOCK32_FORMATS:
+    if fmt in GGUF_QUANTIZES:
         return gguf.quants.quantize(w, getattr(gguf.GGMLQuantizationType, fmt))
     if random_kquants:
         return random_kquant_blocks(fmt, w.shape[0], w.shape[1], rng, float(np.std(w)))

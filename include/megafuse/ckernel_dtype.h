@@ -30,7 +30,12 @@ typedef enum {
     CK_DT_Q5_0 = 11,
     CK_DT_Q5_1 = 12,
     CK_DT_Q5_K = 13,
-    CK_DT_COUNT = 14
+    /* megafuse's own values from here (upstream's enum ends at Q5_K: docs/contract.md §2) */
+    CK_DT_Q2_K = 14,
+    CK_DT_Q3_K = 15,
+    CK_DT_IQ4_NL = 16,
+    CK_DT_IQ4_XS = 17,
+    CK_DT_COUNT = 18
 } CKDataType;
 
 typedef uint32_t CKDataTypeMask;
@@ -42,14 +47,16 @@ typedef uint32_t CKDataTypeMask;
     (CK_DT_MASK(CK_DT_FP32) | CK_DT_MASK(CK_DT_BF16) | CK_DT_MASK(CK_DT_FP16) |                \
      CK_DT_MASK(CK_DT_Q4_0) | CK_DT_MASK(CK_DT_Q4_1) | CK_DT_MASK(CK_DT_Q5_0) |                \
      CK_DT_MASK(CK_DT_Q5_1) | CK_DT_MASK(CK_DT_Q8_0) | CK_DT_MASK(CK_DT_Q4_K) |                \
-     CK_DT_MASK(CK_DT_Q5_K) | CK_DT_MASK(CK_DT_Q6_K))
+     CK_DT_MASK(CK_DT_Q5_K) | CK_DT_MASK(CK_DT_Q6_K) | CK_DT_MASK(CK_DT_Q2_K) |                \
+     CK_DT_MASK(CK_DT_Q3_K) | CK_DT_MASK(CK_DT_IQ4_NL) | CK_DT_MASK(CK_DT_IQ4_XS))
 
 /* 1 for the block formats (scales inside each block), 0 for the plain element types. */
 static inline int ck_dtype_is_quantized(CKDataType dt)
 {
     switch (dt) {
     case CK_DT_Q4_0: case CK_DT_Q4_1: case CK_DT_Q5_0: case CK_DT_Q5_1: case CK_DT_Q8_0:
-    case CK_DT_Q4_K: case CK_DT_Q5_K: case CK_DT_Q6_K: case CK_DT_Q8_K:
+    case CK_DT_Q4_K: case CK_DT_Q5_K: case CK_DT_Q6_K: case CK_DT_Q8_K: case CK_DT_Q2_K:
+    case CK_DT_Q3_K: case CK_DT_IQ4_NL: case CK_DT_IQ4_XS:
         return 1;
     default:
         return 0;
@@ -78,7 +85,9 @@ static inline size_t ck_dtype_block_size(CKDataType dt)
     case CK_DT_Q5_0: return QK5_0;
     case CK_DT_Q5_1: return QK5_1;
     case CK_DT_Q8_0: return QK8_0;
-    case CK_DT_Q4_K: case CK_DT_Q5_K: case CK_DT_Q6_K: case CK_DT_Q8_K:
+    case CK_DT_IQ4_NL: return QK4_NL;
+    case CK_DT_Q4_K: case CK_DT_Q5_K: case CK_DT_Q6_K: case CK_DT_Q8_K: case CK_DT_Q2_K:
+    case CK_DT_Q3_K: case CK_DT_IQ4_XS:
         return QK_K;
     case CK_DT_INT4:
         return 2;
@@ -100,6 +109,10 @@ static inline size_t ck_dtype_block_bytes(CKDataType dt)
     case CK_DT_Q5_K: return sizeof(block_q5_K);
     case CK_DT_Q6_K: return sizeof(block_q6_K);
     case CK_DT_Q8_K: return sizeof(block_q8_K);
+    case CK_DT_Q2_K: return sizeof(block_q2_K);
+    case CK_DT_Q3_K: return sizeof(block_q3_K);
+    case CK_DT_IQ4_NL: return sizeof(block_iq4_nl);
+    case CK_DT_IQ4_XS: return sizeof(block_iq4_xs);
     case CK_DT_INT4: return 1;
     default: return ck_dtype_bytes(dt);
     }

@@ -1,11 +1,12 @@
 /*
  * ggml_blocks.h -- GGML's block formats, byte for byte, and exact fp16 / bf16 conversions.
  *
- * A quantized row of n weights is n / QK consecutive blocks (QK = 32 for Q4_0 ... Q8_0, QK_K = 256
- * for the K-quants and Q8_K).  The struct layouts are GGML's (ggml-common.h); every multi-byte
- * field is little-endian, as GGUF stores it.  The structs are declared with 1-byte packing: GGML's
- * layouts have no padding anyway (the sizes are checked below), and packing makes a block at any
- * address legal to read -- a uint8 NumPy array or a GGUF memmap carries no alignment promise.
+ * A quantized row of n weights is n / QK consecutive blocks (QK = 32 for Q4_0 ... Q8_0 and
+ * IQ4_NL, QK_K = 256 for the K-quants, IQ4_XS and Q8_K).  The struct layouts are GGML's
+ * (ggml-common.h); every multi-byte field is little-endian, as GGUF stores it.  The structs are
+ * declared with 1-byte packing: GGML's layouts have no padding anyway (the sizes are checked
+ * below), and packing makes a block at any address legal to read -- a uint8 NumPy array or a
+ * GGUF memmap carries no alignment promise.
  *
  * Conversions (scalar, exact, the same bits as NumPy's float16 casts that gguf relies on):
  *   mf_fp16_to_fp32  every half is exactly representable; NaN payloads are kept (no quieting)
@@ -42,6 +43,7 @@ extern "C" {
 #define QK5_0 32
 #define QK5_1 32
 #define QK8_0 32
+#define QK4_NL 32
 #define QK_K 256
 #define K_SCALE_SIZE 12
 
@@ -110,6 +112,40 @@ typedef struct {
     mf_fp16_t d;               /* super-block scale */
 } block_q6_K;
 
+/* 16 sub-blocks of 16: x = (d * sc) * q - (dmin * m), q 2-bit, sc and m 4-bit (scales[j]: sc in
+ * the low nibble, m in the high).  qs: 2 halves of 32 bytes; in half h, bits 2k..2k+1 of byte l
+ * are weight 128h + 32k + l (sub-block 8h + 2k for l < 16, 8h + 2k + 1 after). */
+typedef struct {
+    uint8_t scales[QK_K / 16]; /* scales and mins, 4 bits each */
+    uint8_t qs[QK_K / 4];      /* 2-bit codes */
+    mf_fp16_t d;               /* super-block scale of the scales */
+    mf_fp16_t dmin;            /* super-block scale of the mins */
+} block_q2_K;
+
+/* 16 sub-blocks of 16: x = (d * (sc - 32)) * (q - 4 + 4 h), q 2-bit as in Q2_K's qs, h bit k of
+ * hmask[l] for weight 32k + l (k = 0..7), sc 6-bit (mf_q3k_scales). */
+typedef struct {
+    uint8_t hmask[QK_K / 8];   /* the third bits */
+    uint8_t qs[QK_K / 4];      /* the low 2 bits */
+    uint8_t scales[12];        /* 16 scales, 6 bits each */
+    mf_fp16_t d;               /* super-block scale */
+} block_q3_K;
+
+/* x = d * kvalues_iq4nl[q], q 4-bit: qs[j] holds weight j (low nibble) and j + 16 (high). */
+typedef struct {
+    mf_fp16_t d;               /* scale */
+    uint8_t qs[QK4_NL / 2];    /* indices into the value table */
+} block_iq4_nl;
+
+/* 8 sub-blocks of 32: x = (d * (ls - 32)) * kvalues_iq4nl[q], ls 6-bit (mf_iq4xs_scale); qs[16j
+ * + l] holds weight 32j + l (low nibble) and 32j + 16 + l (high). */
+typedef struct {
+    mf_fp16_t d;               /* super-block scale */
+    uint16_t scales_h;         /* the top 2 bits of each ls, 2 a sub-block */
+    uint8_t scales_l[QK_K / 64];  /* the low 4 bits of each ls, 2 a byte */
+    uint8_t qs[QK_K / 2];      /* indices into the value table */
+} block_iq4_xs;
+
 /* Activations of the K-quant integer dot products: x = d * q (d float32, not fp16). */
 typedef struct {
     float d;                   /* scale */
@@ -128,6 +164,10 @@ MF_STATIC_ASSERT(sizeof(block_q4_K) == 144, block_q4_K_is_144_bytes);
 MF_STATIC_ASSERT(sizeof(block_q5_K) == 176, block_q5_K_is_176_bytes);
 MF_STATIC_ASSERT(sizeof(block_q6_K) == 210, block_q6_K_is_210_bytes);
 MF_STATIC_ASSERT(sizeof(block_q8_K) == 292, block_q8_K_is_292_bytes);
+MF_STATIC_ASSERT(sizeof(block_q2_K) == 84, block_q2_K_is_84_bytes);
+MF_STATIC_ASSERT(sizeof(block_q3_K) == 110, block_q3_K_is_110_bytes);
+MF_STATIC_ASSERT(sizeof(block_iq4_nl) == 18, block_iq4_nl_is_18_bytes);
+MF_STATIC_ASSERT(sizeof(block_iq4_xs) == 136, block_iq4_xs_is_136_bytes);
 MF_STATIC_ASSERT(sizeof(float) == 4, float_is_binary32);
 
 /* ---- bit casts ------------------------------------------------------------------------------ */
@@ -231,6 +271,37 @@ static inline void mf_get_scale_min_k4(int j, const uint8_t *q /* [12] */, uint8
         *m = (uint8_t)((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
     }
 }
+
+/* ---- Q3_K scales, IQ4_NL / IQ4_XS values ---------------------------------------------------- */
+/* The 16 6-bit scales of a Q3_K super-block (0..63; the weight's factor is sc - 32): sub-block j
+ * keeps its low 4 bits in the low (j < 8) or high (j >= 8) nibble of scales[j % 8], its top 2
+ * bits in bits 2(j / 4) .. 2(j / 4) + 1 of scales[8 + j % 4]. */
+static inline void mf_q3k_scales(const uint8_t *scales /* [12] */, uint8_t sc[16])
+{
+    /* four scales a 32-bit word: bytes j .. j+3 of scales[0..3] and scales[4..7] hold the low
+     * nibbles of scales 0..7 (and the high nibbles of 8..15), scales[8..11] the top bits */
+    const uint32_t m4 = 0x0f0f0f0fu, m2 = 0x03030303u;
+    uint32_t a, b, t, out[4];
+    memcpy(&a, scales, 4);
+    memcpy(&b, scales + 4, 4);
+    memcpy(&t, scales + 8, 4);
+    out[0] = (a & m4) | ((t & m2) << 4);
+    out[1] = (b & m4) | (((t >> 2) & m2) << 4);
+    out[2] = ((a >> 4) & m4) | (((t >> 4) & m2) << 4);
+    out[3] = ((b >> 4) & m4) | (((t >> 6) & m2) << 4);
+    memcpy(sc, out, 16);
+}
+
+/* The 6-bit scale ls (0..63; the factor is ls - 32) of sub-block j (0..7) of an IQ4_XS block. */
+static inline int mf_iq4xs_scale(const uint8_t *scales_l /* [4] */, uint16_t scales_h, int j)
+{
+    return ((scales_l[j / 2] >> (4 * (j % 2))) & 0x0F) | (((scales_h >> (2 * j)) & 3) << 4);
+}
+
+/* The 16 values of a 4-bit index of IQ4_NL and IQ4_XS (GGML's kvalues_iq4nl). */
+static const int8_t mf_kvalues_iq4nl[16] = {
+    -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
+};
 
 #ifdef __cplusplus
 }

@@ -1,8 +1,8 @@
 /*
  * mf_dequant.h -- dequantize one weight row: mf_dequantize_row_<dt>(const void *w, float *y, n),
- * y[n] = the weights, for dt = FP32, FP16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K
- * (w: one row, [n / block] blocks, ck_dtype_row_bytes(dt, n) bytes; n a multiple of the block
- * size, which the caller checks).
+ * y[n] = the weights, for dt = FP32, FP16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K,
+ * Q2_K, Q3_K, IQ4_NL, IQ4_XS (w: one row, [n / block] blocks, ck_dtype_row_bytes(dt, n) bytes;
+ * n a multiple of the block size, which the caller checks).
  *
  * Dequantization is GGML's float32 arithmetic, so it equals gguf.quants.dequantize bit for bit --
  * for NaN and Inf scales too, on x86 (NaN bits follow x86's first-operand rule, as NumPy's).
@@ -113,6 +113,31 @@ static inline void mf_q_store_scaled_addsub(__m256i q, __m256 d, __m256 m, int s
         __m256 r = sub ? _mm256_sub_ps(p, m) : _mm256_add_ps(p, m);
         _mm256_storeu_ps(y + 8 * k, _mm256_blendv_ps(r, p, _mm256_cmp_ps(p, p, _CMP_UNORD_Q)));
     }
+}
+
+/* Q2_K's two sub-blocks of 16: y = da * code - ma for codes 0..15, db * code - mb for 16..31 (the
+ * NaN rule of mf_q_store_scaled_addsub). */
+static inline void mf_q_store_scaled_sub2(__m256i q, __m256 da, __m256 ma, __m256 db, __m256 mb,
+                                          float *y)
+{
+    __m128i lo = _mm256_castsi256_si128(q), hi = _mm256_extracti128_si256(q, 1);
+    __m128i part[4];
+    part[0] = lo;
+    part[1] = _mm_srli_si128(lo, 8);
+    part[2] = hi;
+    part[3] = _mm_srli_si128(hi, 8);
+    for (int k = 0; k < 4; k++) {
+        __m256 p = _mm256_mul_ps(k < 2 ? da : db, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(part[k])));
+        __m256 r = _mm256_sub_ps(p, k < 2 ? ma : mb);
+        _mm256_storeu_ps(y + 8 * k, _mm256_blendv_ps(r, p, _mm256_cmp_ps(p, p, _CMP_UNORD_Q)));
+    }
+}
+
+/* The 16 values of IQ4_NL / IQ4_XS in both 128-bit lanes, for vpshufb of 4-bit indices. */
+static inline __m256i mf_q_kvalues256(void)
+{
+    return _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)
+                                                       mf_kvalues_iq4nl));
 }
 
 #endif /* MF_Q_AVX2 */
@@ -318,6 +343,127 @@ static inline void mf_dequantize_row_q6_K(const void *MF_RESTRICT vx, float *MF_
             for (int l = 0; l < 16; l++)
                 y[ib * QK_K + 16 * j + l] = ds[j] * (float)(codes[16 * j + l] - 32);
 #endif
+    }
+}
+
+static inline void mf_dequantize_row_q2_K(const void *MF_RESTRICT vx, float *MF_RESTRICT y,
+                                          ptrdiff_t n)
+{
+    const block_q2_K *x = (const block_q2_K *)vx;   /* [n / 256] */
+    const ptrdiff_t nb = n / QK_K;
+    for (ptrdiff_t ib = 0; ib < nb; ib++) {
+        const float d = mf_fp16_to_fp32(x[ib].d), dmin = mf_fp16_to_fp32(x[ib].dmin);
+        float dl[16], ml[16];                        /* d * sc, dmin * m: exact */
+        for (int j = 0; j < 16; j++) {
+            dl[j] = d * (float)(x[ib].scales[j] & 0x0F);
+            ml[j] = dmin * (float)(x[ib].scales[j] >> 4);
+        }
+        for (int h = 0; h < 2; h++) {
+            const uint8_t *q = x[ib].qs + 32 * h;
+            for (int k = 0; k < 4; k++) {            /* weights 128h + 32k + l: sub-blocks j, j+1 */
+                const int j = 8 * h + 2 * k;
+                float *yk = y + ib * QK_K + 128 * h + 32 * k;
+#if defined(MF_Q_AVX2)
+                const __m256i c = _mm256_and_si256(_mm256_srli_epi16(mf_q_loadu256(q), 2 * k),
+                                                   _mm256_set1_epi8(3));
+                mf_q_store_scaled_sub2(c, _mm256_set1_ps(dl[j]), _mm256_set1_ps(ml[j]),
+                                       _mm256_set1_ps(dl[j + 1]), _mm256_set1_ps(ml[j + 1]), yk);
+#else
+                for (int l = 0; l < 32; l++) {
+                    const int jj = j + l / 16;
+                    yk[l] = dl[jj] * (float)((q[l] >> (2 * k)) & 3) - ml[jj];
+                }
+#endif
+            }
+        }
+    }
+}
+
+static inline void mf_dequantize_row_q3_K(const void *MF_RESTRICT vx, float *MF_RESTRICT y,
+                                          ptrdiff_t n)
+{
+    const block_q3_K *x = (const block_q3_K *)vx;   /* [n / 256] */
+    const ptrdiff_t nb = n / QK_K;
+    for (ptrdiff_t ib = 0; ib < nb; ib++) {
+        const float d = mf_fp16_to_fp32(x[ib].d);
+        uint8_t sc[16];
+        float dl[16];                                /* d * (sc - 32): exact */
+        mf_q3k_scales(x[ib].scales, sc);
+        for (int j = 0; j < 16; j++)
+            dl[j] = d * (float)((int)sc[j] - 32);
+#if defined(MF_Q_AVX2)
+        const __m256i hm = mf_q_loadu256(x[ib].hmask);
+#endif
+        for (int h = 0; h < 2; h++) {
+            const uint8_t *q = x[ib].qs + 32 * h;
+            for (int k = 0; k < 4; k++) {            /* weights 32 (4h + k) + l */
+                const int j = 8 * h + 2 * k, bit = 4 * h + k;
+                float *yk = y + ib * QK_K + 128 * h + 32 * k;
+#if defined(MF_Q_AVX2)
+                /* code - 4 + 4 h: the low bits, minus 4 where the hmask bit is clear */
+                const __m256i b = _mm256_set1_epi8((char)(1 << bit));
+                const __m256i c = _mm256_and_si256(_mm256_srli_epi16(mf_q_loadu256(q), 2 * k),
+                                                   _mm256_set1_epi8(3));
+                const __m256i off = _mm256_andnot_si256(
+                    _mm256_cmpeq_epi8(_mm256_and_si256(hm, b), b), _mm256_set1_epi8(4));
+                mf_q_store_scaled2(_mm256_sub_epi8(c, off), _mm256_set1_ps(dl[j]),
+                                   _mm256_set1_ps(dl[j + 1]), yk);
+#else
+                for (int l = 0; l < 32; l++) {
+                    const int c = ((q[l] >> (2 * k)) & 3) - ((x[ib].hmask[l] >> bit) & 1 ? 0 : 4);
+                    yk[l] = dl[j + l / 16] * (float)c;
+                }
+#endif
+            }
+        }
+    }
+}
+
+static inline void mf_dequantize_row_iq4_nl(const void *MF_RESTRICT vx, float *MF_RESTRICT y,
+                                            ptrdiff_t n)
+{
+    const block_iq4_nl *x = (const block_iq4_nl *)vx;   /* [n / 32] */
+    const ptrdiff_t nb = n / QK4_NL;
+#if defined(MF_Q_AVX2)
+    const __m256i kv = mf_q_kvalues256();
+#endif
+    for (ptrdiff_t ib = 0; ib < nb; ib++) {
+        const float d = mf_fp16_to_fp32(x[ib].d);
+        float *yb = y + ib * QK4_NL;
+#if defined(MF_Q_AVX2)
+        mf_q_store_scaled(_mm256_shuffle_epi8(kv, mf_q_nibbles32(x[ib].qs)), _mm256_set1_ps(d), yb);
+#else
+        for (int j = 0; j < QK4_NL / 2; j++) {
+            yb[j] = d * (float)mf_kvalues_iq4nl[x[ib].qs[j] & 0x0F];
+            yb[j + QK4_NL / 2] = d * (float)mf_kvalues_iq4nl[x[ib].qs[j] >> 4];
+        }
+#endif
+    }
+}
+
+static inline void mf_dequantize_row_iq4_xs(const void *MF_RESTRICT vx, float *MF_RESTRICT y,
+                                            ptrdiff_t n)
+{
+    const block_iq4_xs *x = (const block_iq4_xs *)vx;   /* [n / 256] */
+    const ptrdiff_t nb = n / QK_K;
+#if defined(MF_Q_AVX2)
+    const __m256i kv = mf_q_kvalues256();
+#endif
+    for (ptrdiff_t ib = 0; ib < nb; ib++) {
+        const float d = mf_fp16_to_fp32(x[ib].d);
+        for (int j = 0; j < QK_K / 32; j++) {        /* sub-blocks of 32 */
+            const float dl = d * (float)(mf_iq4xs_scale(x[ib].scales_l, x[ib].scales_h, j) - 32);
+            const uint8_t *qs = x[ib].qs + 16 * j;
+            float *yj = y + ib * QK_K + 32 * j;
+#if defined(MF_Q_AVX2)
+            mf_q_store_scaled(_mm256_shuffle_epi8(kv, mf_q_nibbles32(qs)), _mm256_set1_ps(dl), yj);
+#else
+            for (int l = 0; l < 16; l++) {
+                yj[l] = dl * (float)mf_kvalues_iq4nl[qs[l] & 0x0F];
+                yj[l + 16] = dl * (float)mf_kvalues_iq4nl[qs[l] >> 4];
+            }
+#endif
+        }
     }
 }
 

@@ -55,6 +55,21 @@ static inline void mf_q_u8x32_dot2(__m256i lo, __m256i hi, __m256 off, const flo
     *sb = _mm256_fmadd_ps(f3, _mm256_loadu_ps(x + 24), _mm256_mul_ps(f2, _mm256_loadu_ps(x + 16)));
 }
 
+/* mf_q_u8x32_dot2 with no offset, each code made a float by vcvtdq2ps (exact: the same floats). */
+static inline void mf_q_u8x32_dot2_0(__m256i lo, __m256i hi, const float *x, __m256 *sa, __m256 *sb)
+{
+    const __m256i s0 = _mm256_setr_epi8(0, -1, -1, -1, 1, -1, -1, -1, 2, -1, -1, -1, 3, -1, -1, -1,
+                                        4, -1, -1, -1, 5, -1, -1, -1, 6, -1, -1, -1, 7, -1, -1, -1);
+    const __m256i s1 = _mm256_add_epi8(s0, _mm256_setr_epi8(
+        8, 0, 0, 0, 8, 0, 0, 0, 8, 0, 0, 0, 8, 0, 0, 0, 8, 0, 0, 0, 8, 0, 0, 0, 8, 0, 0, 0, 8, 0, 0, 0));
+    const __m256 f0 = _mm256_cvtepi32_ps(_mm256_shuffle_epi8(lo, s0));
+    const __m256 f1 = _mm256_cvtepi32_ps(_mm256_shuffle_epi8(lo, s1));
+    const __m256 f2 = _mm256_cvtepi32_ps(_mm256_shuffle_epi8(hi, s0));
+    const __m256 f3 = _mm256_cvtepi32_ps(_mm256_shuffle_epi8(hi, s1));
+    *sa = _mm256_fmadd_ps(f1, _mm256_loadu_ps(x + 8), _mm256_mul_ps(f0, _mm256_loadu_ps(x)));
+    *sb = _mm256_fmadd_ps(f3, _mm256_loadu_ps(x + 24), _mm256_mul_ps(f2, _mm256_loadu_ps(x + 16)));
+}
+
 static inline __m256 mf_q_u8x32_dot(__m256i lo, __m256i hi, __m256 off, const float *x)
 {
     __m256 sa, sb;
@@ -440,9 +455,9 @@ MF_ALWAYS_INLINE float mf_q_hsum16(const __m512 acc[2])
     return mf_hsum256(_mm256_add_ps(_mm512_castps512_ps256(t), _mm512_extractf32x8_ps(t, 1)));
 }
 
-/* The one-row dot of a 32-weight format (OFF: its code offset). */
-#define MF_Q_FDOT16(BLOCK_FN, OFF)                                                             \
-    const __m512 T = mf_q_ftab16(OFF);                                                         \
+/* The one-row dot of a 32-weight format (TAB: its code table, mf_q_ftab16(the code offset)). */
+#define MF_Q_FDOT16(BLOCK_FN, TAB)                                                             \
+    const __m512 T = (TAB);                                                                    \
     __m512 acc[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};                                \
     for (ptrdiff_t ib = 0; ib < nb; ib++) {                                                    \
         const mf_q_fx16 X = mf_q_fx16_load(x + 32 * ib);                                       \
@@ -591,7 +606,7 @@ static inline float mf_dot_q4_0_f32(const void *MF_RESTRICT vw, const float *MF_
     const block_q4_0 *w = (const block_q4_0 *)vw;   /* [n / 32] */
     const ptrdiff_t nb = n / QK4_0;
 #if defined(MF_SIMD_AVX512)
-    MF_Q_FDOT16(mf_q_fblk16_q4_0, 8.0f)
+    MF_Q_FDOT16(mf_q_fblk16_q4_0, mf_q_ftab16(8.0f))
 #elif defined(MF_Q_AVX2)
     MF_Q_FDOT_LOOP(mf_q_fblk_q4_0, QK4_0)
 #else
@@ -618,7 +633,7 @@ static inline float mf_dot_q4_1_f32(const void *MF_RESTRICT vw, const float *MF_
     const block_q4_1 *w = (const block_q4_1 *)vw;   /* [n / 32] */
     const ptrdiff_t nb = n / QK4_1;
 #if defined(MF_SIMD_AVX512)
-    MF_Q_FDOT16(mf_q_fblk16_q4_1, 0.0f)
+    MF_Q_FDOT16(mf_q_fblk16_q4_1, mf_q_ftab16(0.0f))
 #elif defined(MF_Q_AVX2)
     MF_Q_FDOT_LOOP(mf_q_fblk_q4_1, QK4_1)
 #else
@@ -646,7 +661,7 @@ static inline float mf_dot_q5_0_f32(const void *MF_RESTRICT vw, const float *MF_
     const block_q5_0 *w = (const block_q5_0 *)vw;   /* [n / 32] */
     const ptrdiff_t nb = n / QK5_0;
 #if defined(MF_SIMD_AVX512)
-    MF_Q_FDOT16(mf_q_fblk16_q5_0, 16.0f)
+    MF_Q_FDOT16(mf_q_fblk16_q5_0, mf_q_ftab16(16.0f))
 #elif defined(MF_Q_AVX2)
     MF_Q_FDOT_LOOP(mf_q_fblk_q5_0, QK5_0)
 #else
@@ -674,7 +689,7 @@ static inline float mf_dot_q5_1_f32(const void *MF_RESTRICT vw, const float *MF_
     const block_q5_1 *w = (const block_q5_1 *)vw;   /* [n / 32] */
     const ptrdiff_t nb = n / QK5_1;
 #if defined(MF_SIMD_AVX512)
-    MF_Q_FDOT16(mf_q_fblk16_q5_1, 0.0f)
+    MF_Q_FDOT16(mf_q_fblk16_q5_1, mf_q_ftab16(0.0f))
 #elif defined(MF_Q_AVX2)
     MF_Q_FDOT_LOOP(mf_q_fblk_q5_1, QK5_1)
 #else
@@ -703,7 +718,7 @@ static inline float mf_dot_q8_0_f32(const void *MF_RESTRICT vw, const float *MF_
     const block_q8_0 *w = (const block_q8_0 *)vw;   /* [n / 32] */
     const ptrdiff_t nb = n / QK8_0;
 #if defined(MF_SIMD_AVX512)
-    MF_Q_FDOT16(mf_q_fblk16_q8_0, 0.0f)
+    MF_Q_FDOT16(mf_q_fblk16_q8_0, mf_q_ftab16(0.0f))
 #elif defined(MF_Q_AVX2)
     MF_Q_FDOT_LOOP(mf_q_fblk_q8_0, QK8_0)
 #else
@@ -921,6 +936,374 @@ static inline float mf_dot_q6_K_f32(const void *MF_RESTRICT vw, const float *MF_
 }
 
 /* ============================================================================================ */
+/* Q2_K, Q3_K, IQ4_NL, IQ4_XS with float32 activations.  Per (sub-)block: s = sum code_j x_j (and */
+/* for Q2_K the sub-block's sum x), then acc += dl * s (- ml * sum x); IQ4_NL as the 32-weight   */
+/* formats above (a block a step into alternate accumulators).  avx512: the weights themselves   */
+/* from 16-entry vpermps tables (dl * value, or Q2_K's dl * c - ml: GGML's dequantized weights), */
+/* one FMA a 16 weights.                                                                         */
+/* ============================================================================================ */
+
+#if defined(MF_Q_AVX2)
+/* kvalues_iq4nl + 128 as unsigned bytes in both 128-bit lanes: vpshufb of 4-bit indices gives
+ * value + 128, which mf_q_u8x32_dot with off 128 turns into the exact value. */
+static inline __m256i mf_q_kvalues_u8(void)
+{
+    return _mm256_setr_epi8(1, 24, 45, 63, 79, 93, 106, 118, (char)129, (char)141, (char)153,
+                            (char)166, (char)181, (char)197, (char)217, (char)241,
+                            1, 24, 45, 63, 79, 93, 106, 118, (char)129, (char)141, (char)153,
+                            (char)166, (char)181, (char)197, (char)217, (char)241);
+}
+
+/* sum_j v_j x[j] over the 32 weights of 16 index bytes at qs (weight j: the low nibble of byte j
+ * for j < 16, the high nibble of byte j - 16) as 8 lanes; kv = mf_q_kvalues_u8(). */
+static inline __m256 mf_q_iq4_dot32(const uint8_t *qs, __m256i kv, const float *x)
+{
+    const __m256i m4 = _mm256_set1_epi8(0x0F), v = mf_q_bcast16(qs);
+    const __m256i lo = _mm256_shuffle_epi8(kv, _mm256_and_si256(v, m4));
+    const __m256i hi = _mm256_shuffle_epi8(kv, _mm256_and_si256(_mm256_srli_epi16(v, 4), m4));
+    return mf_q_u8x32_dot(lo, hi, _mm256_set1_ps(128.0f), x);
+}
+
+static inline __m256 mf_q_fblk_iq4_nl(const block_iq4_nl *b, const float *x, __m256 acc)
+{
+    return _mm256_fmadd_ps(_mm256_set1_ps(mf_q_fp16_table[b->d]),
+                           mf_q_iq4_dot32(b->qs, mf_q_kvalues_u8(), x), acc);
+}
+
+/* The 16 sub-block sums of a super-block's x for Q2_K's mins: sx[j] = x[16j..16j+7] +
+ * x[16j+8..16j+15] (8 lanes).  The 4-row dot forms them once for the four rows. */
+static inline void mf_q_sums16(const float *xb /* [256] */, __m256 sx[16])
+{
+    for (int j = 0; j < 16; j++)
+        sx[j] = _mm256_add_ps(_mm256_loadu_ps(xb + 16 * j), _mm256_loadu_ps(xb + 16 * j + 8));
+}
+
+/* Super-block b of a Q2_K row against xb[0..255] (sx: mf_q_sums16 of xb): acc[0] (even
+ * sub-blocks), acc[1] (odd) += dl * (c . x) - ml * sum x of each sub-block of 16. */
+static inline void mf_q_fsb_q2_K(const block_q2_K *b, const float *xb, const __m256 sx[16],
+                                 __m256 acc[2])
+{
+    const __m256i m3 = _mm256_set1_epi8(3);
+    const __m128i sc8 = _mm_loadu_si128((const __m128i *)(const void *)b->scales);
+    const __m256 d = _mm256_set1_ps(mf_q_fp16_table[b->d]);
+    const __m256 dmin = _mm256_set1_ps(mf_q_fp16_table[b->dmin]);
+    const __m128i s_lo = _mm_and_si128(sc8, _mm_set1_epi8(0x0F));
+    const __m128i s_hi = _mm_and_si128(_mm_srli_epi16(sc8, 4), _mm_set1_epi8(0x0F));
+    MF_ALIGNED(32) float dl[16], ml[16];           /* d * sc, dmin * m: exact */
+    _mm256_store_ps(dl, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(s_lo))));
+    _mm256_store_ps(dl + 8, _mm256_mul_ps(d, _mm256_cvtepi32_ps(
+        _mm256_cvtepu8_epi32(_mm_srli_si128(s_lo, 8)))));
+    _mm256_store_ps(ml, _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(s_hi))));
+    _mm256_store_ps(ml + 8, _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(
+        _mm256_cvtepu8_epi32(_mm_srli_si128(s_hi, 8)))));
+    for (int h = 0; h < 2; h++) {
+        const __m256i v0 = mf_q_bcast16(b->qs + 32 * h), v1 = mf_q_bcast16(b->qs + 32 * h + 16);
+        for (int k = 0; k < 4; k++) {              /* sub-blocks j (bytes 0..15), j + 1 */
+            const int j = 8 * h + 2 * k;
+            const __m256i lo = _mm256_and_si256(_mm256_srli_epi16(v0, 2 * k), m3);
+            const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v1, 2 * k), m3);
+            __m256 sa, sb;
+            mf_q_u8x32_dot2_0(lo, hi, xb + 128 * h + 32 * k, &sa, &sb);
+            acc[0] = _mm256_fnmadd_ps(_mm256_set1_ps(ml[j]), sx[j],
+                                      _mm256_fmadd_ps(_mm256_set1_ps(dl[j]), sa, acc[0]));
+            acc[1] = _mm256_fnmadd_ps(_mm256_set1_ps(ml[j + 1]), sx[j + 1],
+                                      _mm256_fmadd_ps(_mm256_set1_ps(dl[j + 1]), sb, acc[1]));
+        }
+    }
+}
+
+/* The same for Q3_K: acc[0] / acc[1] += dl * ((code - 4) . x) of the even / odd sub-blocks. */
+static inline void mf_q_fsb_q3_K(const block_q3_K *b, const float *xb, __m256 acc[2])
+{
+    const __m256i m3 = _mm256_set1_epi8(3), x4 = _mm256_set1_epi8(4);
+    const __m256 off = _mm256_set1_ps(4.0f);
+    MF_ALIGNED(32) float dl[16];                   /* d * (sc - 32): exact */
+    const __m256 d = _mm256_set1_ps(mf_q_fp16_table[b->d]);
+    const __m128i s8 = _mm_sub_epi8(mf_q_q3k_scales16(b->scales), _mm_set1_epi8(32));
+    _mm256_store_ps(dl, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(s8))));
+    _mm256_store_ps(dl + 8, _mm256_mul_ps(d, _mm256_cvtepi32_ps(
+        _mm256_cvtepi8_epi32(_mm_srli_si128(s8, 8)))));
+    const __m256i h0 = mf_q_bcast16(b->hmask), h1 = mf_q_bcast16(b->hmask + 16);
+    for (int h = 0; h < 2; h++) {
+        const __m256i v0 = mf_q_bcast16(b->qs + 32 * h), v1 = mf_q_bcast16(b->qs + 32 * h + 16);
+        for (int k = 0; k < 4; k++) {
+            const int j = 8 * h + 2 * k;
+            const __m256i bit = _mm256_set1_epi8((char)(1 << (4 * h + k)));
+            __m256i lo = _mm256_and_si256(_mm256_srli_epi16(v0, 2 * k), m3);
+            __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v1, 2 * k), m3);
+            lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(h0, bit), bit), x4));
+            hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(h1, bit), bit), x4));
+            __m256 sa, sb;
+            mf_q_u8x32_dot2(lo, hi, off, xb + 128 * h + 32 * k, &sa, &sb);
+            acc[0] = _mm256_fmadd_ps(_mm256_set1_ps(dl[j]), sa, acc[0]);
+            acc[1] = _mm256_fmadd_ps(_mm256_set1_ps(dl[j + 1]), sb, acc[1]);
+        }
+    }
+}
+
+/* The same for IQ4_XS: acc[0] / acc[1] += dl * (value . x) of the even / odd sub-blocks of 32. */
+static inline void mf_q_fsb_iq4_xs(const block_iq4_xs *b, const float *xb, __m256 acc[2])
+{
+    const __m256i kv = mf_q_kvalues_u8();
+    MF_ALIGNED(32) float dl[8];                    /* d * (ls - 32): exact */
+    _mm256_store_ps(dl, _mm256_mul_ps(_mm256_set1_ps(mf_q_fp16_table[b->d]),
+                                      _mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(mf_q_iq4xs_scales16(b)))));
+    for (int j = 0; j < 8; j++)
+        acc[j & 1] = _mm256_fmadd_ps(_mm256_set1_ps(dl[j]), mf_q_iq4_dot32(b->qs + 16 * j, kv,
+                                                                           xb + 32 * j), acc[j & 1]);
+}
+#endif /* MF_Q_AVX2 */
+
+#if defined(MF_SIMD_AVX512)
+/* The float values of kvalues_iq4nl: IQ4_NL's table (its blocks then run as Q4_0's). */
+MF_ALWAYS_INLINE __m512 mf_q_ftab16_iq4(void)
+{
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+        _mm_loadu_si128((const __m128i *)(const void *)mf_kvalues_iq4nl)));
+}
+
+MF_ALWAYS_INLINE void mf_q_fblk16_iq4_nl(const block_iq4_nl *b, const mf_q_fx16 *X, __m512 T,
+                                         __m512 acc[2])
+{
+    const __m512i v = mf_q_qs16_epi32(b->qs);
+    acc[0] = mf_q_fblk16_acc(_mm512_permutexvar_ps(v, T),
+                             _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), T), X, b->d, acc[0]);
+}
+
+/* IQ4_XS: each sub-block's table holds its weights dl * value (exact: GGML's dequantized values),
+ * a permute gives 16 weights and one FMA takes them; acc[0] the first 16 of each sub-block,
+ * acc[1] the last 16. */
+MF_ALWAYS_INLINE void mf_q_fsb16_iq4_xs(const block_iq4_xs *b, const float *xb, __m512 T0,
+                                        __m512 acc[2])
+{
+    (void)T0;
+    const __m512 T = mf_q_ftab16_iq4();
+    MF_ALIGNED(32) float dl[8];                    /* d * (ls - 32): exact */
+    _mm256_store_ps(dl, _mm256_mul_ps(_mm256_set1_ps(mf_q_fp16_table[b->d]),
+                                      _mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(mf_q_iq4xs_scales16(b)))));
+    for (int j = 0; j < 8; j++) {
+        const __m512 tw = _mm512_mul_ps(T, _mm512_set1_ps(dl[j]));
+        const __m512i v = mf_q_qs16_epi32(b->qs + 16 * j);
+        acc[0] = _mm512_fmadd_ps(_mm512_permutexvar_ps(v, tw), _mm512_loadu_ps(xb + 32 * j), acc[0]);
+        acc[1] = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), tw),
+                                 _mm512_loadu_ps(xb + 32 * j + 16), acc[1]);
+    }
+}
+
+/* Q2_K: a 16-entry table holds the 4 weights dl * c - dmin * m (c = 0..3: GGML's dequantized
+ * values, one rounding) of 4 sub-blocks; a 16-weight sub-block's codes (bits 2k of its bytes,
+ * as dwords) ORed with 4 * (its place among the four) index it: one vpternlogd, one permute,
+ * one FMA a 16 weights.  acc[0] takes the first sub-block of each pair, acc[1] the second. */
+MF_ALWAYS_INLINE void mf_q_fsb16_q2_K(const block_q2_K *b, const float *xb, __m512 T,
+                                      __m512 acc[2])
+{
+    (void)T;
+    const __m512i sc = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(const void *)b->scales));
+    const __m512 dl = _mm512_mul_ps(_mm512_set1_ps(mf_q_fp16_table[b->d]),
+                                    _mm512_cvtepi32_ps(_mm512_and_si512(sc, _mm512_set1_epi32(15))));
+    const __m512 ml = _mm512_mul_ps(_mm512_set1_ps(mf_q_fp16_table[b->dmin]),
+                                    _mm512_cvtepi32_ps(_mm512_srli_epi32(sc, 4)));
+    const __m512 c4 = _mm512_setr_ps(0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3);
+    const __m512i quad = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+    const __m512i three = _mm512_set1_epi32(3);
+    for (int h = 0; h < 2; h++) {
+        const __m512i v0 = mf_q_qs16_epi32(b->qs + 32 * h), v1 = mf_q_qs16_epi32(b->qs + 32 * h + 16);
+        for (int k = 0; k < 4; k += 2) {           /* sub-blocks j .. j + 3 */
+            const int j = 8 * h + 2 * k;
+            const __m512i idx = _mm512_add_epi32(quad, _mm512_set1_epi32(j));
+            const __m512 tw = _mm512_fmsub_ps(c4, _mm512_permutexvar_ps(idx, dl),
+                                              _mm512_permutexvar_ps(idx, ml));
+            for (int kk = 0; kk < 2; kk++) {
+                const int s = 2 * (k + kk);
+                /* (v >> s) & 3 | 4 * place: vpternlogd 0xEA = (a & b) | c */
+                const __m512i i0 = _mm512_ternarylogic_epi32(_mm512_srli_epi32(v0, s), three,
+                                                             _mm512_set1_epi32(8 * kk), 0xEA);
+                const __m512i i1 = _mm512_ternarylogic_epi32(_mm512_srli_epi32(v1, s), three,
+                                                             _mm512_set1_epi32(8 * kk + 4), 0xEA);
+                const float *xs = xb + 128 * h + 32 * (k + kk);
+                acc[0] = _mm512_fmadd_ps(_mm512_permutexvar_ps(i0, tw), _mm512_loadu_ps(xs), acc[0]);
+                acc[1] = _mm512_fmadd_ps(_mm512_permutexvar_ps(i1, tw), _mm512_loadu_ps(xs + 16),
+                                         acc[1]);
+            }
+        }
+    }
+}
+
+/* Q3_K: a 16-entry table holds the 8 weights dl * (u - 4) (u = 0..7) of 2 sub-blocks; a
+ * sub-block's index is its 2 low bits, bit 2 from hmask (a mask test and a masked OR), bit 3 its
+ * place among the two. */
+MF_ALWAYS_INLINE void mf_q_fsb16_q3_K(const block_q3_K *b, const float *xb, __m512 T,
+                                      __m512 acc[2])
+{
+    (void)T;
+    const __m512i s32 = _mm512_sub_epi32(_mm512_cvtepu8_epi32(mf_q_q3k_scales16(b->scales)),
+                                         _mm512_set1_epi32(32));
+    const __m512 dl = _mm512_mul_ps(_mm512_set1_ps(mf_q_fp16_table[b->d]), _mm512_cvtepi32_ps(s32));
+    const __m512 c8 = _mm512_setr_ps(-4, -3, -2, -1, 0, 1, 2, 3, -4, -3, -2, -1, 0, 1, 2, 3);
+    const __m512i pair = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+    const __m512i three = _mm512_set1_epi32(3), four = _mm512_set1_epi32(4);
+    const __m256i hm = mf_q_loadu256(b->hmask);
+    for (int h = 0; h < 2; h++) {
+        const __m512i v0 = mf_q_qs16_epi32(b->qs + 32 * h), v1 = mf_q_qs16_epi32(b->qs + 32 * h + 16);
+        for (int k = 0; k < 4; k++) {              /* sub-blocks j, j + 1 */
+            const int j = 8 * h + 2 * k;
+            const __m512 tw = _mm512_mul_ps(c8, _mm512_permutexvar_ps(
+                _mm512_add_epi32(pair, _mm512_set1_epi32(j)), dl));
+            const __mmask32 hb = _mm256_test_epi8_mask(hm, _mm256_set1_epi8((char)(1 << (4 * h + k))));
+            __m512i i0 = _mm512_and_si512(_mm512_srli_epi32(v0, 2 * k), three);
+            __m512i i1 = _mm512_ternarylogic_epi32(_mm512_srli_epi32(v1, 2 * k), three,
+                                                   _mm512_set1_epi32(8), 0xEA);
+            i0 = _mm512_mask_or_epi32(i0, (__mmask16)(hb & 0xFFFFu), i0, four);
+            i1 = _mm512_mask_or_epi32(i1, (__mmask16)(hb >> 16), i1, four);
+            const float *xs = xb + 128 * h + 32 * k;
+            acc[0] = _mm512_fmadd_ps(_mm512_permutexvar_ps(i0, tw), _mm512_loadu_ps(xs), acc[0]);
+            acc[1] = _mm512_fmadd_ps(_mm512_permutexvar_ps(i1, tw), _mm512_loadu_ps(xs + 16), acc[1]);
+        }
+    }
+}
+#endif /* MF_SIMD_AVX512 */
+
+#if !defined(MF_Q_AVX2)
+/* Generic: acc[k] += dl * (sum over 16 weights of c x, lane k takes weights k and 8 + k)
+ * (- ml * the same sum of x). */
+static inline void mf_q_facc16(const int8_t c[16], const float *x, float dl, float ml,
+                               float acc[8])
+{
+    for (int k = 0; k < 8; k++) {
+        const float s = (float)c[k] * x[k] + (float)c[8 + k] * x[8 + k];
+        const float sx = x[k] + x[8 + k];
+        acc[k] += dl * s - ml * sx;
+    }
+}
+#endif
+
+static inline float mf_dot_q2_K_f32(const void *MF_RESTRICT vw, const float *MF_RESTRICT x,
+                                    ptrdiff_t n)
+{
+    const block_q2_K *w = (const block_q2_K *)vw;   /* [n / 256] */
+    const ptrdiff_t nb = n / QK_K;
+#if defined(MF_SIMD_AVX512)
+    MF_Q_FDOT16_K(mf_q_fsb16_q2_K)
+#elif defined(MF_Q_AVX2)
+    __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+    for (ptrdiff_t ib = 0; ib < nb; ib++) {
+        __m256 sx[16];
+        mf_q_sums16(x + ib * QK_K, sx);
+        mf_q_fsb_q2_K(&w[ib], x + ib * QK_K, sx, acc);
+    }
+    return mf_q_hsum_ps(_mm256_add_ps(acc[0], acc[1]));
+#else
+    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (ptrdiff_t ib = 0; ib < nb; ib++) {
+        const float d = mf_q_fp16(w[ib].d), dmin = mf_q_fp16(w[ib].dmin);
+        for (int j = 0; j < 16; j++) {              /* sub-block j: half j / 8, k = (j % 8) / 2 */
+            const uint8_t *q = w[ib].qs + 32 * (j / 8) + 16 * (j % 2);
+            const int shift = 2 * ((j % 8) / 2);
+            int8_t c[16];
+            for (int l = 0; l < 16; l++)
+                c[l] = (int8_t)((q[l] >> shift) & 3);
+            const float dl = d * (float)(w[ib].scales[j] & 0x0F);
+            const float ml = dmin * (float)(w[ib].scales[j] >> 4);
+            mf_q_facc16(c, x + ib * QK_K + 16 * j, dl, ml, acc);
+        }
+    }
+    return mf_sum8(acc);
+#endif
+}
+
+static inline float mf_dot_q3_K_f32(const void *MF_RESTRICT vw, const float *MF_RESTRICT x,
+                                    ptrdiff_t n)
+{
+    const block_q3_K *w = (const block_q3_K *)vw;   /* [n / 256] */
+    const ptrdiff_t nb = n / QK_K;
+#if defined(MF_SIMD_AVX512)
+    MF_Q_FDOT16_K(mf_q_fsb16_q3_K)
+#elif defined(MF_Q_AVX2)
+    __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+    for (ptrdiff_t ib = 0; ib < nb; ib++)
+        mf_q_fsb_q3_K(&w[ib], x + ib * QK_K, acc);
+    return mf_q_hsum_ps(_mm256_add_ps(acc[0], acc[1]));
+#else
+    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (ptrdiff_t ib = 0; ib < nb; ib++) {
+        const float d = mf_q_fp16(w[ib].d);
+        uint8_t sc[16];
+        mf_q3k_scales(w[ib].scales, sc);
+        for (int j = 0; j < 16; j++) {
+            const int h = j / 8, k = (j % 8) / 2, bit = 4 * h + k;
+            const uint8_t *q = w[ib].qs + 32 * h + 16 * (j % 2);
+            const uint8_t *hm = w[ib].hmask + 16 * (j % 2);
+            int8_t c[16];
+            for (int l = 0; l < 16; l++)
+                c[l] = (int8_t)(((q[l] >> (2 * k)) & 3) - ((hm[l] >> bit) & 1 ? 0 : 4));
+            mf_q_facc16(c, x + ib * QK_K + 16 * j, d * (float)((int)sc[j] - 32), 0.0f, acc);
+        }
+    }
+    return mf_sum8(acc);
+#endif
+}
+
+static inline float mf_dot_iq4_nl_f32(const void *MF_RESTRICT vw, const float *MF_RESTRICT x,
+                                      ptrdiff_t n)
+{
+    const block_iq4_nl *w = (const block_iq4_nl *)vw;   /* [n / 32] */
+    const ptrdiff_t nb = n / QK4_NL;
+#if defined(MF_SIMD_AVX512)
+    MF_Q_FDOT16(mf_q_fblk16_iq4_nl, mf_q_ftab16_iq4())
+#elif defined(MF_Q_AVX2)
+    MF_Q_FDOT_LOOP(mf_q_fblk_iq4_nl, QK4_NL)
+#else
+    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (ptrdiff_t ib = 0; ib < nb; ib++) {
+        int8_t q[32];
+        float s[8];
+        for (int j = 0; j < 16; j++) {
+            q[j] = mf_kvalues_iq4nl[w[ib].qs[j] & 0x0F];
+            q[j + 16] = mf_kvalues_iq4nl[w[ib].qs[j] >> 4];
+        }
+        mf_q_lanes_qx32(q, x + ib * QK4_NL, s);
+        const float d = mf_q_fp16(w[ib].d);
+        for (int k = 0; k < 8; k++)
+            acc[k] += d * s[k];
+    }
+    return mf_sum8(acc);
+#endif
+}
+
+static inline float mf_dot_iq4_xs_f32(const void *MF_RESTRICT vw, const float *MF_RESTRICT x,
+                                      ptrdiff_t n)
+{
+    const block_iq4_xs *w = (const block_iq4_xs *)vw;   /* [n / 256] */
+    const ptrdiff_t nb = n / QK_K;
+#if defined(MF_SIMD_AVX512)
+    MF_Q_FDOT16_K(mf_q_fsb16_iq4_xs)
+#elif defined(MF_Q_AVX2)
+    __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+    for (ptrdiff_t ib = 0; ib < nb; ib++)
+        mf_q_fsb_iq4_xs(&w[ib], x + ib * QK_K, acc);
+    return mf_q_hsum_ps(_mm256_add_ps(acc[0], acc[1]));
+#else
+    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (ptrdiff_t ib = 0; ib < nb; ib++) {
+        const float d = mf_q_fp16(w[ib].d);
+        for (int j = 0; j < 8; j++) {
+            int8_t q[32];
+            float s[8];
+            for (int l = 0; l < 16; l++) {
+                q[l] = mf_kvalues_iq4nl[w[ib].qs[16 * j + l] & 0x0F];
+                q[l + 16] = mf_kvalues_iq4nl[w[ib].qs[16 * j + l] >> 4];
+            }
+            mf_q_lanes_qx32(q, x + ib * QK_K + 32 * j, s);
+            const float dl = d * (float)(mf_iq4xs_scale(w[ib].scales_l, w[ib].scales_h, j) - 32);
+            for (int k = 0; k < 8; k++)
+                acc[k] += dl * s[k];
+        }
+    }
+    return mf_sum8(acc);
+#endif
+}
+
+/* ============================================================================================ */
 /* Four weight rows against one float32 activation row (decode's float path): each row's result */
 /* is exactly its one-row dot above -- the same blocks into the same accumulators in the same    */
 /* order -- while x is loaded once for the four rows and the rows ahead are prefetched.          */
@@ -930,8 +1313,8 @@ typedef void (*mf_dot4_f32_fn)(const void *const *w, const float *x, ptrdiff_t n
 
 #if defined(MF_Q_AVX2) && defined(MF_SIMD_AVX512)
 /* 32-weight formats at avx512: each row's blocks as in its one-row dot (MF_Q_FDOT16: BLOCK_FN16,
- * the code offset OFF), x's block loaded once for the four rows. */
-#define MF_DOT4_F32_32(NAME, BLOCK, BLOCK_FN, BLOCK_FN16, OFF)                                 \
+ * its code table TAB), x's block loaded once for the four rows. */
+#define MF_DOT4_F32_32(NAME, BLOCK, BLOCK_FN, BLOCK_FN16, TAB)                                 \
 static inline void NAME(const void *const *vw, const float *MF_RESTRICT x, ptrdiff_t n,       \
                         float *out)                                                            \
 {                                                                                              \
@@ -939,7 +1322,7 @@ static inline void NAME(const void *const *vw, const float *MF_RESTRICT x, ptrdi
                          (const BLOCK *)vw[3]};                          /* [n / 32] each */   \
     const ptrdiff_t nb = n / 32, bsz = (ptrdiff_t)sizeof(BLOCK);                               \
     const ptrdiff_t pf = mf_q_pf_dist(nb * bsz);                                               \
-    const __m512 T = mf_q_ftab16(OFF);                                                         \
+    const __m512 T = (TAB);                                                                    \
     __m512 acc[4][2];                                                                          \
     for (int r = 0; r < 4; r++)                                                                \
         acc[r][0] = acc[r][1] = _mm512_setzero_ps();                                           \
@@ -955,8 +1338,8 @@ static inline void NAME(const void *const *vw, const float *MF_RESTRICT x, ptrdi
 }
 #elif defined(MF_Q_AVX2)
 /* 32-weight formats: block ib of each row into accumulator (ib % 2) of that row, as
- * MF_Q_FDOT_LOOP (BLOCK_FN16, OFF: the avx512 level's). */
-#define MF_DOT4_F32_32(NAME, BLOCK, BLOCK_FN, BLOCK_FN16, OFF)                                 \
+ * MF_Q_FDOT_LOOP (BLOCK_FN16, TAB: the avx512 level's). */
+#define MF_DOT4_F32_32(NAME, BLOCK, BLOCK_FN, BLOCK_FN16, TAB)                                 \
 static inline void NAME(const void *const *vw, const float *MF_RESTRICT x, ptrdiff_t n,       \
                         float *out)                                                            \
 {                                                                                              \
@@ -994,11 +1377,18 @@ static inline void NAME(const void *const *vw, const float *MF_RESTRICT x, ptrdi
 #endif
 
 #if defined(MF_Q_AVX2)
-MF_DOT4_F32_32(mf_dot4_q4_0_f32, block_q4_0, mf_q_fblk_q4_0, mf_q_fblk16_q4_0, 8.0f)
-MF_DOT4_F32_32(mf_dot4_q4_1_f32, block_q4_1, mf_q_fblk_q4_1, mf_q_fblk16_q4_1, 0.0f)
-MF_DOT4_F32_32(mf_dot4_q5_0_f32, block_q5_0, mf_q_fblk_q5_0, mf_q_fblk16_q5_0, 16.0f)
-MF_DOT4_F32_32(mf_dot4_q5_1_f32, block_q5_1, mf_q_fblk_q5_1, mf_q_fblk16_q5_1, 0.0f)
-MF_DOT4_F32_32(mf_dot4_q8_0_f32, block_q8_0, mf_q_fblk_q8_0, mf_q_fblk16_q8_0, 0.0f)
+MF_DOT4_F32_32(mf_dot4_q4_0_f32, block_q4_0, mf_q_fblk_q4_0, mf_q_fblk16_q4_0,
+               mf_q_ftab16(8.0f))
+MF_DOT4_F32_32(mf_dot4_q4_1_f32, block_q4_1, mf_q_fblk_q4_1, mf_q_fblk16_q4_1,
+               mf_q_ftab16(0.0f))
+MF_DOT4_F32_32(mf_dot4_q5_0_f32, block_q5_0, mf_q_fblk_q5_0, mf_q_fblk16_q5_0,
+               mf_q_ftab16(16.0f))
+MF_DOT4_F32_32(mf_dot4_q5_1_f32, block_q5_1, mf_q_fblk_q5_1, mf_q_fblk16_q5_1,
+               mf_q_ftab16(0.0f))
+MF_DOT4_F32_32(mf_dot4_q8_0_f32, block_q8_0, mf_q_fblk_q8_0, mf_q_fblk16_q8_0,
+               mf_q_ftab16(0.0f))
+MF_DOT4_F32_32(mf_dot4_iq4_nl_f32, block_iq4_nl, mf_q_fblk_iq4_nl, mf_q_fblk16_iq4_nl,
+               mf_q_ftab16_iq4())
 
 /* K-quants: super-block by super-block, each row's two accumulators as in its one-row dot
  * (avx512: rows 0 | 1 and 2 | 3 in the halves of 512-bit registers, SB_FN##_rows2). */
@@ -1048,6 +1438,29 @@ static inline void mf_q_fsb_q6_K_rows4(const block_q6_K *const w[4], ptrdiff_t i
     for (int r = 0; r < 4; r++)
         mf_q_fsb_q6_K(&w[r][ib], xb, acc[r]);
 }
+
+static inline void mf_q_fsb_q2_K_rows4(const block_q2_K *const w[4], ptrdiff_t ib,
+                                       const float *xb, __m256 acc[4][2])
+{
+    __m256 sx[16];
+    mf_q_sums16(xb, sx);                   /* once for the four rows */
+    for (int r = 0; r < 4; r++)
+        mf_q_fsb_q2_K(&w[r][ib], xb, sx, acc[r]);
+}
+
+static inline void mf_q_fsb_q3_K_rows4(const block_q3_K *const w[4], ptrdiff_t ib,
+                                       const float *xb, __m256 acc[4][2])
+{
+    for (int r = 0; r < 4; r++)
+        mf_q_fsb_q3_K(&w[r][ib], xb, acc[r]);
+}
+
+static inline void mf_q_fsb_iq4_xs_rows4(const block_iq4_xs *const w[4], ptrdiff_t ib,
+                                         const float *xb, __m256 acc[4][2])
+{
+    for (int r = 0; r < 4; r++)
+        mf_q_fsb_iq4_xs(&w[r][ib], xb, acc[r]);
+}
 #define MF_DOT4_F32_K(NAME, BLOCK, SB_FN, SB_FN16)                                             \
 static inline void NAME(const void *const *vw, const float *MF_RESTRICT x, ptrdiff_t n,       \
                         float *out)                                                            \
@@ -1071,6 +1484,9 @@ static inline void NAME(const void *const *vw, const float *MF_RESTRICT x, ptrdi
 MF_DOT4_F32_K(mf_dot4_q4_K_f32, block_q4_K, mf_q_fsb_q4_K, mf_q_fsb16_q4_K)
 MF_DOT4_F32_K(mf_dot4_q5_K_f32, block_q5_K, mf_q_fsb_q5_K, mf_q_fsb16_q5_K)
 MF_DOT4_F32_K(mf_dot4_q6_K_f32, block_q6_K, mf_q_fsb_q6_K, mf_q_fsb16_q6_K)
+MF_DOT4_F32_K(mf_dot4_q2_K_f32, block_q2_K, mf_q_fsb_q2_K, mf_q_fsb16_q2_K)
+MF_DOT4_F32_K(mf_dot4_q3_K_f32, block_q3_K, mf_q_fsb_q3_K, mf_q_fsb16_q3_K)
+MF_DOT4_F32_K(mf_dot4_iq4_xs_f32, block_iq4_xs, mf_q_fsb_iq4_xs, mf_q_fsb16_iq4_xs)
 
 #else /* generic: four one-row dots */
 
@@ -1089,6 +1505,10 @@ MF_DOT4_F32_GENERIC(mf_dot4_q8_0_f32, mf_dot_q8_0_f32)
 MF_DOT4_F32_GENERIC(mf_dot4_q4_K_f32, mf_dot_q4_K_f32)
 MF_DOT4_F32_GENERIC(mf_dot4_q5_K_f32, mf_dot_q5_K_f32)
 MF_DOT4_F32_GENERIC(mf_dot4_q6_K_f32, mf_dot_q6_K_f32)
+MF_DOT4_F32_GENERIC(mf_dot4_q2_K_f32, mf_dot_q2_K_f32)
+MF_DOT4_F32_GENERIC(mf_dot4_q3_K_f32, mf_dot_q3_K_f32)
+MF_DOT4_F32_GENERIC(mf_dot4_iq4_nl_f32, mf_dot_iq4_nl_f32)
+MF_DOT4_F32_GENERIC(mf_dot4_iq4_xs_f32, mf_dot_iq4_xs_f32)
 
 #endif /* MF_Q_AVX2 */
 
@@ -1167,6 +1587,10 @@ static inline mf_dot4_f32_fn mf_dot4_f32_for(int dt)
     case CK_DT_Q4_K: return mf_dot4_q4_K_f32;
     case CK_DT_Q5_K: return mf_dot4_q5_K_f32;
     case CK_DT_Q6_K: return mf_dot4_q6_K_f32;
+    case CK_DT_Q2_K: return mf_dot4_q2_K_f32;
+    case CK_DT_Q3_K: return mf_dot4_q3_K_f32;
+    case CK_DT_IQ4_NL: return mf_dot4_iq4_nl_f32;
+    case CK_DT_IQ4_XS: return mf_dot4_iq4_xs_f32;
     default: return NULL;
     }
 }

@@ -1,8 +1,8 @@
 /*
  * mf_dot_q8.h -- the int8 dots of one weight row with one quantized activation row:
- * mf_dot_{q4_0,q4_1,q5_0,q5_1,q8_0}_q8_0(const void *w, const void *a, n) against a Q8_0
- * activation row and mf_dot_{q4_K,q5_K,q6_K}_q8_K against Q8_K blocks (a: from mf_act_quant.h, in
- * the layouts of mf_act_layout.h).
+ * mf_dot_{q4_0,q4_1,q5_0,q5_1,q8_0,iq4_nl}_q8_0(const void *w, const void *a, n) against a Q8_0
+ * activation row and mf_dot_{q4_K,q5_K,q6_K,q2_K,q3_K,iq4_xs}_q8_K against Q8_K blocks (a: from
+ * mf_act_quant.h, in the layouts of mf_act_layout.h).
  *
  * GGML's vec_dot_*_q8_0 / *_q8_K scheme: the products of the 8-bit codes are summed exactly in
  * int32, per block (32-weight formats) or super-block (K-quants), then scaled in floating point.
@@ -101,11 +101,13 @@ static inline const int8_t *mf_act_lo(const void *a, ptrdiff_t ib)
 #define MF_Q_BSZ_Q5_0 ((ptrdiff_t)sizeof(block_q5_0))
 #define MF_Q_BSZ_Q5_1 ((ptrdiff_t)sizeof(block_q5_1))
 #define MF_Q_BSZ_Q8_0 ((ptrdiff_t)sizeof(block_q8_0))
+#define MF_Q_BSZ_IQ4_NL ((ptrdiff_t)sizeof(block_iq4_nl))
 #define MF_Q_QS_Q4_0 ((ptrdiff_t)offsetof(block_q4_0, qs))
 #define MF_Q_QS_Q4_1 ((ptrdiff_t)offsetof(block_q4_1, qs))
 #define MF_Q_QS_Q5_0 ((ptrdiff_t)offsetof(block_q5_0, qs))
 #define MF_Q_QS_Q5_1 ((ptrdiff_t)offsetof(block_q5_1, qs))
 #define MF_Q_QS_Q8_0 ((ptrdiff_t)offsetof(block_q8_0, qs))
+#define MF_Q_QS_IQ4_NL ((ptrdiff_t)offsetof(block_iq4_nl, qs))
 #define MF_Q_QH_Q5_0 ((ptrdiff_t)offsetof(block_q5_0, qh))
 #define MF_Q_QH_Q5_1 ((ptrdiff_t)offsetof(block_q5_1, qh))
 
@@ -331,6 +333,25 @@ MF_ALWAYS_INLINE void mf_q_dec_q8_0(const char *b, int nblk, mf_q_wgrp *G)
     }
 }
 
+/* IQ4_NL: the nibbles as Q4_0's, then their values by vpshufb: signed codes s (as Q8_0's, kind
+ * 2; |s| <= 127), u = |s|.  A pair's missing second block gets codes 0. */
+MF_ALWAYS_INLINE void mf_q_dec_iq4_nl(const char *b, int nblk, mf_q_wgrp *G)
+{
+    const __m256i kv = _mm256_broadcastsi128_si256(
+        _mm_loadu_si128((const __m128i *)(const void *)mf_kvalues_iq4nl));
+    const __m256i lane0 = _mm256_setr_epi64x(-1, -1, 0, 0);
+    G->Y = mf_q_y(b, MF_Q_BSZ_IQ4_NL, nblk, 0);
+    MF_Q_DEC_NIB(MF_Q_BSZ_IQ4_NL, MF_Q_QS_IQ4_NL)
+    for (int p = 0; 2 * p < nblk; p++)
+        for (int i = 0; i < 2; i++) {
+            __m256i v = _mm256_shuffle_epi8(kv, G->u[p][i]);
+            if (2 * p + 1 == nblk)
+                v = _mm256_and_si256(v, lane0);
+            G->s[p][i] = v;
+            G->u[p][i] = _mm256_abs_epi8(v);
+        }
+}
+
 /* The canonical group step of one (weight row, activation row): acc + the group's terms (see the
  * top of the file).  kind: 0 unsigned with offset (Q4_0, Q5_0), 1 unsigned with mins (Q4_1,
  * Q5_1), 2 signed (Q8_0), 3 Q4_0 / Q5_0 as the tiles hold them (mf_q_lanes_b: G from
@@ -392,7 +413,8 @@ static inline void mf_q_agrp_bias(mf_q_agrp *A)
 MF_ALWAYS_INLINE int mf_q_off(int dt) { return dt == CK_DT_Q4_0 ? 8 : dt == CK_DT_Q5_0 ? 16 : 0; }
 MF_ALWAYS_INLINE int mf_q_kind(int dt)
 {
-    return (dt == CK_DT_Q4_1 || dt == CK_DT_Q5_1) ? 1 : dt == CK_DT_Q8_0 ? 2 : 0;
+    return (dt == CK_DT_Q4_1 || dt == CK_DT_Q5_1) ? 1
+         : (dt == CK_DT_Q8_0 || dt == CK_DT_IQ4_NL) ? 2 : 0;
 }
 MF_ALWAYS_INLINE ptrdiff_t mf_q_bsz(int dt)
 {
@@ -401,6 +423,7 @@ MF_ALWAYS_INLINE ptrdiff_t mf_q_bsz(int dt)
     case CK_DT_Q4_1: return MF_Q_BSZ_Q4_1;
     case CK_DT_Q5_0: return MF_Q_BSZ_Q5_0;
     case CK_DT_Q5_1: return MF_Q_BSZ_Q5_1;
+    case CK_DT_IQ4_NL: return MF_Q_BSZ_IQ4_NL;
     default: return MF_Q_BSZ_Q8_0;
     }
 }
@@ -411,6 +434,7 @@ MF_ALWAYS_INLINE void mf_q_dec(int dt, const char *b, int nblk, mf_q_wgrp *G)
     case CK_DT_Q4_1: mf_q_dec_q4_1(b, nblk, G); break;
     case CK_DT_Q5_0: mf_q_dec_q5_0(b, nblk, G); break;
     case CK_DT_Q5_1: mf_q_dec_q5_1(b, nblk, G); break;
+    case CK_DT_IQ4_NL: mf_q_dec_iq4_nl(b, nblk, G); break;
     default: mf_q_dec_q8_0(b, nblk, G); break;
     }
 }
@@ -448,6 +472,7 @@ MF_DOT_Q8_0(mf_dot_q4_1_q8_0, CK_DT_Q4_1)
 MF_DOT_Q8_0(mf_dot_q5_0_q8_0, CK_DT_Q5_0)
 MF_DOT_Q8_0(mf_dot_q5_1_q8_0, CK_DT_Q5_1)
 MF_DOT_Q8_0(mf_dot_q8_0_q8_0, CK_DT_Q8_0)
+MF_DOT_Q8_0(mf_dot_iq4_nl_q8_0, CK_DT_IQ4_NL)
 
 #else /* generic */
 
@@ -496,6 +521,15 @@ static inline int32_t mf_isum_q8_0(const block_q8_0 *w, const void *a, ptrdiff_t
     return s;
 }
 
+static inline int32_t mf_isum_iq4_nl(const block_iq4_nl *w, const void *a, ptrdiff_t ib)
+{
+    const int8_t *lo = mf_act_lo(a, ib), *hi = lo + 32;
+    int32_t s = 0;
+    for (int j = 0; j < 16; j++)
+        s += mf_kvalues_iq4nl[w->qs[j] & 0x0F] * lo[j] + mf_kvalues_iq4nl[w->qs[j] >> 4] * hi[j];
+    return s;
+}
+
 /* Q4_1 / Q5_1: the sum of q_w * q_a, q_w the unsigned codes. */
 static inline int32_t mf_isum_q4_1(const block_q4_1 *w, const void *a, ptrdiff_t ib)
 {
@@ -508,7 +542,7 @@ static inline int32_t mf_isum_q5_1(const block_q5_1 *w, const void *a, ptrdiff_t
 }
 
 /* Block ib's contribution d_w * d_a * isum (+ m_w * s_a), exact in double: d_w * d_a is exact in
- * float (11 x 11 bits), times |isum| < 2^16; m_w * s_a is 11 x 23 bits. */
+ * float (11 x 11 bits), times |isum| < 2^16 (IQ4_NL: < 2^19); m_w * s_a is 11 x 23 bits. */
 #define MF_DOT_Q8_0_GENERIC(NAME, BLOCK, ISUM, MINS)                                           \
 static inline float NAME(const void *MF_RESTRICT vw, const void *MF_RESTRICT va, ptrdiff_t n)  \
 {                                                                                              \
@@ -530,6 +564,7 @@ MF_DOT_Q8_0_GENERIC(mf_dot_q4_1_q8_0, block_q4_1, mf_isum_q4_1, MF_Q_MINS)
 MF_DOT_Q8_0_GENERIC(mf_dot_q5_0_q8_0, block_q5_0, mf_isum_q5_0, MF_Q_NO_MINS)
 MF_DOT_Q8_0_GENERIC(mf_dot_q5_1_q8_0, block_q5_1, mf_isum_q5_1, MF_Q_MINS)
 MF_DOT_Q8_0_GENERIC(mf_dot_q8_0_q8_0, block_q8_0, mf_isum_q8_0, MF_Q_NO_MINS)
+MF_DOT_Q8_0_GENERIC(mf_dot_iq4_nl_q8_0, block_iq4_nl, mf_isum_iq4_nl, MF_Q_NO_MINS)
 
 #endif /* MF_Q_AVX2 */
 
@@ -673,4 +708,382 @@ static inline float mf_dot_q6_K_q8_K(const void *MF_RESTRICT vw, const void *MF_
     return (float)acc;
 }
 
+/* ---- Q2_K, Q3_K, IQ4_XS x Q8_K: the K-quant scheme (exact integer sums per super-block, then
+ * double).
+ *   Q2_K   sumi = sum_j sc_j (c_j . a_j), summ = sum_j m_j bsum_j (16 sub-blocks of 16):
+ *          acc += (d_w d_a) sumi - (dmin_w d_a) summ;
+ *   Q3_K   sumi = sum_j (sc_j - 32) ((u_j . a_j) - 4 bsum_j), u = the 2 low bits + 4 * the
+ *          hmask bit (the value is u - 4): acc += (d_w d_a) sumi;
+ *   IQ4_XS sumi = sum_j (ls_j - 32) (v_j . a_j), v the kvalues_iq4nl value (8 sub-blocks of
+ *          32): acc += (d_w d_a) sumi.
+ * |sumi| < 2^31 everywhere (IQ4_XS: 8 * 32 * 32 * 127 * 127 = 1.3e8).  At the SIMD levels a
+ * super-block's activation registers are loaded once (mf_q_kxact) for every row that meets them,
+ * and each row leaves 8 int32 lanes of partial sums (mf_q_row_<fmt>) whose total is sumi (and
+ * summ): the one-row dot, the 4-row one-token dot and the tiles form the same integers, so
+ * the same double steps give the same bits. */
+
+#if defined(MF_Q_AVX2)
+/* The int16 scale pairs of pmaddwd for register k (0..3) of a half of 128 weights whose 8 scales
+ * (int16) sch holds in both lanes: [s_2k x 8 | s_2k+1 x 8] (a register's lanes are two
+ * sub-blocks of 16). */
+static inline __m256i mf_q_sc16_sel(__m256i sch, int k)
+{
+    const int b = 4 * k;
+    return _mm256_shuffle_epi8(sch, _mm256_set_m128i(
+        _mm_set1_epi16((short)((b + 3) << 8 | (b + 2))),
+        _mm_set1_epi16((short)((b + 1) << 8 | b))));
+}
+
+/* sch of half h from the 16 int16 scales sc16: its 8 scales in both 128-bit lanes. */
+static inline __m256i mf_q_sc16_half(__m256i sc16, int h)
+{
+    return h ? _mm256_permute2x128_si256(sc16, sc16, 0x11)
+             : _mm256_permute2x128_si256(sc16, sc16, 0x00);
+}
+
+/* The 2-bit codes of register k of half h of a Q2_K / Q3_K super-block (weights 128h + 32k +
+ * 0..31), from the half's 32 qs bytes q. */
+static inline __m256i mf_q_codes2(__m256i q, int k)
+{
+    return _mm256_and_si256(_mm256_srli_epi16(q, 2 * k), _mm256_set1_epi8(3));
+}
+
+#if defined(MF_Q_VNNI)
+/* With VNNI, registers k and k + 1 of a half (sub-blocks j .. j + 3, j = 8h + 2k) in 4 operations: vpdpbusd of each (int32 lanes of 4 products: <= 4 * 7 * 127, exact as
+ * int16), packed to int16 per 128-bit lane ([j x 4 | j + 2 x 4], and j + 1, j + 3 in the high
+ * lane) and scaled by one vpdpwssd.  The same integer sums as the pmaddubsw / pmaddwd pair of a
+ * register. */
+static inline __m256i mf_q_k2_pair(__m256i s, __m256i u0, __m256i a0, __m256i u1, __m256i a1,
+                                   __m256i sch, int k)
+{
+    const int b = 4 * k;                     /* byte of word 2k (scale of sub-block j) in sch */
+    const __m256i sel = _mm256_set_m128i(
+        _mm_setr_epi8((char)(b + 2), (char)(b + 3), (char)(b + 2), (char)(b + 3), (char)(b + 2),
+                      (char)(b + 3), (char)(b + 2), (char)(b + 3), (char)(b + 6), (char)(b + 7),
+                      (char)(b + 6), (char)(b + 7), (char)(b + 6), (char)(b + 7), (char)(b + 6),
+                      (char)(b + 7)),
+        _mm_setr_epi8((char)b, (char)(b + 1), (char)b, (char)(b + 1), (char)b, (char)(b + 1),
+                      (char)b, (char)(b + 1), (char)(b + 4), (char)(b + 5), (char)(b + 4),
+                      (char)(b + 5), (char)(b + 4), (char)(b + 5), (char)(b + 4), (char)(b + 5)));
+    const __m256i z = _mm256_setzero_si256();
+    const __m256i pk = _mm256_packs_epi32(_mm256_dpbusd_epi32(z, u0, a0), _mm256_dpbusd_epi32(z, u1, a1));
+    return _mm256_dpwssd_epi32(s, pk, _mm256_shuffle_epi8(sch, sel));
+}
+#endif
+
+/* Q3_K's third bit of weights 32 bit + 0..31 (bit = 4h + k) as 4 or 0 a byte, from hmask hm. */
+static inline __m256i mf_q_hbit4(__m256i hm, int bit)
+{
+    const __m256i t = bit >= 2 ? _mm256_srli_epi16(hm, bit - 2) : _mm256_slli_epi16(hm, 2 - bit);
+    return _mm256_and_si256(t, _mm256_set1_epi8(4));
+}
+
+/* A Q8_K block's codes as the rows' registers read them, and its bsums.  Q2_K / Q3_K: a[c] =
+ * values 32c .. 32c + 31.  IQ4_XS: a[2j] = [values 0..15 of sub-block 2j | 0..15 of 2j + 1],
+ * a[2j + 1] = the same of values 16..31 (the low and the high nibbles of 32 qs bytes). */
+typedef struct {
+    __m256i a[8];
+    __m256i bs;
+} mf_q_kxact;
+
+MF_ALWAYS_INLINE void mf_q_kxact_load(int dt, const block_q8_K *a, mf_q_kxact *A)
+{
+    if (dt == CK_DT_IQ4_XS) {
+        for (int j = 0; j < 4; j++) {
+            const __m256i x0 = mf_q_loadu256(a->qs + 64 * j), x1 = mf_q_loadu256(a->qs + 64 * j + 32);
+            A->a[2 * j] = _mm256_permute2x128_si256(x0, x1, 0x20);
+            A->a[2 * j + 1] = _mm256_permute2x128_si256(x0, x1, 0x31);
+        }
+    } else {
+        for (int c = 0; c < 8; c++)
+            A->a[c] = mf_q_loadu256(a->qs + 32 * c);
+    }
+    A->bs = mf_q_loadu256(a->bsums);
+}
+
+/* One row's super-block against A: *si = 8 int32 lanes summing to sumi, *sm to summ (Q2_K). */
+MF_ALWAYS_INLINE void mf_q_row_q2_K(const block_q2_K *b, const mf_q_kxact *A, __m256i *si,
+                                    __m256i *sm)
+{
+    const __m128i m4 = _mm_set1_epi8(0x0F);
+    const __m128i sc8 = _mm_loadu_si128((const __m128i *)(const void *)b->scales);
+    const __m256i sc16 = _mm256_cvtepu8_epi16(_mm_and_si128(sc8, m4));
+    *sm = _mm256_madd_epi16(_mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sc8, 4), m4)), A->bs);
+    __m256i s = _mm256_setzero_si256();
+    for (int h = 0; h < 2; h++) {
+        const __m256i q = mf_q_loadu256(b->qs + 32 * h), sch = mf_q_sc16_half(sc16, h);
+#if defined(MF_Q_VNNI)
+        for (int k = 0; k < 4; k += 2)
+            s = mf_q_k2_pair(s, mf_q_codes2(q, k), A->a[4 * h + k], mf_q_codes2(q, k + 1),
+                             A->a[4 * h + k + 1], sch, k);
+#else
+        for (int k = 0; k < 4; k++) {
+            const __m256i p = _mm256_maddubs_epi16(mf_q_codes2(q, k), A->a[4 * h + k]);
+            s = _mm256_add_epi32(s, _mm256_madd_epi16(p, mf_q_sc16_sel(sch, k)));
+        }
+#endif
+    }
+    *si = s;
+}
+
+MF_ALWAYS_INLINE __m256i mf_q_row_q3_K(const block_q3_K *b, const mf_q_kxact *A)
+{
+    const __m256i sc16 = _mm256_sub_epi16(_mm256_cvtepu8_epi16(mf_q_q3k_scales16(b->scales)),
+                                          _mm256_set1_epi16(32));
+    const __m256i hm = mf_q_loadu256(b->hmask);
+    __m256i s = _mm256_sub_epi32(_mm256_setzero_si256(),           /* -4 sum_j s_j bsum_j */
+                                 _mm256_slli_epi32(_mm256_madd_epi16(sc16, A->bs), 2));
+    for (int h = 0; h < 2; h++) {
+        const __m256i q = mf_q_loadu256(b->qs + 32 * h), sch = mf_q_sc16_half(sc16, h);
+#if defined(MF_Q_VNNI)
+        for (int k = 0; k < 4; k += 2)
+            s = mf_q_k2_pair(s, _mm256_or_si256(mf_q_codes2(q, k), mf_q_hbit4(hm, 4 * h + k)),
+                             A->a[4 * h + k],
+                             _mm256_or_si256(mf_q_codes2(q, k + 1), mf_q_hbit4(hm, 4 * h + k + 1)),
+                             A->a[4 * h + k + 1], sch, k);
+#else
+        for (int k = 0; k < 4; k++) {
+            const __m256i u = _mm256_or_si256(mf_q_codes2(q, k), mf_q_hbit4(hm, 4 * h + k));
+            const __m256i p = _mm256_maddubs_epi16(u, A->a[4 * h + k]);
+            s = _mm256_add_epi32(s, _mm256_madd_epi16(p, mf_q_sc16_sel(sch, k)));
+        }
+#endif
+    }
+    return s;
+}
+
+MF_ALWAYS_INLINE __m256i mf_q_row_iq4_xs(const block_iq4_xs *b, const mf_q_kxact *A)
+{
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    const __m128i s8 = mf_q_iq4xs_scales16(b);                     /* ls_j - 32, int16 */
+    __m256i s = _mm256_setzero_si256();
+#if defined(MF_Q_VNNI)
+    /* values + 128 (unsigned) by vpshufb, vpdpbusd against the codes: exact int32 lanes of 4
+     * products, times ls_j - 32 by vpmulld; minus 128 sum_j (ls_j - 32) (bsum_2j + bsum_2j+1) */
+    const __m256i kvu = _mm256_setr_epi8(1, 24, 45, 63, 79, 93, 106, 118, (char)129, (char)141,
+                                         (char)153, (char)166, (char)181, (char)197, (char)217,
+                                         (char)241, 1, 24, 45, 63, 79, 93, 106, 118, (char)129,
+                                         (char)141, (char)153, (char)166, (char)181, (char)197,
+                                         (char)217, (char)241);
+    const __m256i s32 = _mm256_cvtepi16_epi32(s8);
+    const __m256i s16x2 = _mm256_set_m128i(_mm_unpackhi_epi16(s8, s8), _mm_unpacklo_epi16(s8, s8));
+    s = _mm256_sub_epi32(s, _mm256_slli_epi32(_mm256_madd_epi16(s16x2, A->bs), 7));
+    for (int j = 0; j < 4; j++) {
+        const __m256i q = mf_q_loadu256(b->qs + 32 * j);
+        const __m256i lo = _mm256_shuffle_epi8(kvu, _mm256_and_si256(q, m4));
+        const __m256i hi = _mm256_shuffle_epi8(kvu, _mm256_and_si256(_mm256_srli_epi16(q, 4), m4));
+        const __m256i t = _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), lo,
+                                                                  A->a[2 * j]), hi, A->a[2 * j + 1]);
+        const __m256i scv = _mm256_permutevar8x32_epi32(s32, _mm256_setr_epi32(
+            2 * j, 2 * j, 2 * j, 2 * j, 2 * j + 1, 2 * j + 1, 2 * j + 1, 2 * j + 1));
+        s = _mm256_add_epi32(s, _mm256_mullo_epi32(t, scv));
+    }
+#else
+    /* values v (|v| <= 127): |v| x (a with v's sign), int16 pairs <= 2 * 127 * 127 */
+    const __m256i kv = _mm256_broadcastsi128_si256(
+        _mm_loadu_si128((const __m128i *)(const void *)mf_kvalues_iq4nl));
+    const __m256i sc2 = _mm256_broadcastsi128_si256(s8);
+    for (int j = 0; j < 4; j++) {
+        const __m256i q = mf_q_loadu256(b->qs + 32 * j);
+        const __m256i lo = _mm256_shuffle_epi8(kv, _mm256_and_si256(q, m4));
+        const __m256i hi = _mm256_shuffle_epi8(kv, _mm256_and_si256(_mm256_srli_epi16(q, 4), m4));
+        const __m256i scv = mf_q_sc16_sel(sc2, j);                 /* [s_2j x 8 | s_2j+1 x 8] */
+        const __m256i pl = _mm256_maddubs_epi16(_mm256_abs_epi8(lo), _mm256_sign_epi8(A->a[2 * j], lo));
+        const __m256i ph = _mm256_maddubs_epi16(_mm256_abs_epi8(hi),
+                                                _mm256_sign_epi8(A->a[2 * j + 1], hi));
+        s = _mm256_add_epi32(s, _mm256_add_epi32(_mm256_madd_epi16(pl, scv),
+                                                 _mm256_madd_epi16(ph, scv)));
+    }
+#endif
+    return s;
+}
+#if defined(MF_SIMD_AVX512) && defined(MF_Q_VNNI)
+/* The avx512 level's 4-row one-token dot of Q3_K: rows a and b side by side in the halves of
+ * 512-bit registers ([a | b]), the activation registers broadcast to both (mf_q_kxact2): lane
+ * for lane the operations of mf_q_row_q3_K, the same int32 partial sums a row.  Q3_K only: with
+ * more operations a weight than Q2_K and IQ4_XS, it gains from the halved instruction count,
+ * where those two measured slower on AMD Zen 4 (whose 512-bit operations take two cycles of a
+ * 256-bit pipe); the figures are in benchmarks/README.md. */
+typedef struct {
+    __m512i a[8];
+    __m512i bs;
+} mf_q_kxact2;
+
+MF_ALWAYS_INLINE void mf_q_kxact2_from(const mf_q_kxact *A, mf_q_kxact2 *B)
+{
+    for (int c = 0; c < 8; c++)
+        B->a[c] = _mm512_broadcast_i64x4(A->a[c]);
+    B->bs = _mm512_broadcast_i64x4(A->bs);
+}
+
+/* [row a's 8 scales of half h in both lanes | row b's], from sc16 = [a's 16 | b's 16] int16 */
+MF_ALWAYS_INLINE __m512i mf_q_sc16_half2(__m512i sc16, int h)
+{
+    return h ? _mm512_shuffle_i64x2(sc16, sc16, 0xF5) : _mm512_shuffle_i64x2(sc16, sc16, 0xA0);
+}
+
+MF_ALWAYS_INLINE __m512i mf_q_k2_pair2(__m512i s, __m512i u0, __m512i a0, __m512i u1, __m512i a1,
+                                       __m512i sch, int k)
+{
+    const int b = 4 * k;
+    const __m512i sel = _mm512_broadcast_i64x4(_mm256_set_m128i(
+        _mm_setr_epi8((char)(b + 2), (char)(b + 3), (char)(b + 2), (char)(b + 3), (char)(b + 2),
+                      (char)(b + 3), (char)(b + 2), (char)(b + 3), (char)(b + 6), (char)(b + 7),
+                      (char)(b + 6), (char)(b + 7), (char)(b + 6), (char)(b + 7), (char)(b + 6),
+                      (char)(b + 7)),
+        _mm_setr_epi8((char)b, (char)(b + 1), (char)b, (char)(b + 1), (char)b, (char)(b + 1),
+                      (char)b, (char)(b + 1), (char)(b + 4), (char)(b + 5), (char)(b + 4),
+                      (char)(b + 5), (char)(b + 4), (char)(b + 5), (char)(b + 4), (char)(b + 5))));
+    const __m512i z = _mm512_setzero_si512();
+    const __m512i pk = _mm512_packs_epi32(_mm512_dpbusd_epi32(z, u0, a0), _mm512_dpbusd_epi32(z, u1, a1));
+    return _mm512_dpwssd_epi32(s, pk, _mm512_shuffle_epi8(sch, sel));
+}
+
+MF_ALWAYS_INLINE __m512i mf_q_codes2x2(__m512i q, int k)
+{
+    return _mm512_and_si512(_mm512_srli_epi16(q, 2 * k), _mm512_set1_epi8(3));
+}
+
+MF_ALWAYS_INLINE __m512i mf_q_row2_q3_K(const block_q3_K *ba, const block_q3_K *bb,
+                                        const mf_q_kxact2 *B)
+{
+    const __m512i sc16 = _mm512_sub_epi16(_mm512_cvtepu8_epi16(_mm256_set_m128i(
+        mf_q_q3k_scales16(bb->scales), mf_q_q3k_scales16(ba->scales))), _mm512_set1_epi16(32));
+    const __m512i hm = mf_q_loadu2x256(ba->hmask, bb->hmask), x4 = _mm512_set1_epi8(4);
+    __m512i s = _mm512_sub_epi32(_mm512_setzero_si512(),
+                                 _mm512_slli_epi32(_mm512_madd_epi16(sc16, B->bs), 2));
+    for (int h = 0; h < 2; h++) {
+        const __m512i q = mf_q_loadu2x256(ba->qs + 32 * h, bb->qs + 32 * h);
+        const __m512i sch = mf_q_sc16_half2(sc16, h);
+        for (int k = 0; k < 4; k += 2) {
+            const int b0 = 4 * h + k, b1 = b0 + 1;        /* the hmask bits of k, k + 1 */
+            const __m512i h0 = _mm512_and_si512(b0 >= 2 ? _mm512_srli_epi16(hm, b0 - 2)
+                                                        : _mm512_slli_epi16(hm, 2 - b0), x4);
+            const __m512i h1 = _mm512_and_si512(b1 >= 2 ? _mm512_srli_epi16(hm, b1 - 2)
+                                                        : _mm512_slli_epi16(hm, 2 - b1), x4);
+            s = mf_q_k2_pair2(s, _mm512_or_si512(mf_q_codes2x2(q, k), h0), B->a[4 * h + k],
+                              _mm512_or_si512(mf_q_codes2x2(q, k + 1), h1), B->a[4 * h + k + 1],
+                              sch, k);
+        }
+    }
+    return s;
+}
+
+#endif
+
+#endif /* MF_Q_AVX2 */
+
+/* A super-block's sumi (and summ) of one row: the one-row dots' (and the generic level's) step. */
+static inline void mf_q_sums_q2_K(const block_q2_K *b, const block_q8_K *a, int32_t *sumi,
+                                  int32_t *summ)
+{
+#if defined(MF_Q_AVX2)
+    mf_q_kxact A;
+    __m256i si, sm;
+    mf_q_kxact_load(CK_DT_Q2_K, a, &A);
+    mf_q_row_q2_K(b, &A, &si, &sm);
+    *sumi = mf_q_hsum_epi32(si);
+    *summ = mf_q_hsum_epi32(sm);
+#else
+    int32_t si = 0, sm = 0;
+    for (int j = 0; j < 16; j++) {
+        const uint8_t *q = b->qs + 32 * (j / 8) + 16 * (j % 2);
+        const int shift = 2 * ((j % 8) / 2);
+        int32_t t = 0;
+        for (int l = 0; l < 16; l++)
+            t += ((q[l] >> shift) & 3) * a->qs[16 * j + l];
+        si += (b->scales[j] & 0x0F) * t;
+        sm += (b->scales[j] >> 4) * a->bsums[j];
+    }
+    *sumi = si;
+    *summ = sm;
+#endif
+}
+
+static inline int32_t mf_q_sums_q3_K(const block_q3_K *b, const block_q8_K *a)
+{
+#if defined(MF_Q_AVX2)
+    mf_q_kxact A;
+    mf_q_kxact_load(CK_DT_Q3_K, a, &A);
+    return mf_q_hsum_epi32(mf_q_row_q3_K(b, &A));
+#else
+    uint8_t sc[16];
+    mf_q3k_scales(b->scales, sc);
+    int32_t si = 0;
+    for (int j = 0; j < 16; j++) {
+        const int h = j / 8, k = (j % 8) / 2, bit = 4 * h + k;
+        const uint8_t *q = b->qs + 32 * h + 16 * (j % 2), *hm = b->hmask + 16 * (j % 2);
+        int32_t t = 0;
+        for (int l = 0; l < 16; l++)
+            t += (((q[l] >> (2 * k)) & 3) | (((hm[l] >> bit) & 1) << 2)) * a->qs[16 * j + l];
+        si += ((int)sc[j] - 32) * (t - 4 * a->bsums[j]);
+    }
+    return si;
+#endif
+}
+
+static inline int32_t mf_q_sums_iq4_xs(const block_iq4_xs *b, const block_q8_K *a)
+{
+#if defined(MF_Q_AVX2)
+    mf_q_kxact A;
+    mf_q_kxact_load(CK_DT_IQ4_XS, a, &A);
+    return mf_q_hsum_epi32(mf_q_row_iq4_xs(b, &A));
+#else
+    int32_t si = 0;
+    for (int j = 0; j < 8; j++) {
+        int32_t t = 0;
+        for (int l = 0; l < 16; l++)
+            t += mf_kvalues_iq4nl[b->qs[16 * j + l] & 0x0F] * a->qs[32 * j + l] +
+                 mf_kvalues_iq4nl[b->qs[16 * j + l] >> 4] * a->qs[32 * j + 16 + l];
+        si += (mf_iq4xs_scale(b->scales_l, b->scales_h, j) - 32) * t;
+    }
+    return si;
+#endif
+}
+
+/* acc + (d_w d_a) sumi, d_w an fp16, in double (d_w d_a exact): Q3_K's, IQ4_XS's (and Q6_K's)
+ * step of a super-block. */
+static inline double mf_q_kterm1(double acc, mf_fp16_t d, float da, int32_t sumi)
+{
+    const double dd = (double)mf_q_fp16(d) * (double)da;          /* exact */
+    return acc + mf_mul_nc_d(dd, (double)sumi);
+}
+
+static inline float mf_dot_q2_K_q8_K(const void *MF_RESTRICT vw, const void *MF_RESTRICT va,
+                                     ptrdiff_t n)
+{
+    const block_q2_K *w = (const block_q2_K *)vw;   /* [n / 256] */
+    const block_q8_K *a = (const block_q8_K *)va;   /* [n / 256] */
+    double acc = 0.0;
+    for (ptrdiff_t ib = 0; ib < n / QK_K; ib++) {
+        int32_t sumi, summ;
+        mf_q_sums_q2_K(&w[ib], &a[ib], &sumi, &summ);
+        acc += mf_q_kterm(w[ib].d, w[ib].dmin, a[ib].d, sumi, summ);
+    }
+    return (float)acc;
+}
+
+static inline float mf_dot_q3_K_q8_K(const void *MF_RESTRICT vw, const void *MF_RESTRICT va,
+                                     ptrdiff_t n)
+{
+    const block_q3_K *w = (const block_q3_K *)vw;   /* [n / 256] */
+    const block_q8_K *a = (const block_q8_K *)va;   /* [n / 256] */
+    double acc = 0.0;
+    for (ptrdiff_t ib = 0; ib < n / QK_K; ib++)
+        acc = mf_q_kterm1(acc, w[ib].d, a[ib].d, mf_q_sums_q3_K(&w[ib], &a[ib]));
+    return (float)acc;
+}
+
+static inline float mf_dot_iq4_xs_q8_K(const void *MF_RESTRICT vw, const void *MF_RESTRICT va,
+                                       ptrdiff_t n)
+{
+    const block_iq4_xs *w = (const block_iq4_xs *)vw;   /* [n / 256] */
+    const block_q8_K *a = (const block_q8_K *)va;       /* [n / 256] */
+    double acc = 0.0;
+    for (ptrdiff_t ib = 0; ib < n / QK_K; ib++)
+        acc = mf_q_kterm1(acc, w[ib].d, a[ib].d, mf_q_sums_iq4_xs(&w[ib], &a[ib]));
+    return (float)acc;
+}
+
 #endif /* MEGAFUSE_MF_DOT_Q8_H */
+

@@ -48,6 +48,10 @@ static inline mf_dequantize_row_fn mf_dequantize_row_for(int dt)
     case CK_DT_Q4_K: return mf_dequantize_row_q4_K;
     case CK_DT_Q5_K: return mf_dequantize_row_q5_K;
     case CK_DT_Q6_K: return mf_dequantize_row_q6_K;
+    case CK_DT_Q2_K: return mf_dequantize_row_q2_K;
+    case CK_DT_Q3_K: return mf_dequantize_row_q3_K;
+    case CK_DT_IQ4_NL: return mf_dequantize_row_iq4_nl;
+    case CK_DT_IQ4_XS: return mf_dequantize_row_iq4_xs;
     default: return NULL;
     }
 }
@@ -66,6 +70,10 @@ static inline mf_quantize_row_fn mf_quantize_row_for(int dt)
     case CK_DT_Q4_K: return mf_quantize_row_q4_K;
     case CK_DT_Q5_K: return mf_quantize_row_q5_K;
     case CK_DT_Q6_K: return mf_quantize_row_q6_K;
+    case CK_DT_Q2_K: return mf_quantize_row_q2_K;
+    case CK_DT_Q3_K: return mf_quantize_row_q3_K;
+    case CK_DT_IQ4_NL: return mf_quantize_row_iq4_nl;
+    case CK_DT_IQ4_XS: return mf_quantize_row_iq4_xs;
     default: return NULL;
     }
 }
@@ -84,6 +92,10 @@ static inline mf_dot_f32_fn mf_dot_f32_for(int dt)
     case CK_DT_Q4_K: return mf_dot_q4_K_f32;
     case CK_DT_Q5_K: return mf_dot_q5_K_f32;
     case CK_DT_Q6_K: return mf_dot_q6_K_f32;
+    case CK_DT_Q2_K: return mf_dot_q2_K_f32;
+    case CK_DT_Q3_K: return mf_dot_q3_K_f32;
+    case CK_DT_IQ4_NL: return mf_dot_iq4_nl_f32;
+    case CK_DT_IQ4_XS: return mf_dot_iq4_xs_f32;
     default: return NULL;
     }
 }
@@ -105,19 +117,26 @@ static inline mf_dot_q8_fn mf_dot_q8_for(int dt)
     case CK_DT_Q4_K: return mf_dot_q4_K_q8_K;
     case CK_DT_Q5_K: return mf_dot_q5_K_q8_K;
     case CK_DT_Q6_K: return mf_dot_q6_K_q8_K;
+    case CK_DT_Q2_K: return mf_dot_q2_K_q8_K;
+    case CK_DT_Q3_K: return mf_dot_q3_K_q8_K;
+    case CK_DT_IQ4_NL: return mf_dot_iq4_nl_q8_0;
+    case CK_DT_IQ4_XS: return mf_dot_iq4_xs_q8_K;
     default: return NULL;
     }
 }
 
-/* The activation format the int8 path pairs with weights of dt: Q8_0 for the 32-weight block
- * formats, Q8_K for the K-quants, FP32 (no quantization) for the float formats; -1 otherwise.
+/* The activation format the int8 path pairs with weights of dt, as llama.cpp pairs them: Q8_0 for
+ * the 32-weight block formats (IQ4_NL included), Q8_K for the 256-weight ones (the K-quants and
+ * IQ4_XS), FP32 (no quantization) for the float formats; -1 otherwise.
  * dt may also be an activation format itself (Q8_0, Q8_K), which maps to itself. */
 static inline int mf_activation_dtype(int dt)
 {
     switch (dt) {
     case CK_DT_Q4_0: case CK_DT_Q4_1: case CK_DT_Q5_0: case CK_DT_Q5_1: case CK_DT_Q8_0:
+    case CK_DT_IQ4_NL:
         return CK_DT_Q8_0;
-    case CK_DT_Q4_K: case CK_DT_Q5_K: case CK_DT_Q6_K: case CK_DT_Q8_K:
+    case CK_DT_Q4_K: case CK_DT_Q5_K: case CK_DT_Q6_K: case CK_DT_Q8_K: case CK_DT_Q2_K:
+    case CK_DT_Q3_K: case CK_DT_IQ4_XS:
         return CK_DT_Q8_K;
     case CK_DT_FP32: case CK_DT_FP16: case CK_DT_BF16:
         return CK_DT_FP32;

@@ -160,7 +160,8 @@ MF_ALWAYS_INLINE void mf_q_dec2_nib(int dt, const char *ba, const char *bb, __m5
     const ptrdiff_t bsz = mf_q_bsz(dt);
     const int asym = dt == CK_DT_Q4_1 || dt == CK_DT_Q5_1, five = dt == CK_DT_Q5_0 || dt == CK_DT_Q5_1;
     const ptrdiff_t qs = dt == CK_DT_Q4_0 ? MF_Q_QS_Q4_0 : dt == CK_DT_Q4_1 ? MF_Q_QS_Q4_1
-                       : dt == CK_DT_Q5_0 ? MF_Q_QS_Q5_0 : MF_Q_QS_Q5_1;
+                       : dt == CK_DT_Q5_0 ? MF_Q_QS_Q5_0 : dt == CK_DT_IQ4_NL ? MF_Q_QS_IQ4_NL
+                       : MF_Q_QS_Q5_1;
     const ptrdiff_t qh = dt == CK_DT_Q5_0 ? MF_Q_QH_Q5_0 : MF_Q_QH_Q5_1;
     const __m512i m4 = _mm512_set1_epi8(0x0F);
     const ptrdiff_t tail = 4 * bsz - 64;
@@ -313,13 +314,28 @@ MF_ALWAYS_INLINE void mf_dot4_row32(int dt, const void *const *vw, const void *v
             for (int p = 0; p < 2; p++) {
                 al[p] = _mm512_broadcast_i64x4(A.lo[p]);
                 ah[p] = _mm512_broadcast_i64x4(A.hi[p]);
-                oo[p] = mf_q_offset_lanes(dt == CK_DT_Q8_0 ? 128 : mf_q_off(dt), al[p], ah[p]);
+                oo[p] = mf_q_offset_lanes(kind == 2 ? 128 : mf_q_off(dt), al[p], ah[p]);
             }
             const __m512 f = _mm512_broadcast_f32x8(A.f);
             if (dt == CK_DT_Q8_0) {
                 mf_q_dec2_q8_0(w0 + o, w1 + o, U, &Y);
                 a01 = mf_q_grp_step_rows2_s8(U, Y, al, ah, oo, f, a01);
                 mf_q_dec2_q8_0(w2 + o, w3 + o, U, &Y);
+                a23 = mf_q_grp_step_rows2_s8(U, Y, al, ah, oo, f, a23);
+                continue;
+            }
+            if (dt == CK_DT_IQ4_NL) {        /* the nibbles' values: Q8_0's signed step */
+                const __m512i kv = _mm512_broadcast_i32x4(
+                    _mm_loadu_si128((const __m128i *)(const void *)mf_kvalues_iq4nl));
+                mf_q_dec2_nib(dt, w0 + o, w1 + o, U, &Y);
+                for (int p = 0; p < 2; p++)
+                    for (int i = 0; i < 2; i++)
+                        U[p][i] = _mm512_shuffle_epi8(kv, U[p][i]);
+                a01 = mf_q_grp_step_rows2_s8(U, Y, al, ah, oo, f, a01);
+                mf_q_dec2_nib(dt, w2 + o, w3 + o, U, &Y);
+                for (int p = 0; p < 2; p++)
+                    for (int i = 0; i < 2; i++)
+                        U[p][i] = _mm512_shuffle_epi8(kv, U[p][i]);
                 a23 = mf_q_grp_step_rows2_s8(U, Y, al, ah, oo, f, a23);
                 continue;
             }
@@ -361,6 +377,7 @@ MF_DOT4_ROW32(mf_dot4_q4_1_q8_0, CK_DT_Q4_1)
 MF_DOT4_ROW32(mf_dot4_q5_0_q8_0, CK_DT_Q5_0)
 MF_DOT4_ROW32(mf_dot4_q5_1_q8_0, CK_DT_Q5_1)
 MF_DOT4_ROW32(mf_dot4_q8_0_q8_0, CK_DT_Q8_0)
+MF_DOT4_ROW32(mf_dot4_iq4_nl_q8_0, CK_DT_IQ4_NL)
 
 /* ---- one token: 4 rows of Q4_K / Q5_K / Q6_K -------------------------------------------- */
 
@@ -869,7 +886,7 @@ MF_ALWAYS_INLINE void mf_q8_tile_row32(int dt, const void *const *vw, const char
     const ptrdiff_t nb = n / QK8_0, ng = (ptrdiff_t)mf_act_q8_0_groups((size_t)n);
     const ptrdiff_t gb = 4 * mf_q_bsz(dt);
 #if defined(MF_Q_VNNI)
-    const int biased = mf_q_off(dt) != 0 || dt == CK_DT_Q8_0;   /* mf_q_lanes_b, mf_q_wgrp_bias */
+    const int biased = mf_q_off(dt) != 0 || mf_q_kind(dt) == 2;   /* mf_q_lanes_b, mf_q_wgrp_bias */
 #else
     const int biased = mf_q_off(dt) != 0;                  /* Q4_0 / Q5_0: mf_q_lanes_b */
 #endif
@@ -968,6 +985,7 @@ MF_Q8_TILE_ROW32(mf_q8_tile_q4_1, CK_DT_Q4_1)
 MF_Q8_TILE_ROW32(mf_q8_tile_q5_0, CK_DT_Q5_0)
 MF_Q8_TILE_ROW32(mf_q8_tile_q5_1, CK_DT_Q5_1)
 MF_Q8_TILE_ROW32(mf_q8_tile_q8_0, CK_DT_Q8_0)
+MF_Q8_TILE_ROW32(mf_q8_tile_iq4_nl, CK_DT_IQ4_NL)
 
 /* Q4_K / Q5_K / Q6_K: nt (even, <= MF_Q8_TILE_TOKENS) tokens of Q8_K rows.
  *
@@ -1157,6 +1175,240 @@ static inline void mf_q8_tile_kq(int dt, const void *const *vw, const char *xq, 
             out[4 * t + r] = (float)acc[t][r];
 }
 
+/* ---- Q2_K, Q3_K, IQ4_XS (the K-quant scheme of mf_dot_q8.h): 4 rows, one token or many ------ */
+
+/* One token, 4 rows: the super-block's activation registers loaded once (mf_q_kxact), each row's
+ * partial sums (mf_q_row_<fmt>), the four rows' sumi (and summ) reduced side by side and scaled
+ * by the one-row dot's double operations, lane by lane: the bits of the one-row dots.  The rows
+ * stream side by side with prefetch of the rows ahead. */
+MF_ALWAYS_INLINE void mf_dot4_kx(int dt, const void *const *vw, const void *va, ptrdiff_t n,
+                                 float *out)
+{
+    const char *w[4] = {(const char *)vw[0], (const char *)vw[1], (const char *)vw[2],
+                        (const char *)vw[3]};                         /* [n / 256] blocks each */
+    const block_q8_K *a = (const block_q8_K *)va;                     /* [n / 256] */
+    const ptrdiff_t nb = n / QK_K, bsz = (ptrdiff_t)ck_dtype_block_bytes((CKDataType)dt);
+    const ptrdiff_t pf = mf_q_pf_dist(nb * bsz);
+    /* where the fp16 d (and dmin) of a block sit */
+    const ptrdiff_t od = dt == CK_DT_Q2_K ? (ptrdiff_t)offsetof(block_q2_K, d)
+                       : dt == CK_DT_Q3_K ? (ptrdiff_t)offsetof(block_q3_K, d)
+                                          : (ptrdiff_t)offsetof(block_iq4_xs, d);
+    __m256d acc = _mm256_setzero_pd();
+    for (ptrdiff_t ib = 0; ib < nb; ib++) {
+        mf_q_prefetch4(w[0], nb * bsz, ib * bsz, bsz, pf);
+        mf_q_kxact A;
+        __m256i si[4], sm[4];
+        mf_q_kxact_load(dt, &a[ib], &A);
+#if defined(MF_SIMD_AVX512) && defined(MF_Q_VNNI)
+        if (dt == CK_DT_Q3_K) {                 /* rows 0 | 1 and 2 | 3 in 512-bit registers */
+            mf_q_kxact2 B;
+            mf_q_kxact2_from(&A, &B);
+            for (int r = 0; r < 4; r += 2) {
+                const block_q3_K *ba = (const block_q3_K *)(const void *)(w[r] + ib * bsz);
+                const block_q3_K *bb = (const block_q3_K *)(const void *)(w[r + 1] + ib * bsz);
+                const __m512i s2 = mf_q_row2_q3_K(ba, bb, &B);
+                si[r] = _mm512_castsi512_si256(s2);
+                si[r + 1] = _mm512_extracti64x4_epi64(s2, 1);
+            }
+        } else
+#endif
+        for (int r = 0; r < 4; r++) {
+            const void *blk = w[r] + ib * bsz;
+            if (dt == CK_DT_Q2_K)
+                mf_q_row_q2_K((const block_q2_K *)blk, &A, &si[r], &sm[r]);
+            else if (dt == CK_DT_Q3_K)
+                si[r] = mf_q_row_q3_K((const block_q3_K *)blk, &A);
+            else
+                si[r] = mf_q_row_iq4_xs((const block_iq4_xs *)blk, &A);
+        }
+        const ptrdiff_t o = ib * bsz + od;
+        const __m256d da = _mm256_set1_pd((double)a[ib].d);
+        const __m256d dd = _mm256_mul_pd(_mm256_cvtps_pd(mf_q_fp16x4(
+            mf_q_ld16(w[0] + o), mf_q_ld16(w[1] + o), mf_q_ld16(w[2] + o), mf_q_ld16(w[3] + o))), da);
+        __m256d t = _mm256_mul_pd(dd, _mm256_cvtepi32_pd(mf_q_hsum4_epi32(si[0], si[1], si[2], si[3])));
+        if (dt == CK_DT_Q2_K) {                 /* - (dmin_w d_a) summ */
+            const __m256d dm = _mm256_mul_pd(_mm256_cvtps_pd(mf_q_fp16x4(
+                mf_q_ld16(w[0] + o + 2), mf_q_ld16(w[1] + o + 2), mf_q_ld16(w[2] + o + 2),
+                mf_q_ld16(w[3] + o + 2))), da);
+            t = _mm256_sub_pd(t, _mm256_mul_pd(dm, _mm256_cvtepi32_pd(
+                mf_q_hsum4_epi32(sm[0], sm[1], sm[2], sm[3]))));
+        }
+        acc = _mm256_add_pd(acc, t);
+    }
+    MF_ALIGNED(32) double r4[4];
+    _mm256_store_pd(r4, acc);
+    for (int r = 0; r < 4; r++)
+        out[r] = (float)r4[r];
+}
+MF_STATIC_ASSERT(offsetof(block_q2_K, dmin) == offsetof(block_q2_K, d) + 2, q2_K_dmin_after_d);
+#define MF_DOT4_KX(NAME, DT)                                                                   \
+static inline void NAME(const void *const *vw, const void *va, ptrdiff_t n, float *out)       \
+{                                                                                              \
+    mf_dot4_kx(DT, vw, va, n, out);                                                            \
+}
+MF_DOT4_KX(mf_dot4_q2_K_q8_K, CK_DT_Q2_K)
+MF_DOT4_KX(mf_dot4_q3_K_q8_K, CK_DT_Q3_K)
+MF_DOT4_KX(mf_dot4_iq4_xs_q8_K, CK_DT_IQ4_XS)
+#undef MF_DOT4_KX
+
+/* Many tokens: a super-block of one row decoded for the tiles (into L1, once for every token of
+ * the call), in the terms of the formats' sums: register c (weights 32c .. 32c + 31) gives
+ * pmaddwd(pmaddubsw(u[c], a_c'), sc[c]), where a_c' is the activation register (IQ4_XS: with the
+ * sign of its value s[c], as mf_q_sums_iq4_xs does), and the int16 pmaddwd against the 16 bsums
+ * of m16 gives Q2_K's min term (summ) or Q3_K's offset term (sum_j s_j bsum_j, times -4). */
+typedef struct {
+    __m256i u[8], s[8], sc[8];
+    __m256i m16;
+    float d, dmin;
+} mf_q_kxdec;
+
+MF_ALWAYS_INLINE void mf_q_kx_decode(int dt, const void *blk, mf_q_kxdec *D)
+{
+    if (dt == CK_DT_IQ4_XS) {
+        const block_iq4_xs *b = (const block_iq4_xs *)blk;
+        const __m256i kv = _mm256_broadcastsi128_si256(
+            _mm_loadu_si128((const __m128i *)(const void *)mf_kvalues_iq4nl));
+        for (int j = 0; j < 8; j++) {
+            D->s[j] = _mm256_shuffle_epi8(kv, mf_q_nibbles32(b->qs + 16 * j));
+            D->u[j] = _mm256_abs_epi8(D->s[j]);
+        }
+        const __m256i sc2 = _mm256_broadcastsi128_si256(mf_q_iq4xs_scales16(b));
+        for (int j = 0; j < 8; j++)            /* word j in every position */
+            D->sc[j] = _mm256_shuffle_epi8(sc2, _mm256_set1_epi16((short)((2 * j + 1) << 8 | 2 * j)));
+        D->m16 = _mm256_setzero_si256();
+        D->d = mf_q_fp16(b->d);
+        D->dmin = 0.0f;
+        return;
+    }
+    __m256i sc16, hm = _mm256_setzero_si256();
+    const uint8_t *qs;
+    if (dt == CK_DT_Q2_K) {
+        const block_q2_K *b = (const block_q2_K *)blk;
+        const __m128i sc8 = _mm_loadu_si128((const __m128i *)(const void *)b->scales);
+        sc16 = _mm256_cvtepu8_epi16(_mm_and_si128(sc8, _mm_set1_epi8(0x0F)));
+        D->m16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sc8, 4), _mm_set1_epi8(0x0F)));
+        qs = b->qs;
+        D->d = mf_q_fp16(b->d);
+        D->dmin = mf_q_fp16(b->dmin);
+    } else {
+        const block_q3_K *b = (const block_q3_K *)blk;
+        sc16 = _mm256_sub_epi16(_mm256_cvtepu8_epi16(mf_q_q3k_scales16(b->scales)),
+                                _mm256_set1_epi16(32));
+        D->m16 = sc16;
+        hm = mf_q_loadu256(b->hmask);
+        qs = b->qs;
+        D->d = mf_q_fp16(b->d);
+        D->dmin = 0.0f;
+    }
+    for (int h = 0; h < 2; h++) {
+        const __m256i q = mf_q_loadu256(qs + 32 * h), sch = mf_q_sc16_half(sc16, h);
+        for (int k = 0; k < 4; k++) {
+            __m256i u = mf_q_codes2(q, k);
+            if (dt == CK_DT_Q3_K)
+                u = _mm256_or_si256(u, mf_q_hbit4(hm, 4 * h + k));
+            D->u[4 * h + k] = u;
+            D->sc[4 * h + k] = mf_q_sc16_sel(sch, k);
+        }
+    }
+}
+
+/* nt (even, <= MF_Q8_TILE_TOKENS) tokens of Q8_K rows at xq (stride xs) against rows vw[0..3] of
+ * Q2_K, Q3_K or IQ4_XS: MF_Q8_CHUNK weights of each row decoded at once (mf_q_kx_decode), then
+ * every pair of tokens runs past them.  Each (row, token)'s integer sums equal its one-row dot's,
+ * and its double steps are the same operations in the same order: the same bits. */
+MF_ALWAYS_INLINE void mf_q8_tile_kx(int dt, const void *const *vw, const char *xq, ptrdiff_t xs,
+                                   int nt, ptrdiff_t n, float *out /* [nt][4] */)
+{
+    enum { NS = MF_Q8_CHUNK / QK_K };
+    mf_q_kxdec D[NS][4];                        /* [super-block][row] */
+    double acc[MF_Q8_TILE_TOKENS][4];
+    const int iq4 = dt == CK_DT_IQ4_XS, q3 = dt == CK_DT_Q3_K, q2 = dt == CK_DT_Q2_K;
+    const ptrdiff_t bsz = (ptrdiff_t)ck_dtype_block_bytes((CKDataType)dt), nsb = n / QK_K;
+    memset(acc, 0, (size_t)nt * sizeof acc[0]);
+    for (ptrdiff_t s0 = 0; s0 < nsb; s0 += NS) {
+        const int ns = (int)(nsb - s0 < NS ? nsb - s0 : NS);
+        for (int s = 0; s < ns; s++)
+            for (int r = 0; r < 4; r++)
+                mf_q_kx_decode(dt, (const char *)vw[r] + (s0 + s) * bsz, &D[s][r]);
+        for (int t = 0; t + 1 < nt; t += 2) {
+            const block_q8_K *a0 = (const block_q8_K *)(const void *)(xq + t * xs) + s0;
+            const block_q8_K *a1 = (const block_q8_K *)(const void *)(xq + (t + 1) * xs) + s0;
+            const int tn = t + 2 * MF_Q_TILE_PF + 1 < nt ? t + 2 * MF_Q_TILE_PF : t;
+            __m256d acc0 = _mm256_loadu_pd(acc[t]), acc1 = _mm256_loadu_pd(acc[t + 1]);
+            for (int s = 0; s < ns; s++) {
+                for (int k = 0; k < 2; k++) {           /* the next pair's blocks, into L1 */
+                    const char *pn = (const char *)((const block_q8_K *)(const void *)(xq + (tn + k) * xs) + s0 + s);
+                    for (int o = 0; o < (int)sizeof(block_q8_K); o += 64)
+                        _mm_prefetch(pn + o, _MM_HINT_T0);
+                }
+                __m256i P[8];                           /* [row r, token 0 | row r, token 1] */
+                for (int i = 0; i < 8; i++)
+                    P[i] = _mm256_setzero_si256();
+                MF_Q_NO_UNROLL
+                for (int c = 0; c < 8; c++) {
+                    const __m256i x0 = mf_q_loadu256(a0[s].qs + 32 * c);
+                    const __m256i x1 = mf_q_loadu256(a1[s].qs + 32 * c);
+                    for (int r = 0; r < 4; r++) {
+                        const mf_q_kxdec *E = &D[s][r];
+                        const __m256i y0 = iq4 ? _mm256_sign_epi8(x0, E->s[c]) : x0;
+                        const __m256i y1 = iq4 ? _mm256_sign_epi8(x1, E->s[c]) : x1;
+                        P[r] = _mm256_add_epi32(P[r], _mm256_madd_epi16(
+                            _mm256_maddubs_epi16(E->u[c], y0), E->sc[c]));
+                        P[4 + r] = _mm256_add_epi32(P[4 + r], _mm256_madd_epi16(
+                            _mm256_maddubs_epi16(E->u[c], y1), E->sc[c]));
+                    }
+                }
+                const __m256i bs0 = mf_q_loadu256(a0[s].bsums), bs1 = mf_q_loadu256(a1[s].bsums);
+                __m256i M[8];
+                for (int r = 0; r < 4; r++) {
+                    M[r] = _mm256_madd_epi16(D[s][r].m16, bs0);
+                    M[4 + r] = _mm256_madd_epi16(D[s][r].m16, bs1);
+                    if (q3) {                           /* the offset: -4 sum_j s_j bsum_j */
+                        P[r] = _mm256_sub_epi32(P[r], _mm256_slli_epi32(M[r], 2));
+                        P[4 + r] = _mm256_sub_epi32(P[4 + r], _mm256_slli_epi32(M[4 + r], 2));
+                    }
+                }
+                const __m256i S = mf_q_tree8(P[0], P[1], P[2], P[3], P[4], P[5], P[6], P[7]);
+                const __m256d dw = _mm256_setr_pd((double)D[s][0].d, (double)D[s][1].d,
+                                                  (double)D[s][2].d, (double)D[s][3].d);
+                const __m256d da0 = _mm256_set1_pd((double)a0[s].d);
+                const __m256d da1 = _mm256_set1_pd((double)a1[s].d);
+                __m256d t0 = _mm256_mul_pd(_mm256_mul_pd(dw, da0),
+                                           _mm256_cvtepi32_pd(_mm256_castsi256_si128(S)));
+                __m256d t1 = _mm256_mul_pd(_mm256_mul_pd(dw, da1),
+                                           _mm256_cvtepi32_pd(_mm256_extracti128_si256(S, 1)));
+                if (q2) {                               /* - (dmin_w d_a) summ */
+                    const __m256i Mt = mf_q_tree8(M[0], M[1], M[2], M[3], M[4], M[5], M[6], M[7]);
+                    const __m256d dm = _mm256_setr_pd((double)D[s][0].dmin, (double)D[s][1].dmin,
+                                                      (double)D[s][2].dmin, (double)D[s][3].dmin);
+                    t0 = _mm256_sub_pd(t0, _mm256_mul_pd(_mm256_mul_pd(dm, da0),
+                        _mm256_cvtepi32_pd(_mm256_castsi256_si128(Mt))));
+                    t1 = _mm256_sub_pd(t1, _mm256_mul_pd(_mm256_mul_pd(dm, da1),
+                        _mm256_cvtepi32_pd(_mm256_extracti128_si256(Mt, 1))));
+                }
+                acc0 = _mm256_add_pd(acc0, t0);
+                acc1 = _mm256_add_pd(acc1, t1);
+            }
+            _mm256_storeu_pd(acc[t], acc0);
+            _mm256_storeu_pd(acc[t + 1], acc1);
+        }
+    }
+    for (int t = 0; t < nt; t++)
+        for (int r = 0; r < 4; r++)
+            out[4 * t + r] = (float)acc[t][r];
+}
+
+#define MF_Q8_TILE_KX(NAME, DT)                                                                \
+static inline void NAME(const void *const *vw, const char *xq, ptrdiff_t xs, int nt, ptrdiff_t n, \
+                        float *out)                                                            \
+{                                                                                              \
+    mf_q8_tile_kx(DT, vw, xq, xs, nt, n, out);                                                 \
+}
+MF_Q8_TILE_KX(mf_q8_tile_q2_K, CK_DT_Q2_K)
+MF_Q8_TILE_KX(mf_q8_tile_q3_K, CK_DT_Q3_K)
+MF_Q8_TILE_KX(mf_q8_tile_iq4_xs, CK_DT_IQ4_XS)
+#undef MF_Q8_TILE_KX
+
 #endif /* MF_Q_AVX2 */
 
 /* Tokens a caller hands mf_q8_rows_tokens at once, for activation rows of row_bytes: up to
@@ -1188,6 +1440,10 @@ static inline mf_dot4_fn mf_dot4_q8_for(int dt)
     case CK_DT_Q4_K: return mf_dot4_q4_K_q8_K;
     case CK_DT_Q5_K: return mf_dot4_q5_K_q8_K;
     case CK_DT_Q6_K: return mf_dot4_q6_K_q8_K;
+    case CK_DT_IQ4_NL: return mf_dot4_iq4_nl_q8_0;
+    case CK_DT_Q2_K: return mf_dot4_q2_K_q8_K;
+    case CK_DT_Q3_K: return mf_dot4_q3_K_q8_K;
+    case CK_DT_IQ4_XS: return mf_dot4_iq4_xs_q8_K;
     default: return NULL;
     }
 #else
@@ -1208,12 +1464,17 @@ static inline void mf_q8_rows_tokens(int dt, const void *const *w, int nr, const
     const mf_dot4_fn one = mf_dot4_q8_for(dt);
     mf_q8_tile_fn tile = NULL;
     const int kquant = dt == CK_DT_Q4_K || dt == CK_DT_Q5_K || dt == CK_DT_Q6_K;
+    const int kx = dt == CK_DT_Q2_K || dt == CK_DT_Q3_K || dt == CK_DT_IQ4_XS;
     switch (dt) {
     case CK_DT_Q4_0: tile = mf_q8_tile_q4_0; break;
     case CK_DT_Q4_1: tile = mf_q8_tile_q4_1; break;
     case CK_DT_Q5_0: tile = mf_q8_tile_q5_0; break;
     case CK_DT_Q5_1: tile = mf_q8_tile_q5_1; break;
     case CK_DT_Q8_0: tile = mf_q8_tile_q8_0; break;
+    case CK_DT_IQ4_NL: tile = mf_q8_tile_iq4_nl; break;
+    case CK_DT_Q2_K: tile = mf_q8_tile_q2_K; break;
+    case CK_DT_Q3_K: tile = mf_q8_tile_q3_K; break;
+    case CK_DT_IQ4_XS: tile = mf_q8_tile_iq4_xs; break;
     default: break;
     }
     if (one != NULL && nt <= MF_Q8_FEW_TOKENS) {   /* a few tokens: the rows stay in L1 */
@@ -1224,7 +1485,7 @@ static inline void mf_q8_rows_tokens(int dt, const void *const *w, int nr, const
     if (one != NULL) {
         int t = 0;
         while (nt - t >= 2) {
-            int m = kquant ? (nt - t) & ~1 : nt - t;     /* the K-quant tile takes token pairs */
+            int m = kquant || kx ? (nt - t) & ~1 : nt - t;  /* the K-quant tiles take token pairs */
             if (m > MF_Q8_TILE_TOKENS)
                 m = MF_Q8_TILE_TOKENS;
             if (kquant)

@@ -378,6 +378,43 @@ static inline void mf_kquant_scales8(const uint8_t *scales /* [12] */, mf_fp16_t
 #endif
 
 #if defined(MF_Q_AVX2)
+/* The 8 sub-block factors ls_j - 32 of an IQ4_XS super-block as int16 (mf_iq4xs_scale, for the
+ * 8 at once): the low 4 bits from the nibbles of scales_l, bits 4 and 5 from bit pairs of
+ * scales_h. */
+static inline __m128i mf_q_iq4xs_scales16(const block_iq4_xs *b)
+{
+    uint32_t l;
+    memcpy(&l, b->scales_l, 4);
+    const __m128i m4 = _mm_set1_epi8(0x0F), v = _mm_cvtsi32_si128((int)l);
+    const __m128i lo = _mm_unpacklo_epi8(_mm_and_si128(v, m4), _mm_and_si128(_mm_srli_epi16(v, 4), m4));
+    /* byte j: the byte of scales_h holding ls_j's top bits (j / 4), tested at bits 2 (j % 4), +1 */
+    const __m128i hb = _mm_shuffle_epi8(_mm_cvtsi32_si128((int)b->scales_h),
+                                        _mm_setr_epi8(0, 0, 0, 0, 1, 1, 1, 1, -1, -1, -1, -1, -1,
+                                                      -1, -1, -1));
+    const __m128i b0 = _mm_setr_epi8(1, 4, 16, 64, 1, 4, 16, 64, 0, 0, 0, 0, 0, 0, 0, 0);
+    const __m128i b1 = _mm_setr_epi8(2, 8, 32, -128, 2, 8, 32, -128, 0, 0, 0, 0, 0, 0, 0, 0);
+    const __m128i h0 = _mm_and_si128(_mm_cmpeq_epi8(_mm_and_si128(hb, b0), b0), _mm_set1_epi8(16));
+    const __m128i h1 = _mm_and_si128(_mm_cmpeq_epi8(_mm_and_si128(hb, b1), b1), _mm_set1_epi8(32));
+    const __m128i ls = _mm_or_si128(lo, _mm_or_si128(h0, h1));     /* bytes 0..7 */
+    return _mm_sub_epi16(_mm_cvtepu8_epi16(ls), _mm_set1_epi16(32));
+}
+
+/* The 16 6-bit scales (0..63) of a Q3_K super-block in one register (mf_q3k_scales' bytes, in
+ * registers: no store and reload).  Reads the 12 bytes at scales only. */
+static inline __m128i mf_q_q3k_scales16(const uint8_t *scales /* [12] */)
+{
+    uint32_t t;
+    memcpy(&t, scales + 8, 4);
+    const __m128i m4 = _mm_set1_epi8(0x0F);
+    const __m128i a = _mm_loadl_epi64((const __m128i *)(const void *)scales);
+    const __m128i lo = _mm_unpacklo_epi64(_mm_and_si128(a, m4),
+                                          _mm_and_si128(_mm_srli_epi16(a, 4), m4));
+    /* top bits: scales[8 + j % 4] >> 2 (j / 4), each 4-byte group of t shifted by 0, 2, 4, 6 */
+    const __m128i hi = _mm_and_si128(_mm_srlv_epi32(_mm_set1_epi32((int)t), _mm_setr_epi32(0, 2, 4, 6)),
+                                     _mm_set1_epi8(3));
+    return _mm_or_si128(lo, _mm_slli_epi16(hi, 4));
+}
+
 /* The four 32-byte registers of 6-bit codes (0..63) of half h of a Q6_K super-block:
  * q[k] holds weights 128h + 32k .. 128h + 32k + 31. */
 static inline void mf_q6k_codes(const block_q6_K *b, int h, __m256i q[4])

@@ -1,7 +1,8 @@
 /*
  * mf_weight_quant.h -- the weight quantizers: mf_quantize_row_<dt>(const float *x, void *w, n),
  * a float32 row x[n] -> one weight row of dt (ck_dtype_row_bytes(dt, n) bytes at w), for
- * dt = FP32, FP16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K.
+ * dt = FP32, FP16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, Q2_K, Q3_K, IQ4_NL,
+ * IQ4_XS.
  *
  * Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 give the bytes of gguf.quants.quantize (the NumPy port of GGML's
  * quantize_row_*_ref; on finite data that is GGML's output too), including what NumPy does on
@@ -10,7 +11,10 @@
  * float16 cast (round to nearest even), BF16 gguf's / GGML's rounding.  Q4_K, Q5_K, Q6_K follow
  * GGML's quantize_row_q{4,5,6}_K_ref (make_qkx2_quants / make_qx_quants) with every float
  * operation of the C source rounded as written (no fused multiply-add: see MF_OPT_BARRIER in
- * mf_quant_common.h).  The same bytes at every SIMD level.
+ * mf_quant_common.h); Q2_K and Q3_K likewise GGML's quantize_row_q{2,3}_K_ref, IQ4_NL and IQ4_XS
+ * GGML's quantize_iq4_nl / quantize_iq4_xs without an importance matrix (what
+ * ggml_quantize_chunk runs for them; not quantize_row_iq4_nl_ref, which tries fewer scales).
+ * The same bytes at every SIMD level.
  *
  * Depends on: mf_quant_common.h (mf_mul_nc, mf_nearest_int, mf_imin / mf_imax, mf_le32, levels),
  * ggml_blocks.h (block structs, fp16 / bf16 conversions, MF_F32_DEFAULT_NAN_BITS).
@@ -530,6 +534,311 @@ static inline void mf_quantize_row_q6_K(const float *MF_RESTRICT x, void *MF_RES
                                   (((Lh[l + 64] >> 4) & 3) << 4) | (((Lh[l + 96] >> 4) & 3) << 6));
             }
         }
+    }
+}
+
+/* ============================================================================================ */
+/* Q2_K, Q3_K: GGML's quantize_row_q{2,3}_K_ref, every float operation as the C source writes it */
+/* ============================================================================================ */
+
+/* The 2-bit codes of a super-block (L[256]: weight 128h + 32k + l of half h) packed into qs[64]:
+ * byte 32h + l holds weights 128h + l, + 32, + 64, + 96 in bits 0-1, 2-3, 4-5, 6-7. */
+static inline void mf_q_pack_2bit(const uint8_t *L /* [256] */, uint8_t *qs /* [64] */)
+{
+    for (int h = 0; h < 2; h++)
+        for (int l = 0; l < 32; ++l) {
+            const uint8_t *Lh = L + 128 * h;
+            qs[32 * h + l] = (uint8_t)(Lh[l] | (Lh[l + 32] << 2) | (Lh[l + 64] << 4) |
+                                       (Lh[l + 96] << 6));
+        }
+}
+
+static inline void mf_quantize_row_q2_K(const float *MF_RESTRICT x, void *MF_RESTRICT vy,
+                                        ptrdiff_t n)
+{
+    block_q2_K *y = (block_q2_K *)vy;               /* [n / 256] */
+    for (ptrdiff_t ib = 0; ib < n / QK_K; ib++) {
+        const float *xb = x + ib * QK_K;
+        uint8_t L[QK_K], Laux[16];
+        float weights[16], mins[16], scales[16];
+        float max_scale = 0, max_min = 0;          /* as the min is taken off: scales >= 0 */
+        for (int j = 0; j < 16; ++j) {
+            for (int l = 0; l < 16; ++l)
+                weights[l] = fabsf(xb[16 * j + l]);
+            scales[j] = mf_make_qkx2_quants(16, 3, xb + 16 * j, weights, L + 16 * j, &mins[j],
+                                            Laux, -0.5f, 0.1f, 15, 1);
+            if (scales[j] > max_scale) max_scale = scales[j];
+            if (mins[j] > max_min) max_min = mins[j];
+        }
+        if (max_scale > 0) {
+            const float iscale = 15.f / max_scale;
+            for (int j = 0; j < 16; ++j)
+                y[ib].scales[j] = (uint8_t)(unsigned)mf_nearest_int(mf_mul_nc(iscale, scales[j]));
+            y[ib].d = mf_fp32_to_fp16(max_scale / 15.f);
+        } else {
+            for (int j = 0; j < 16; ++j) y[ib].scales[j] = 0;
+            y[ib].d = mf_fp32_to_fp16(0.f);
+        }
+        if (max_min > 0) {
+            const float iscale = 15.f / max_min;
+            for (int j = 0; j < 16; ++j) {
+                const int l = mf_nearest_int(mf_mul_nc(iscale, mins[j]));
+                y[ib].scales[j] |= (uint8_t)((unsigned)l << 4);
+            }
+            y[ib].dmin = mf_fp32_to_fp16(max_min / 15.f);
+        } else {
+            y[ib].dmin = mf_fp32_to_fp16(0.f);
+        }
+        for (int j = 0; j < 16; ++j) {
+            const float d = mf_fp16_to_fp32(y[ib].d) * (float)(y[ib].scales[j] & 0x0F);
+            if (d == 0.0f)
+                continue;
+            const float dm = mf_fp16_to_fp32(y[ib].dmin) * (float)(y[ib].scales[j] >> 4);
+            for (int ii = 0; ii < 16; ++ii) {
+                const int l = mf_nearest_int((xb[16 * j + ii] + dm) / d);
+                L[16 * j + ii] = (uint8_t)mf_imax(0, mf_imin(3, l));
+            }
+        }
+        mf_q_pack_2bit(L, y[ib].qs);
+    }
+}
+
+/* GGML's make_q3_quants with do_rmse (weights x^2): codes L[n] = l + nmax, l in [-nmax, nmax-1],
+ * refined by up to 5 passes of single-code changes that lower the weighted error; the scale. */
+static inline float mf_make_q3_quants_rmse(int n, int nmax, const float *x, int8_t *L)
+{
+    float max = 0, amax = 0;
+    for (int i = 0; i < n; ++i) {
+        const float ax = fabsf(x[i]);
+        if (ax > amax) {
+            amax = ax;
+            max = x[i];
+        }
+    }
+    if (amax < MF_GROUP_MAX_EPS) {
+        for (int i = 0; i < n; ++i) L[i] = 0;
+        return 0.f;
+    }
+    const float iscale = (float)(-nmax) / max;
+    float sumlx = 0, suml2 = 0;
+    for (int i = 0; i < n; ++i) {
+        int l = mf_nearest_int(mf_mul_nc(iscale, x[i]));
+        l = mf_imax(-nmax, mf_imin(nmax - 1, l));
+        L[i] = (int8_t)l;
+        const float w = mf_mul_nc(x[i], x[i]);
+        sumlx += mf_mul_nc(mf_mul_nc(w, x[i]), (float)l);
+        suml2 += mf_mul_nc(mf_mul_nc(w, (float)l), (float)l);
+    }
+    for (int itry = 0; itry < 5; ++itry) {
+        int n_changed = 0;
+        for (int i = 0; i < n; ++i) {
+            const float w = mf_mul_nc(x[i], x[i]);
+            float slx = sumlx - mf_mul_nc(mf_mul_nc(w, x[i]), (float)L[i]);
+            if (slx > 0) {
+                float sl2 = suml2 - mf_mul_nc(mf_mul_nc(w, (float)L[i]), (float)L[i]);
+                int new_l = mf_nearest_int(mf_mul_nc(x[i], sl2) / slx);
+                new_l = mf_imax(-nmax, mf_imin(nmax - 1, new_l));
+                if (new_l != L[i]) {
+                    slx += mf_mul_nc(mf_mul_nc(w, x[i]), (float)new_l);
+                    sl2 += mf_mul_nc(mf_mul_nc(w, (float)new_l), (float)new_l);
+                    if (sl2 > 0 && mf_mul_nc(mf_mul_nc(slx, slx), suml2) >
+                                   mf_mul_nc(mf_mul_nc(sumlx, sumlx), sl2)) {
+                        L[i] = (int8_t)new_l;
+                        sumlx = slx;
+                        suml2 = sl2;
+                        ++n_changed;
+                    }
+                }
+            }
+        }
+        if (!n_changed)
+            break;
+    }
+    for (int i = 0; i < n; ++i)
+        L[i] = (int8_t)(L[i] + nmax);
+    return suml2 > 0.0f ? sumlx / suml2 : 0.0f;
+}
+
+static inline void mf_quantize_row_q3_K(const float *MF_RESTRICT x, void *MF_RESTRICT vy,
+                                        ptrdiff_t n)
+{
+    block_q3_K *y = (block_q3_K *)vy;               /* [n / 256] */
+    for (ptrdiff_t ib = 0; ib < n / QK_K; ib++) {
+        const float *xb = x + ib * QK_K;
+        int8_t L[QK_K];
+        float scales[16];
+        float max_scale = 0, amax = 0;
+        for (int j = 0; j < 16; ++j) {
+            scales[j] = mf_make_q3_quants_rmse(16, 4, xb + 16 * j, L + 16 * j);
+            const float scale = fabsf(scales[j]);
+            if (scale > amax) {
+                amax = scale;
+                max_scale = scales[j];
+            }
+        }
+        memset(y[ib].scales, 0, 12);
+        if (max_scale != 0) {
+            const float iscale = -32.f / max_scale;
+            for (int j = 0; j < 16; ++j) {
+                /* the int8 of the rounded value (GGML stores it in an int8_t), then clamped */
+                int l = mf_wrap_i8(mf_nearest_int(mf_mul_nc(iscale, scales[j])));
+                l = mf_imax(-32, mf_imin(31, l)) + 32;
+                if (j < 8)
+                    y[ib].scales[j] = (uint8_t)(l & 0xF);
+                else
+                    y[ib].scales[j - 8] |= (uint8_t)((l & 0xF) << 4);
+                y[ib].scales[j % 4 + 8] |= (uint8_t)((l >> 4) << (2 * (j / 4)));
+            }
+            y[ib].d = mf_fp32_to_fp16(1 / iscale);
+        } else {
+            y[ib].d = mf_fp32_to_fp16(0.f);
+        }
+        uint8_t sc[16];
+        mf_q3k_scales(y[ib].scales, sc);
+        for (int j = 0; j < 16; ++j) {
+            const float d = mf_fp16_to_fp32(y[ib].d) * (float)((int)sc[j] - 32);
+            if (d == 0.0f)
+                continue;
+            for (int ii = 0; ii < 16; ++ii) {
+                const int l = mf_nearest_int(xb[16 * j + ii] / d);
+                L[16 * j + ii] = (int8_t)(mf_imax(-4, mf_imin(3, l)) + 4);
+            }
+        }
+        /* the third bit of weight 32k + l goes to bit k of hmask[l]; L keeps the low 2 bits */
+        uint8_t L2[QK_K];
+        memset(y[ib].hmask, 0, QK_K / 8);
+        for (int j = 0; j < QK_K; ++j) {
+            int l = L[j];
+            if (l > 3) {
+                y[ib].hmask[j % 32] |= (uint8_t)(1u << (j / 32));
+                l -= 4;
+            }
+            L2[j] = (uint8_t)l;
+        }
+        mf_q_pack_2bit(L2, y[ib].qs);
+    }
+}
+
+/* ============================================================================================ */
+/* IQ4_NL, IQ4_XS: GGML's quantize_iq4_nl / quantize_iq4_xs, no importance matrix (ntry = 7)     */
+/* ============================================================================================ */
+
+/* GGML's best_index_int8 over the 16 values of mf_kvalues_iq4nl: the index of the value nearest
+ * x (the upper one on a tie); a NaN gives 15, as GGML's bisection ends there.  GGML bisects for
+ * the ml with val[ml] <= x < val[ml + 1]; counting the values <= x finds the same ml without
+ * branches (the bisection's mispredicted branches were most of the IQ4 quantizers' time), and
+ * the same float comparison of the two distances decides. */
+static inline int mf_iq4_best_index(float x)
+{
+    const int8_t *val = mf_kvalues_iq4nl;
+    if (x != x) return 15;
+    if (x <= (float)val[0]) return 0;
+    if (x >= (float)val[15]) return 15;
+    int ml = 0;
+    for (int k = 1; k < 15; k++)
+        ml += x >= (float)val[k];
+    return x - (float)val[ml] < (float)val[ml + 1] - x ? ml : ml + 1;
+}
+
+/* The scale of one block of 32 (GGML's quantize_row_iq4_nl_impl, weights x^2, ntry = 7): the
+ * first fit from d = max / 127, then the best of 15 trial scales (itry - 127) / max; 0 for a
+ * block with max |x| < GROUP_MAX_EPS. */
+static inline float mf_iq4_block_scale(const float *xb /* [32] */)
+{
+    const int ntry = 7;
+    float weight[32];
+    float amax = 0, max = 0;
+    for (int j = 0; j < 32; ++j) {
+        weight[j] = mf_mul_nc(xb[j], xb[j]);
+        const float ax = fabsf(xb[j]);
+        if (ax > amax) {
+            amax = ax;
+            max = xb[j];
+        }
+    }
+    if (amax < MF_GROUP_MAX_EPS)
+        return 0;
+    float d = -max / (float)mf_kvalues_iq4nl[0];
+    float id = 1 / d;
+    float sumqx = 0, sumq2 = 0;
+    for (int j = 0; j < 32; ++j) {
+        const float q = (float)mf_kvalues_iq4nl[mf_iq4_best_index(mf_mul_nc(id, xb[j]))];
+        const float wq = mf_mul_nc(weight[j], q);
+        sumqx += mf_mul_nc(wq, xb[j]);
+        sumq2 += mf_mul_nc(wq, q);
+    }
+    d = sumq2 > 0 ? sumqx / sumq2 : 0.f;
+    float best = mf_mul_nc(d, sumqx);
+    for (int itry = -ntry; itry <= ntry; ++itry) {
+        id = (float)(itry + mf_kvalues_iq4nl[0]) / max;
+        sumqx = sumq2 = 0;
+        for (int j = 0; j < 32; ++j) {
+            const float q = (float)mf_kvalues_iq4nl[mf_iq4_best_index(mf_mul_nc(id, xb[j]))];
+            const float wq = mf_mul_nc(weight[j], q);
+            sumqx += mf_mul_nc(wq, xb[j]);
+            sumq2 += mf_mul_nc(wq, q);
+        }
+        if (sumq2 > 0 && mf_mul_nc(sumqx, sumqx) > mf_mul_nc(best, sumq2)) {
+            d = sumqx / sumq2;
+            best = mf_mul_nc(d, sumqx);
+        }
+    }
+    return d;
+}
+
+/* 32 indices (weight j: the best index of id * x[j]) packed: qs[j] = L[j] | L[j + 16] << 4. */
+static inline void mf_iq4_pack32(const float *xb, float id, uint8_t *qs /* [16] */)
+{
+    for (int j = 0; j < 16; ++j)
+        qs[j] = (uint8_t)(mf_iq4_best_index(mf_mul_nc(id, xb[j])) |
+                          (mf_iq4_best_index(mf_mul_nc(id, xb[j + 16])) << 4));
+}
+
+static inline void mf_quantize_row_iq4_nl(const float *MF_RESTRICT x, void *MF_RESTRICT vy,
+                                          ptrdiff_t n)
+{
+    block_iq4_nl *y = (block_iq4_nl *)vy;           /* [n / 32] */
+    for (ptrdiff_t ib = 0; ib < n / QK4_NL; ib++) {
+        const float *xb = x + ib * QK4_NL;
+        const float d = mf_iq4_block_scale(xb);
+        y[ib].d = mf_fp32_to_fp16(d);
+        mf_iq4_pack32(xb, d != 0 ? 1 / d : 0.f, y[ib].qs);   /* against the unrounded d */
+    }
+}
+
+static inline void mf_quantize_row_iq4_xs(const float *MF_RESTRICT x, void *MF_RESTRICT vy,
+                                          ptrdiff_t n)
+{
+    block_iq4_xs *y = (block_iq4_xs *)vy;           /* [n / 256] */
+    for (ptrdiff_t ib = 0; ib < n / QK_K; ib++) {
+        const float *xb = x + ib * QK_K;
+        float scales[8];
+        float max_scale = 0, amax_scale = 0;
+        for (int j = 0; j < 8; ++j) {
+            scales[j] = mf_iq4_block_scale(xb + 32 * j);
+            const float abs_d = fabsf(scales[j]);
+            if (abs_d > amax_scale) {
+                amax_scale = abs_d;
+                max_scale = scales[j];
+            }
+        }
+        const float d = -max_scale / 32;
+        const float id = d != 0 ? 1 / d : 0.f;
+        uint16_t scales_h = 0;
+        y[ib].d = mf_fp32_to_fp16(d);
+        for (int j = 0; j < 8; ++j) {
+            int l = mf_nearest_int(mf_mul_nc(id, scales[j]));
+            l = mf_imax(-32, mf_imin(31, l));
+            const float dl = d * (float)l;           /* against the unrounded d */
+            mf_iq4_pack32(xb + 32 * j, dl != 0 ? 1 / dl : 0.f, y[ib].qs + 16 * j);
+            l += 32;
+            if (j % 2 == 0)
+                y[ib].scales_l[j / 2] = (uint8_t)(l & 0x0F);
+            else
+                y[ib].scales_l[j / 2] |= (uint8_t)((l & 0x0F) << 4);
+            scales_h |= (uint16_t)((l >> 4) << (2 * j));
+        }
+        y[ib].scales_h = scales_h;
     }
 }
 

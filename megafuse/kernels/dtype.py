@@ -12,9 +12,11 @@ from typing import Any
 class CKDataType(IntEnum):
     """Values of include/megafuse/ckernel_dtype.h (docs/contract.md §2).
 
-    Weight formats: FP32, BF16, FP16 and the GGML block formats Q4_0, Q4_1, Q5_0, Q5_1, Q8_0
-    (32 weights a block) and Q4_K, Q5_K, Q6_K (256).  Q8_K is the activation format of the
-    K-quant integer dot products; INT8 / INT4 have no scales and are not weight formats.
+    Weight formats: FP32, BF16, FP16 and the GGML block formats Q4_0, Q4_1, Q5_0, Q5_1, Q8_0,
+    IQ4_NL (32 weights a block) and Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS (256).  Q8_K is the
+    activation format of the 256-weight formats' integer dot products; INT8 / INT4 have no scales
+    and are not weight formats.  Values 0..13 are upstream's; Q2_K, Q3_K, IQ4_NL and IQ4_XS
+    (14..17) are megafuse's own (docs/contract.md §2).
     """
     FP32 = 0
     BF16 = 1
@@ -30,7 +32,11 @@ class CKDataType(IntEnum):
     Q5_0 = 11
     Q5_1 = 12
     Q5_K = 13
-    COUNT = 14
+    Q2_K = 14
+    Q3_K = 15
+    IQ4_NL = 16
+    IQ4_XS = 17
+    COUNT = 18
 
 
 CK_DT_FP32 = CKDataType.FP32
@@ -47,6 +53,10 @@ CK_DT_Q8_K = CKDataType.Q8_K
 CK_DT_Q5_0 = CKDataType.Q5_0
 CK_DT_Q5_1 = CKDataType.Q5_1
 CK_DT_Q5_K = CKDataType.Q5_K
+CK_DT_Q2_K = CKDataType.Q2_K
+CK_DT_Q3_K = CKDataType.Q3_K
+CK_DT_IQ4_NL = CKDataType.IQ4_NL
+CK_DT_IQ4_XS = CKDataType.IQ4_XS
 CK_DT_COUNT = CKDataType.COUNT
 
 

@@ -23,7 +23,9 @@ _HEADER_DTYPES = {
     "INT8": ckdt.CK_DT_INT8, "INT4": ckdt.CK_DT_INT4, "Q4_0": ckdt.CK_DT_Q4_0,
     "Q4_1": ckdt.CK_DT_Q4_1, "Q4_K": ckdt.CK_DT_Q4_K, "Q6_K": ckdt.CK_DT_Q6_K,
     "Q8_0": ckdt.CK_DT_Q8_0, "Q8_K": ckdt.CK_DT_Q8_K, "Q5_0": ckdt.CK_DT_Q5_0,
-    "Q5_1": ckdt.CK_DT_Q5_1, "Q5_K": ckdt.CK_DT_Q5_K, "COUNT": ckdt.CK_DT_COUNT,
+    "Q5_1": ckdt.CK_DT_Q5_1, "Q5_K": ckdt.CK_DT_Q5_K, "Q2_K": ckdt.CK_DT_Q2_K,
+    "Q3_K": ckdt.CK_DT_Q3_K, "IQ4_NL": ckdt.CK_DT_IQ4_NL, "IQ4_XS": ckdt.CK_DT_IQ4_XS,
+    "COUNT": ckdt.CK_DT_COUNT,
 }
 if {m.name: int(m) for m in _CKDataType} != _HEADER_DTYPES:
     raise ImportError(f"kernels/dtype.py: CKDataType {dict(_CKDataType.__members__)} differs "
@@ -70,7 +72,8 @@ cdef int _weight_dtype_arg(object dt, str name) except -1:
     cdef int value = _dtype_arg(dt, name)
     if not ckdt.ck_dtype_supported(ckdt.CK_DT_WEIGHT_FORMATS, value):
         raise ValueError(f"{name}: expected a weight format (FP32, FP16, BF16, Q4_0, Q4_1, "
-                         f"Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K), got {_dtype_name(value)}")
+                         f"Q5_0, Q5_1, Q8_0, IQ4_NL, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS), got "
+                         f"{_dtype_name(value)}")
     return value
 
 
@@ -100,8 +103,8 @@ def ck_dtype_bytes(dt):
 
 
 def ck_dtype_block_size(dt):
-    """Weights per block: 32 (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0), 256 (Q4_K, Q5_K, Q6_K, Q8_K),
-    2 (INT4: a byte), 1 (FP32, FP16, BF16, INT8).
+    """Weights per block: 32 (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL), 256 (Q2_K, Q3_K, Q4_K,
+    Q5_K, Q6_K, IQ4_XS, Q8_K), 2 (INT4: a byte), 1 (FP32, FP16, BF16, INT8).
 
     Kernel: none; include/megafuse/ckernel_dtype.h (ck_dtype_block_size).
     """

@@ -67,7 +67,8 @@ TOL = {
 FAULT_ENV = "MEGAFUSE_SELFTEST_FAULT"
 
 FLOAT_FORMATS = (DT.FP32, DT.FP16, DT.BF16)
-BLOCK_FORMATS = (DT.Q4_0, DT.Q4_1, DT.Q5_0, DT.Q5_1, DT.Q8_0, DT.Q4_K, DT.Q5_K, DT.Q6_K)
+BLOCK_FORMATS = (DT.Q4_0, DT.Q4_1, DT.Q5_0, DT.Q5_1, DT.Q8_0, DT.IQ4_NL, DT.Q2_K, DT.Q3_K,
+                 DT.Q4_K, DT.Q5_K, DT.Q6_K, DT.IQ4_XS)
 WEIGHT_FORMATS = FLOAT_FORMATS + BLOCK_FORMATS
 
 
@@ -306,8 +307,8 @@ def _compare(family, name, got, want, cases):
         return _dot_error(got, ref, cases.dot_scale(want, name), TOL[family])
     if family == "int8_tiles":                    # pure float: the float prefill of the case
         return _q8_error(got, ref, want["attention_prefill"][name])
-    if family == "mlp" and name == "int8":
-        return _q8_error(got, ref, want["mlp"]["float"])
+    if family == "mlp" and name.startswith("int8"):
+        return _q8_error(got, ref, want["mlp"]["float" + name[len("int8"):]])
     if family == "model_step" and name.startswith("int8"):
         return _rel_error(got, ref, TOL["q8_model"])
     return _rel_error(got, ref, TOL["float"])
@@ -433,7 +434,7 @@ def _f32(rng, *shape, scale=1.0):
 
 # Where the fp16 scale fields of each block format sit (GGML's layouts), and their values for
 # weights of spread ~1 given random codes: (byte offset, scale) for d, then m / dmin as a
-# multiple of d (Q6_K's d is its last two bytes).
+# multiple of d (Q6_K's and Q3_K's d are their last two bytes).
 _BLOCK_SCALES = {
     DT.Q4_0: ((0, 1 / 4.6),),
     DT.Q4_1: ((0, 1 / 4.6), (2, -8.0)),
@@ -443,6 +444,10 @@ _BLOCK_SCALES = {
     DT.Q4_K: ((0, 1 / 147.0), (2, 7.5)),
     DT.Q5_K: ((0, 1 / 294.0), (2, 15.5)),
     DT.Q6_K: ((-2, 1 / 1184.0),),
+    DT.IQ4_NL: ((0, 1 / 62.0),),
+    DT.Q2_K: ((80, 1 / 16.0), (82, 1.5)),
+    DT.Q3_K: ((-2, 1 / 48.0),),
+    DT.IQ4_XS: ((0, 1 / 1150.0),),
 }
 
 
@@ -554,7 +559,8 @@ class _Cases:
     def _prefill(self, rng):
         """7 tokens at positions kv_tile-3 .. kv_tile+3 (they straddle a KV tile) over a random
         history, two query heads on one kv head; wq Q4_K, wk Q8_0, wv Q6_K (three kinds of
-        int8 tile), wo BF16 (float)."""
+        int8 tile), wo BF16 (float); and the same layer with wq Q2_K, wk Q3_K, wv IQ4_XS, wo
+        IQ4_NL (the tiles of the other formats), whose results carry the suffix "2"."""
         E, H, G, D, T = 256, 2, 1, 32, 7
         start = max(0, _kernels.mega_fuse_get_optimal_tiles(D)[1] - 3)
         C = start + T
@@ -568,21 +574,28 @@ class _Cases:
                     rope_cos=cos, rope_sin=sin, start_pos=start, tokens=T, cache_capacity=C,
                     embed_dim=E, aligned_embed_dim=E, num_heads=H, num_kv_heads=G, head_dim=D,
                     aligned_head_dim=D, eps=1e-6)
-        for name, dt, rows, cols in (("wq", DT.Q4_K, H * D, E), ("wk", DT.Q8_0, G * D, E),
-                                     ("wv", DT.Q6_K, G * D, E), ("wo", DT.BF16, E, H * D)):
-            args[name] = _weights(rng, dt, rows, cols, cols ** -0.5)
-            args[name + "_dt"] = dt
         need = max(_kernels.mega_fused_attention_prefill_scratch_size(T, E, H, D),
                    _kernels.mega_fused_attention_prefill_q8_0_scratch_size(T, E, H, D))
         args["scratch"] = np.zeros(need, np.uint8)
-        self.pre, self.pre_cache = args, cache
+        self.pre, self.pre_cache = {}, cache
+        for suffix, formats in (("", (DT.Q4_K, DT.Q8_0, DT.Q6_K, DT.BF16)),
+                                ("2", (DT.Q2_K, DT.Q3_K, DT.IQ4_XS, DT.IQ4_NL))):
+            case = dict(args)
+            for name, dt, rows, cols in zip(("wq", "wk", "wv", "wo"), formats,
+                                            (H * D, G * D, G * D, E), (E, E, E, H * D)):
+                case[name] = _weights(rng, dt, rows, cols, cols ** -0.5)
+                case[name + "_dt"] = dt
+            self.pre[suffix] = case
 
     def _mlp(self, rng):
         """7 tokens, E 32, I 256: w1 Q5_0, w2 Q5_K (the int8 path), and the same weights in
-        FP32 (the float path: the int8 path's pure-float counterpart)."""
+        FP32 (the float path: the int8 path's pure-float counterpart); then w1 IQ4_NL, w2
+        IQ4_XS likewise (the results "int8_iq4", "float_iq4")."""
         T, E, I = 7, 32, 256
         w1 = _weights(rng, DT.Q5_0, 2 * I, E, E ** -0.5)
         w2 = _weights(rng, DT.Q5_K, E, I, I ** -0.5)
+        v1 = _weights(rng, DT.IQ4_NL, 2 * I, E, E ** -0.5)
+        v2 = _weights(rng, DT.IQ4_XS, E, I, I ** -0.5)
         self.mlp = dict(input=_f32(rng, T, E), residual=_f32(rng, T, E),
                         ln2_gamma=1 + _f32(rng, E, scale=0.1),
                         b1=_f32(rng, 2 * I, scale=0.1), b2=_f32(rng, E, scale=0.1),
@@ -590,9 +603,13 @@ class _Cases:
                         aligned_intermediate_dim=I, eps=1e-5,
                         scratch=np.zeros(_kernels.mega_fused_mlp_prefill_scratch_size(T, E, I),
                                          np.uint8))
-        self.mlp_int8 = dict(w1=w1, w1_dt=DT.Q5_0, w2=w2, w2_dt=DT.Q5_K)
-        self.mlp_float = dict(w1=_kernels.dequantize(w1, DT.Q5_0, (2 * I, E)), w1_dt=DT.FP32,
-                              w2=_kernels.dequantize(w2, DT.Q5_K, (E, I)), w2_dt=DT.FP32)
+        self.mlp_weights = {}
+        for suffix, (a, a_dt), (b, b_dt) in (("", (w1, DT.Q5_0), (w2, DT.Q5_K)),
+                                             ("_iq4", (v1, DT.IQ4_NL), (v2, DT.IQ4_XS))):
+            self.mlp_weights["int8" + suffix] = dict(w1=a, w1_dt=a_dt, w2=b, w2_dt=b_dt)
+            self.mlp_weights["float" + suffix] = dict(
+                w1=_kernels.dequantize(a, a_dt, (2 * I, E)), w1_dt=DT.FP32,
+                w2=_kernels.dequantize(b, b_dt, (E, I)), w2_dt=DT.FP32)
 
     def _model(self, rng):
         """One qwen2-style layer (biases on q, k, v) of E 64, H 2, G 1, D 32, I 64, V 32, C 8,
@@ -663,12 +680,15 @@ def _family_attention_decode(c):
 
 
 def _prefill(c, fn):
-    a = c.pre
-    out = np.empty((a["tokens"], a["aligned_embed_dim"]), np.float32)
-    kc, vc = c.pre_cache[0].copy(), c.pre_cache[1].copy()
-    fn(output=out, kv_cache_k=kc, kv_cache_v=vc, **a)
-    return {"output": out, "k_cache": _written_rows(kc, a["start_pos"], a["tokens"]),
-            "v_cache": _written_rows(vc, a["start_pos"], a["tokens"])}
+    res = {}
+    for suffix, a in c.pre.items():
+        out = np.empty((a["tokens"], a["aligned_embed_dim"]), np.float32)
+        kc, vc = c.pre_cache[0].copy(), c.pre_cache[1].copy()
+        fn(output=out, kv_cache_k=kc, kv_cache_v=vc, **a)
+        res.update({"output" + suffix: out,
+                    "k_cache" + suffix: _written_rows(kc, a["start_pos"], a["tokens"]),
+                    "v_cache" + suffix: _written_rows(vc, a["start_pos"], a["tokens"])})
+    return res
 
 
 def _family_attention_prefill(c):
@@ -681,7 +701,7 @@ def _family_int8_tiles(c):
 
 def _family_mlp(c):
     out = {}
-    for name, weights in (("int8", c.mlp_int8), ("float", c.mlp_float)):
+    for name, weights in c.mlp_weights.items():
         out[name] = np.empty((c.mlp["tokens"], c.mlp["aligned_embed_dim"]), np.float32)
         _kernels.mega_fused_mlp_prefill(output=out[name], **c.mlp, **weights)
     return out

@@ -36,24 +36,31 @@ BLOCK32_FORMATS = [DT[f] for f in helpers.BLOCK32_FORMATS]
 KQUANT_FORMATS = [DT[f] for f in helpers.KQUANT_FORMATS]
 BLOCK_FORMATS = BLOCK32_FORMATS + KQUANT_FORMATS
 WEIGHT_FORMATS = FLOAT_FORMATS + BLOCK_FORMATS
-GGUF_QUANTIZES = BLOCK32_FORMATS + [DT.FP16, DT.BF16]   # what gguf.quants.quantize implements
+# what gguf.quants.quantize implements; the other block formats only megafuse and ggml quantize
+GGUF_QUANTIZES = [DT[f] for f in helpers.GGUF_QUANTIZES] + [DT.FP16, DT.BF16]
+OWN_QUANTIZES = [dt for dt in BLOCK_FORMATS if dt not in GGUF_QUANTIZES]
 GGUF_TYPE = {
     DT.FP32: GQ.F32, DT.FP16: GQ.F16, DT.BF16: GQ.BF16, DT.Q4_0: GQ.Q4_0, DT.Q4_1: GQ.Q4_1,
     DT.Q5_0: GQ.Q5_0, DT.Q5_1: GQ.Q5_1, DT.Q8_0: GQ.Q8_0, DT.Q4_K: GQ.Q4_K, DT.Q5_K: GQ.Q5_K,
-    DT.Q6_K: GQ.Q6_K,
+    DT.Q6_K: GQ.Q6_K, DT.Q2_K: GQ.Q2_K, DT.Q3_K: GQ.Q3_K, DT.IQ4_NL: GQ.IQ4_NL,
+    DT.IQ4_XS: GQ.IQ4_XS,
 }
-NON_WEIGHT_DTYPES = [DT.INT8, DT.INT4, DT.Q8_K, DT.COUNT, 14, -1, 99]
+NON_WEIGHT_DTYPES = [DT.INT8, DT.INT4, DT.Q8_K, DT.COUNT, 18, -1, 99]
 
 # Byte offsets of the fp16 scale fields of each block (GGML layouts).
 SCALE_FIELDS = {
     DT.Q4_0: [0], DT.Q4_1: [0, 2], DT.Q5_0: [0], DT.Q5_1: [0, 2], DT.Q8_0: [0],
-    DT.Q4_K: [0, 2], DT.Q5_K: [0, 2], DT.Q6_K: [208],
+    DT.Q4_K: [0, 2], DT.Q5_K: [0, 2], DT.Q6_K: [208], DT.IQ4_NL: [0], DT.Q2_K: [80, 82],
+    DT.Q3_K: [108], DT.IQ4_XS: [0],
 }
 
 # Named tolerances.
 TOL = {
     "llama_total_error": 0.002,   # llama.cpp MAX_QUANTIZATION_TOTAL_ERROR (round-trip)
+    "llama_total_error_2bits": 0.0075,   # ... _2BITS (Q2_K)
+    "llama_total_error_3bits": 0.0040,   # ... _3BITS (Q3_K)
     "llama_dot_error": 0.02,      # llama.cpp MAX_DOT_PRODUCT_ERROR
+    "llama_dot_error_lowbit": 0.04,      # ... _LOWBIT (Q2_K)
     "float_dot": 1e-5,            # float-activation dot vs float64, relative to sum |w_i x_i|
     "int8_dot": 1e-6,             # int8 dot vs its float64 emulation, relative to sum |w_i a_i|
 }
@@ -193,7 +200,7 @@ def test_dequantize_bf16_every_value_and_fp32(simd_level):
     assert same_bits(got, f) and not np.shares_memory(got, f)
 
 
-@pytest.mark.parametrize("dt", BLOCK32_FORMATS)
+@pytest.mark.parametrize("dt", [dt for dt in BLOCK32_FORMATS if dt in GGUF_QUANTIZES])
 def test_dequantize_gguf_quantized_data(simd_level, dt):
     rng = np.random.default_rng(5)
     x = (rng.standard_normal((16, 4096)) * rng.uniform(0.01, 10, (16, 1))).astype(np.float32)
@@ -201,8 +208,8 @@ def test_dequantize_gguf_quantized_data(simd_level, dt):
     assert same_bits(mf.dequantize(blob, dt, x.shape), g_dequantize(blob, dt))
 
 
-@pytest.mark.parametrize("dt", KQUANT_FORMATS)
-def test_gguf_dequantizes_our_kquants_like_us(simd_level, dt):
+@pytest.mark.parametrize("dt", OWN_QUANTIZES)
+def test_gguf_dequantizes_our_blocks_like_us(simd_level, dt):
     rng = np.random.default_rng(7)
     rows = [llama_data(0, 1024), rng.standard_normal(1024), np.zeros(1024),
             rng.uniform(-3, 1, 1024), rng.standard_normal(1024) * 1e-3,
@@ -346,12 +353,14 @@ def test_llama_cpp_quantize_fns(simd_level, dt):
     a = llama_data(1.0, n)
     blob = mf.quantize(w, dt)
     total_error = llama_array_rmse(w, mf.dequantize(blob, dt, n))
-    assert total_error < TOL["llama_total_error"], total_error
+    total_tol = {DT.Q2_K: "llama_total_error_2bits", DT.Q3_K: "llama_total_error_3bits"}
+    assert total_error < TOL[total_tol.get(dt, "llama_total_error")], total_error
     dot_ref = llama_dot_product(w, a)
+    dot_tol = TOL["llama_dot_error_lowbit" if dt == DT.Q2_K else "llama_dot_error"]
     for quantized in (True, False):
         result = np.float32(_kernels._row_dot(blob, dt, a, quantized))
         dot_error = float(np.abs(result - np.float32(dot_ref)) / np.float32(n))
-        assert dot_error < TOL["llama_dot_error"], (quantized, dot_error)
+        assert dot_error < dot_tol, (quantized, dot_error)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -553,9 +562,16 @@ def test_int8_dot_extreme_codes_are_exact(simd_level, dt):
     """Every code at its largest (all code bits set), scales 1 (Q6_K: its int8 scales 127),
     activations all +127, all -127 or alternating: the int16 sums inside the dots sit at their
     bounds (the K-quant dots add two registers' pair sums before one pmaddwd: up to 2 * 16002),
-    and the result is an exact integer.  The one-row and 4-row dots must both give it."""
+    and the result is an exact integer.  The one-row and 4-row dots must both give it.  IQ4_NL
+    and IQ4_XS also with every index 0 (the value -127; IQ4_XS's scales 0: the factor -32)."""
     n, rows = 2 * block_size(dt) if dt in KQUANT_FORMATS else 512, 5
-    raw = np.full((rows * n // block_size(dt), mf.ck_dtype_block_bytes(dt)), 0xFF, np.uint8)
+    fills = (0xFF, 0x00) if dt in (DT.IQ4_NL, DT.IQ4_XS) else (0xFF,)
+    for fill in fills:
+        _extreme_codes_case(dt, n, rows, fill)
+
+
+def _extreme_codes_case(dt, n, rows, fill):
+    raw = np.full((rows * n // block_size(dt), mf.ck_dtype_block_bytes(dt)), fill, np.uint8)
     for off in SCALE_FIELDS[dt]:
         raw[:, off:off + 2] = np.array([np.float16(1.0)]).view(np.uint8)
     if dt == DT.Q6_K:
@@ -687,7 +703,8 @@ def test_nan_and_inf_propagate(simd_level, dt):
         assert math.isnan(_kernels._row_dot(bad, dt, x, True))
 
 
-@pytest.mark.parametrize("dt", [DT.FP16, DT.Q4_0, DT.Q5_1, DT.Q4_K, DT.Q6_K])
+@pytest.mark.parametrize("dt", [DT.FP16, DT.Q4_0, DT.Q5_1, DT.IQ4_NL, DT.Q3_K, DT.Q4_K, DT.Q6_K,
+                                DT.IQ4_XS])
 def test_results_do_not_depend_on_threads(simd_level, threads, dt):
     rng = np.random.default_rng(53)
     x = rng.standard_normal((7, 3 * 8192 + 256)).astype(np.float32)   # several chunks a row
@@ -818,8 +835,9 @@ def test_row_dot_validation():
 
 
 # ---------------------------------------------------------------------------------------------
-# K-quant quantizers, byte for byte: ggml's own bytes (tests/data/kquant_fixtures.npz, made by
-# tests/data/make_kquant_fixtures.py) == megafuse.reference's NumPy port == the kernels
+# The quantizers gguf lacks, byte for byte: ggml's own bytes (tests/data/kquant_fixtures.npz,
+# made by tests/data/make_kquant_fixtures.py) == the kernels (Q2_K ... Q6_K, IQ4_NL, IQ4_XS) ==
+# megafuse.reference's NumPy port (Q4_K, Q5_K, Q6_K)
 # ---------------------------------------------------------------------------------------------
 # NaN: GGML's nearest_int reads the mantissa bits of its float, so what a NaN weight becomes is
 # decided by the NaN's payload.  A NaN without payload (np.nan, -np.nan, and every NaN that
@@ -828,6 +846,7 @@ def test_row_dot_validation():
 # payload survives an operation between two NaNs depends on how the compiler ordered them.
 
 KQUANT_FIXTURES = Path(__file__).parent.parent / "data" / "kquant_fixtures.npz"
+PORTED = [dt for dt in KQUANT_FORMATS if dt in ref.KQUANT_QUANTIZERS]   # the reference's ports
 
 
 @functools.cache
@@ -898,15 +917,17 @@ def test_kquant_fixtures_cover_the_corners():
     for needed in ("zeros", "tiny_1e-30", "huge_1e30", "mixed_signs", "constant_positive",
                    "constant_negative", "normal", "one_outlier", "nan_inf"):
         assert needed in names, needed
-    for dt in KQUANT_FORMATS:
+    for needed in ("iq4_grid", "grid_2bit", "grid_3bit", "nan_sub_block", "magnitude_per_16"):
+        assert needed in names, needed
+    for dt in OWN_QUANTIZES:
         blob = f[dt.name]
         assert blob.dtype == np.uint8
-        assert blob.shape == (x.shape[0], mf.ck_dtype_block_bytes(dt))
-    assert f["Q4_K"][names.index("normal")].any()                    # real blocks, not zeros
+        assert blob.shape == (x.shape[0], mf.ck_dtype_row_bytes(dt, 256))
+        assert blob[names.index("normal")].any()                    # real blocks, not zeros
     assert not f["Q6_K"][names.index("zeros")].any()                 # a zero block is 0 bytes
 
 
-@pytest.mark.parametrize("dt", KQUANT_FORMATS)
+@pytest.mark.parametrize("dt", PORTED)
 def test_kquant_reference_is_ggml_byte_for_byte(dt):
     f = kquant_fixtures()
     got = ref.KQUANT_QUANTIZERS[dt](f["x"])
@@ -916,13 +937,17 @@ def test_kquant_reference_is_ggml_byte_for_byte(dt):
     assert same_bits(got, want)
 
 
-@pytest.mark.parametrize("dt", KQUANT_FORMATS)
+@pytest.mark.parametrize("dt", OWN_QUANTIZES)
 def test_kquant_kernels_are_ggml_byte_for_byte(simd_level, dt):
     f = kquant_fixtures()
-    assert same_bits(mf.quantize(f["x"], dt), f[dt.name])
+    got = mf.quantize(f["x"], dt)
+    wrong = [str(name) for name, a, b in zip(f["case"], got, f[dt.name])
+             if not np.array_equal(a, b)]
+    assert not wrong, f"{dt.name}: the kernels differ from ggml on {wrong}"
+    assert same_bits(got, f[dt.name])
 
 
-@pytest.mark.parametrize("dt", KQUANT_FORMATS)
+@pytest.mark.parametrize("dt", PORTED)
 def test_kquant_kernels_match_reference(simd_level, dt):
     """Several hundred rows of many distributions (kquant_rows), each super-block compared."""
     x, want = kquant_reference_blocks(dt)
@@ -934,7 +959,7 @@ def test_kquant_kernels_match_reference(simd_level, dt):
     assert differ.size == 0, f"{dt.name}: {differ.size} super-blocks differ, first {differ[:8]}"
 
 
-@pytest.mark.parametrize("dt", KQUANT_FORMATS)
+@pytest.mark.parametrize("dt", PORTED)
 def test_kquant_reference_layout(dt):
     """Any leading shape; each super-block's bytes depend on its own 256 values only (a NaN or
     Inf super-block leaves its neighbours as they are alone); the bytes decode close to x."""

@@ -55,7 +55,8 @@ TOL_Q8_VS_FLOAT = dict(rtol=0.1, atol=0.1)      # int8 activations vs float acti
 # Byte offsets of the fp16 fields (d, m, dmin) inside each block.
 FP16_FIELDS = {
     DT.Q4_0: (0,), DT.Q4_1: (0, 2), DT.Q5_0: (0,), DT.Q5_1: (0, 2), DT.Q8_0: (0,),
-    DT.Q4_K: (0, 2), DT.Q5_K: (0, 2), DT.Q6_K: (208,),
+    DT.Q4_K: (0, 2), DT.Q5_K: (0, 2), DT.Q6_K: (208,), DT.IQ4_NL: (0,), DT.Q2_K: (80, 82),
+    DT.Q3_K: (108,), DT.IQ4_XS: (0,),
 }
 BLOCK_FORMATS = list(FP16_FIELDS)
 
@@ -97,7 +98,8 @@ def sensible_blob(dt, rows, cols, rng):
         return ref.float_to_bf16_bits(rng.standard_normal((rows, cols)) * 0.1)
     # Divide by the largest |q * scale| of the format so weights are ~0.1.
     per_format = {DT.Q4_0: 8, DT.Q4_1: 15, DT.Q5_0: 16, DT.Q5_1: 31, DT.Q8_0: 127,
-                  DT.Q4_K: 63 * 15, DT.Q5_K: 63 * 31, DT.Q6_K: 127 * 32}
+                  DT.Q4_K: 63 * 15, DT.Q5_K: 63 * 31, DT.Q6_K: 127 * 32, DT.IQ4_NL: 127,
+                  DT.Q2_K: 15 * 3, DT.Q3_K: 32 * 4, DT.IQ4_XS: 32 * 127}
     return random_blob(dt, rows, cols, rng, scale=0.1 / per_format[dt])
 
 
@@ -199,7 +201,8 @@ def test_ckdatatype_values():
     assert [(m.name, int(m)) for m in DT] == [
         ('FP32', 0), ('BF16', 1), ('FP16', 2), ('INT8', 3), ('INT4', 4), ('Q4_0', 5),
         ('Q4_1', 6), ('Q4_K', 7), ('Q6_K', 8), ('Q8_0', 9), ('Q8_K', 10), ('Q5_0', 11),
-        ('Q5_1', 12), ('Q5_K', 13), ('COUNT', 14)]
+        ('Q5_1', 12), ('Q5_K', 13), ('Q2_K', 14), ('Q3_K', 15), ('IQ4_NL', 16), ('IQ4_XS', 17),
+        ('COUNT', 18)]
 
 
 def test_scratch_sizes_are_zero():

@@ -276,7 +276,7 @@ PREFILL_RULES = [
      ValueError, ["rope_cos", "position"]),
     ("dt-float", lambda a: a.update(wq_dt=9.0), TypeError, ["wq_dt"]),
     ("dt-out-of-enum", lambda a: a.update(wk_dt=99), ValueError, ["wk_dt", "99"]),
-    ("dt-count", lambda a: a.update(wk_dt=14), ValueError, ["wk_dt"]),
+    ("dt-count", lambda a: a.update(wk_dt=int(megafuse.CKDataType.COUNT)), ValueError, ["wk_dt"]),
     ("dt-int8", lambda a: a.update(wv_dt=megafuse.CK_DT_INT8), ValueError,
      ["wv_dt", "weight format", "INT8"]),
     ("dt-int4", lambda a: a.update(wv_dt=megafuse.CK_DT_INT4), ValueError, ["wv_dt", "INT4"]),

@@ -46,7 +46,8 @@ def test_bench_is_the_default_and_checks_a_qwen2_layer(tmp_path, capsys):
     assert report["ok"] is True and report["tolerance"] == cli.TOLERANCE["quantized"]
 
 
-@pytest.mark.parametrize("dtype", ["fp32", "fp16", "bf16", "q4_0", "q5_1", "q4_k", "q6_k"])
+@pytest.mark.parametrize("dtype", ["fp32", "fp16", "bf16", "q4_0", "q5_1", "iq4_nl", "q3_k",
+                                   "q4_k", "q6_k"])
 def test_bench_every_format(dtype, monkeypatch, tmp_path, capsys):
     monkeypatch.setattr(cli, "QWEN2_05B", dict(cli.QWEN2_05B, **SMALL))
     path = tmp_path / "out.json"
@@ -57,14 +58,15 @@ def test_bench_every_format(dtype, monkeypatch, tmp_path, capsys):
     assert set(report["formats"].values()) == {dtype.upper()}
     bound = cli.TOLERANCE["float"] if dtype in ("fp32", "fp16", "bf16") else \
         cli.TOLERANCE["quantized"]
-    assert report["int8_path"] == dtype.startswith("q")
+    assert report["int8_path"] == (dtype not in ("fp32", "fp16", "bf16"))
     assert all(r["max_rel_error"] <= bound for r in report["results"])
 
 
-def test_kquants_fall_back_on_896_columns_as_llama_cpp_does():
-    layer = cli.random_layer("q4_k", 4)
-    assert {k: v.name for k, v in layer.dtypes.items()} == {
-        "wq": "Q5_0", "wk": "Q5_0", "wv": "Q5_0", "wo": "Q5_0", "w1": "Q5_0", "w2": "Q4_K"}
+@pytest.mark.parametrize("dtype,fallback", [("q4_k", "Q5_0"), ("iq4_xs", "IQ4_NL")])
+def test_kquants_fall_back_on_896_columns_as_llama_cpp_does(dtype, fallback):
+    layer = cli.random_layer(dtype, 4)
+    assert {k: v.name for k, v in layer.dtypes.items()} == dict(
+        {k: fallback for k in ("wq", "wk", "wv", "wo", "w1")}, w2=dtype.upper())
 
 
 def test_bench_on_a_gguf_file(tmp_path, capsys):

@@ -91,7 +91,8 @@ def test_reference_mirrors_the_header_too():
 
 def test_ckdatatype_values():
     want = dict(FP32=0, BF16=1, FP16=2, INT8=3, INT4=4, Q4_0=5, Q4_1=6, Q4_K=7, Q6_K=8, Q8_0=9,
-                Q8_K=10, Q5_0=11, Q5_1=12, Q5_K=13, COUNT=14)
+                Q8_K=10, Q5_0=11, Q5_1=12, Q5_K=13, Q2_K=14, Q3_K=15, IQ4_NL=16, IQ4_XS=17,
+                COUNT=18)
     assert {m.name: m.value for m in megafuse.CKDataType} == want
     for name, value in want.items():
         assert getattr(megafuse, f"CK_DT_{name}") == value
@@ -103,7 +104,8 @@ def test_ckdatatype_values():
 
 BLOCKS = {"Q4_0": (32, 18), "Q4_1": (32, 20), "Q5_0": (32, 22), "Q5_1": (32, 24),
           "Q8_0": (32, 34), "Q4_K": (256, 144), "Q5_K": (256, 176), "Q6_K": (256, 210),
-          "Q8_K": (256, 292)}
+          "Q8_K": (256, 292), "Q2_K": (256, 84), "Q3_K": (256, 110), "IQ4_NL": (32, 18),
+          "IQ4_XS": (256, 136)}
 
 
 def test_dtype_helpers():
@@ -133,7 +135,7 @@ def test_dtype_helpers():
 
 
 @pytest.mark.parametrize("call,exc", [
-    (lambda: megafuse.ck_dtype_bytes(14), ValueError),
+    (lambda: megafuse.ck_dtype_bytes(18), ValueError),
     (lambda: megafuse.ck_dtype_bytes(-1), ValueError),
     (lambda: megafuse.ck_dtype_bytes(1.0), TypeError),
     (lambda: megafuse.ck_dtype_bytes("FP32"), TypeError),
