@@ -11,10 +11,11 @@ Which tensors a layer of each architecture has, their shapes and what the loader
 is megafuse.llm.arch's table (no tensor name is spelled here).  Weights come in their GGML
 format, mapped to ``megafuse.CKDataType``:
 
-    F32 -> FP32, F16 -> FP16, BF16 -> BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K
+    F32 -> FP32, F16 -> FP16, BF16 -> BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, Q2_K, Q3_K,
+    Q4_K, Q5_K, Q6_K, IQ4_XS
 
-A layer tensor of any other type (Q2_K, Q3_K, the IQ formats, ...) is a NotImplementedError
-naming the tensor and its type.  Three things are copies:
+A layer tensor of any other type (the IQ1, IQ2 and IQ3 formats, TQ1_0, MXFP4, ...) is a
+NotImplementedError naming the tensor and its type.  Three things are copies:
 
 * ``w1``: megafuse takes the gate and the up projection as one [2*I, E] matrix (gate rows, then
   up rows), so ``blk.N.ffn_gate`` and ``blk.N.ffn_up`` are concatenated row-wise (for block
@@ -76,8 +77,9 @@ ARCHITECTURES: Dict[str, _arch.Architecture] = _arch.ARCHITECTURES
 GGML_TO_CK: Dict[str, CKDataType] = {
     "F32": CKDataType.FP32, "F16": CKDataType.FP16, "BF16": CKDataType.BF16,
     "Q4_0": CKDataType.Q4_0, "Q4_1": CKDataType.Q4_1, "Q5_0": CKDataType.Q5_0,
-    "Q5_1": CKDataType.Q5_1, "Q8_0": CKDataType.Q8_0, "Q4_K": CKDataType.Q4_K,
-    "Q5_K": CKDataType.Q5_K, "Q6_K": CKDataType.Q6_K,
+    "Q5_1": CKDataType.Q5_1, "Q8_0": CKDataType.Q8_0, "IQ4_NL": CKDataType.IQ4_NL,
+    "Q2_K": CKDataType.Q2_K, "Q3_K": CKDataType.Q3_K, "Q4_K": CKDataType.Q4_K,
+    "Q5_K": CKDataType.Q5_K, "Q6_K": CKDataType.Q6_K, "IQ4_XS": CKDataType.IQ4_XS,
 }
 
 #: Bits per weight of each format (from ckernel_dtype.h's block sizes and byte counts): decides

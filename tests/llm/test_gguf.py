@@ -12,11 +12,14 @@ gguf = pytest.importorskip("gguf")
 
 import megafuse  # noqa: E402
 from megafuse import CKDataType, DecoderLayer  # noqa: E402
-from helpers import KQUANT_FORMATS, TOL, assert_q8_close, rel_err  # noqa: E402
+from helpers import GGUF_QUANTIZES, TOL, assert_q8_close, rel_err  # noqa: E402
 from test_layer import float_weights, reference_layer, run_layer  # noqa: E402
 
 SHAPE = (256, 4, 2, 64, 512)          # (E, H, G, D, I)
 Q = gguf.GGMLQuantizationType
+# GGML's formats megafuse does not run: the rest of the IQ family (and ternary, FP4)
+UNSUPPORTED = ("IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "TQ1_0",
+               "MXFP4")
 TENSORS = {"wq": "attn_q", "wk": "attn_k", "wv": "attn_v", "wo": "attn_output",
            "gate": "ffn_gate", "up": "ffn_up", "w2": "ffn_down"}
 
@@ -46,10 +49,11 @@ def encode(w, fmt):
         return w, None
     if fmt == "F16":
         return w.astype(np.float16), None
-    if fmt in KQUANT_FORMATS:             # gguf cannot make K-quants: megafuse's quantizer
+    if fmt in UNSUPPORTED:                # unsupported by megafuse: any bytes will do
+        block, nbytes = gguf.constants.GGML_QUANT_SIZES[Q[fmt]]
+        return np.zeros((w.shape[0], w.shape[1] // block * nbytes), np.uint8), Q[fmt]
+    if fmt not in GGUF_QUANTIZES:         # gguf cannot make K-quants, IQ4_*: megafuse's quantizer
         return megafuse.quantize(w, CKDataType[fmt]), Q[fmt]
-    if fmt == "Q2_K":                     # unsupported by megafuse: any bytes will do
-        return np.zeros((w.shape[0], w.shape[1] // 256 * 84), np.uint8), Q.Q2_K
     return gguf.quants.quantize(w, Q[fmt]), Q[fmt]
 
 
@@ -191,6 +195,36 @@ def test_llama_quantized_rows_are_unpermuted_whole(tmp_path):
     assert rel_err(got, pure) < TOL["q8_vs_float"]
 
 
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_low_bit_and_iq4_formats_load_and_run(tmp_path, arch):
+    """A layer in Q2_K, Q3_K, IQ4_NL and IQ4_XS (the Q2_K / Q3_K_M / IQ4_XS downloads' formats),
+    gate and up in different formats (up converted to the gate's IQ4_XS, the finer one): loaded
+    (llama's q / k rows unpermuted as whole rows of blocks) and run by the int8 path, against
+    the reference's emulation on the same bytes."""
+    path = tmp_path / f"{arch}-lowbit.gguf"
+    formats = {"wq": "Q2_K", "wk": "Q3_K", "wv": "IQ4_NL", "wo": "IQ4_XS", "gate": "IQ4_XS",
+               "up": "Q3_K", "w2": "Q2_K"}
+    hf = write_model(path, arch, formats, n_layers=1)
+    layer = DecoderLayer.from_gguf(str(path), 0, cache_capacity=32)
+    assert {k: v.name for k, v in layer.dtypes.items()} == {
+        "wq": "Q2_K", "wk": "Q3_K", "wv": "IQ4_NL", "wo": "IQ4_XS", "w1": "IQ4_XS", "w2": "Q2_K"}
+    for key, fmt in (("wq", "Q2_K"), ("wk", "Q3_K"), ("wv", "IQ4_NL")):
+        assert np.array_equal(layer.weights[key], megafuse.quantize(hf[0][key], CKDataType[fmt]))
+    floats, stored, dtypes = file_tensors(path, 0, arch)
+    I = SHAPE[4]
+    up = megafuse.quantize(floats["w1"][I:], CKDataType.IQ4_XS)     # Q3_K up, requantized
+    assert np.array_equal(layer.weights["w1"], np.concatenate([stored["gate"], up]))
+    stored["w1"], dtypes["w1"] = layer.weights["w1"], CKDataType.IQ4_XS
+    floats["w1"] = megafuse.dequantize(stored["w1"], CKDataType.IQ4_XS, (2 * I, SHAPE[0]))
+    x = inputs(20)
+    got = run_layer(layer, x, 12)
+    pure = reference_layer(floats, FP32_ALL, x, theta=1e6, eps=1e-6)
+    emulated = reference_layer(stored, dtypes, x, theta=1e6, eps=1e-6,
+                               quantize_activations=True)
+    assert_q8_close(got, emulated, pure)
+    assert rel_err(got, pure) < TOL["q8_vs_float"]
+
+
 def test_permutation_helpers_are_inverse():
     w = np.arange(4 * 64 * 3).reshape(4 * 64, 3)
     assert np.array_equal(megafuse.gguf.permute_rows(w, 4), llama_cpp_permute(w, 4))
@@ -279,12 +313,13 @@ def test_mixed_gate_up_formats_use_the_finer_one(tmp_path):
 
 # ---- what is refused, and how --------------------------------------------------------------
 
-def test_unsupported_tensor_type_names_tensor_and_type(tmp_path):
-    path = tmp_path / "q2k.gguf"
+@pytest.mark.parametrize("fmt", UNSUPPORTED)
+def test_unsupported_tensor_type_names_tensor_and_type(tmp_path, fmt):
+    path = tmp_path / f"{fmt}.gguf"
     formats = {k: "Q8_0" for k in TENSORS}
-    formats["wv"] = "Q2_K"
+    formats["wv"] = fmt
     write_model(path, "llama", formats, n_layers=1)
-    with pytest.raises(NotImplementedError, match=r"blk\.0\.attn_v\.weight: GGML type Q2_K"):
+    with pytest.raises(NotImplementedError, match=rf"blk\.0\.attn_v\.weight: GGML type {fmt}"):
         DecoderLayer.from_gguf(str(path), 0)
 
 
@@ -318,7 +353,9 @@ def test_type_mapping():
     assert megafuse.gguf.ck_dtype(Q.Q6_K) == CKDataType.Q6_K
     assert megafuse.gguf.ck_dtype(Q.F16) == CKDataType.FP16
     assert megafuse.gguf.ck_dtype(Q.BF16) == CKDataType.BF16
-    for name in ("Q8_1", "Q3_K", "IQ4_NL", "Q8_K", "F64"):
+    for name in ("Q2_K", "Q3_K", "IQ4_NL", "IQ4_XS"):
+        assert megafuse.gguf.ck_dtype(Q[name]) == CKDataType[name]
+    for name in ("Q8_1", "Q8_K", "F64") + UNSUPPORTED:
         with pytest.raises(NotImplementedError, match=f"my.tensor: GGML type {name}"):
             megafuse.gguf.ck_dtype(Q[name], "my.tensor")
 

@@ -506,5 +506,6 @@ def test_type_tables_agree_with_gguf():
         assert int(q) == int(t) and gguf.GGML_QUANT_SIZES[q] == GGML_BLOCK_SIZES[t], t.name
     assert {v.name: int(v) for v in V} == {v.name: int(v) for v in gguf.GGUFValueType}
     assert megafuse.gguf.ck_dtype(GGMLType.Q6_K) == megafuse.CKDataType.Q6_K
-    with pytest.raises(NotImplementedError, match=r"w: GGML type IQ4_NL is not supported"):
-        megafuse.gguf.ck_dtype(GGMLType.IQ4_NL, "w")
+    assert megafuse.gguf.ck_dtype(GGMLType.IQ4_NL) == megafuse.CKDataType.IQ4_NL
+    with pytest.raises(NotImplementedError, match=r"w: GGML type IQ2_XXS is not supported"):
+        megafuse.gguf.ck_dtype(GGMLType.IQ2_XXS, "w")

@@ -23,7 +23,8 @@ SHAPE = (256, 4, 2, 64, 512)          # (E, H, G, D, I): K-quants need rows of 2
 VOCAB = 320
 TENSORS = {"wq": "attn_q", "wk": "attn_k", "wv": "attn_v", "wo": "attn_output",
            "gate": "ffn_gate", "up": "ffn_up", "w2": "ffn_down"}
-BLOCK_FORMATS = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")
+BLOCK_FORMATS = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "IQ4_NL", "Q2_K", "Q3_K", "Q4_K", "Q5_K",
+                 "Q6_K", "IQ4_XS")
 
 
 def write_model(path, arch, fmt, *, shape=SHAPE, n_layers=2, vocab=VOCAB, tied=True,
@@ -144,6 +145,18 @@ def test_qwen2_layout_biases_and_a_mixed_model(tmp_path):
         assert model.config.architecture == "qwen2"
         assert model._layers[0]["bq"] is not None
         assert_model_matches_reference(model, list(range(0, 300, 23)))
+
+
+def test_low_bit_embedding_and_head(tmp_path):
+    """The embedding rows and the output head in the newer formats too (IQ4_NL, Q3_K): a
+    Q3_K_M-like mix."""
+    mix = {"wq": "Q3_K", "wk": "Q3_K", "wv": "Q5_K", "wo": "Q4_K", "gate": "Q3_K",
+           "up": "Q3_K", "w2": "Q4_K"}
+    path = write_model(tmp_path / "q3.gguf", "llama", mix, tied=False, embed_format="IQ4_NL",
+                       head_format="Q3_K")
+    for activations in ("float", "int8"):
+        model = Model.from_gguf(path, activations=activations)
+        assert_model_matches_reference(model, list(range(0, 300, 37)))
 
 
 def test_llama3_rope_freqs_reach_the_model(tmp_path):
