@@ -35,15 +35,17 @@ from gguf import GGMLQuantizationType as GQ  # noqa: E402
 from gguf.quants import dequantize as gguf_dequantize  # noqa: E402
 
 DT = mf.CKDataType
-FORMATS = [DT.FP32, DT.FP16, DT.BF16, DT.Q4_0, DT.Q4_1, DT.Q5_0, DT.Q5_1, DT.Q8_0, DT.Q4_K,
-           DT.Q5_K, DT.Q6_K]
+FORMATS = [DT.FP32, DT.FP16, DT.BF16, DT.Q4_0, DT.Q4_1, DT.Q5_0, DT.Q5_1, DT.Q8_0, DT.IQ4_NL,
+           DT.Q2_K, DT.Q3_K, DT.Q4_K, DT.Q5_K, DT.Q6_K, DT.IQ4_XS]
 GGUF_TYPE = {
     DT.FP32: GQ.F32, DT.FP16: GQ.F16, DT.BF16: GQ.BF16, DT.Q4_0: GQ.Q4_0, DT.Q4_1: GQ.Q4_1,
     DT.Q5_0: GQ.Q5_0, DT.Q5_1: GQ.Q5_1, DT.Q8_0: GQ.Q8_0, DT.Q4_K: GQ.Q4_K, DT.Q5_K: GQ.Q5_K,
-    DT.Q6_K: GQ.Q6_K,
+    DT.Q6_K: GQ.Q6_K, DT.IQ4_NL: GQ.IQ4_NL, DT.Q2_K: GQ.Q2_K, DT.Q3_K: GQ.Q3_K,
+    DT.IQ4_XS: GQ.IQ4_XS,
 }
 SCALE_FIELDS = {DT.Q4_0: [0], DT.Q4_1: [0, 2], DT.Q5_0: [0], DT.Q5_1: [0, 2], DT.Q8_0: [0],
-                DT.Q4_K: [0, 2], DT.Q5_K: [0, 2], DT.Q6_K: [208]}
+                DT.Q4_K: [0, 2], DT.Q5_K: [0, 2], DT.Q6_K: [208], DT.IQ4_NL: [0],
+                DT.Q2_K: [80, 82], DT.Q3_K: [108], DT.IQ4_XS: [0]}
 
 DEQ_SHAPES = {"dram": (1024, 4096), "cache": (128, 2048)}
 DOT_COLS = 4096                     # a row: a typical hidden size
