@@ -20,23 +20,29 @@ Two accuracy modes:
   with the weights dequantized in registers.  Each layer matches the float64 NumPy reference of
   ``megafuse.reference`` to 1e-4 (relative) on the same quantized weights.
 
-A model holds one sequence: ``forward`` appends its tokens to the KV cache at ``position``;
-``reset`` empties it.  Every mistake (a token id outside the vocabulary, a prompt longer than the
-cache, a full cache) is a ValueError raised before anything is written: the model stays usable.
+A model's own state is one sequence: ``forward`` appends its tokens to the KV cache at
+``position``; ``reset`` empties it.  ``new_sequence()`` makes more sequences on the same weights
+(megafuse/llm/sequence.py), each with its own KV cache; the text API is
+megafuse/llm/completion.py.  Every mistake (a token id outside the vocabulary, a prompt longer
+than the cache, a full cache) is a ValueError raised before anything is written: the model stays
+usable.
 """
 from __future__ import annotations
 
 import dataclasses
 import os
-import threading
 import warnings
-from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Set, Tuple, Union
+from typing import (TYPE_CHECKING, Any, Dict, Iterable, Iterator, List, Optional, Sequence, Set,
+                    Tuple, Union)
 
 import numpy as np
 import numpy.typing as npt
 
 from megafuse.kernels.dtype import CKDataType, kv_cache_dtype
 from megafuse.llm import arch as _arch
+
+if TYPE_CHECKING:
+    from megafuse.llm.sequence import Sequence as _Sequence, SequenceState
 
 F32Array = npt.NDArray[np.float32]
 TokenIds = Union[Sequence[int], npt.NDArray[np.integer]]
@@ -227,17 +233,23 @@ class Model:
     - ``forward(token_ids, logits="last"|"all")`` appends the tokens to the cache and returns
       float32 logits: [V] for the last token, or [T, V] for every token;
     - ``generate(prompt_ids, max_new_tokens, ...)`` yields new token ids one at a time;
-    - ``reset()``, ``position`` (tokens in the cache), ``cache_capacity``, ``vocab_size``,
-      ``config``, ``tokenizer`` (``megafuse.Tokenizer``, from the same file), ``activations``,
-      ``kv_dtype``.
+    - ``create_completion(prompt, ...)`` / ``create_chat_completion(messages, ...)``: text in,
+      llama-cpp-python's response dicts out (``megafuse.llm.completion``);
+    - ``new_sequence()``: another sequence (its own KV cache) on the same weights;
+    - ``reset()``, ``rewind(position)``, ``save_state()`` / ``load_state()``, ``position``
+      (tokens in the cache), ``cache_capacity``, ``vocab_size``, ``config``, ``tokenizer``
+      (``megafuse.Tokenizer``, from the same file), ``activations``, ``kv_dtype``.
 
-    ``kv_dtype`` is what the KV cache holds: "float32" (the default: k and v as computed) or
+    The model's own state is one sequence (``default_sequence``, a
+    ``megafuse.llm.sequence.Sequence``): ``forward``, ``generate`` and the rest run on it.
+
+    ``kv_dtype`` is what the KV caches hold: "float32" (the default: k and v as computed) or
     "float16" (k and v rounded to float16 as they are written, as llama.cpp's default F16
     cache does: half the cache's memory, and half the bytes a decode step reads from it --
     what decode costs late in a long context; head_dim <= 256).
 
-    Not thread-safe: one model is one sequence (use one per thread).  The kernels use
-    ``megafuse.get_num_threads()`` threads.
+    A sequence is used by one thread at a time; different sequences may run in different
+    threads.  The kernels use ``megafuse.get_num_threads()`` threads.
     """
 
     def __init__(self, *, config: ModelConfig, layers: List[Dict[str, Any]],
@@ -247,9 +259,6 @@ class Model:
                  cache_capacity: int, activations: str = "int8", source: Any = None,
                  rope_freq_factors: Optional[F32Array] = None,
                  kv_dtype: str = "float32") -> None:
-        import importlib
-        from megafuse.kernels.memory import map_zero_pages, zeros as huge_page_zeros
-        runner: Any = importlib.import_module("megafuse.llm._runner")  # (private: not in the stubs)
         if activations not in _ACTIVATIONS:
             raise ValueError(f"activations: expected 'int8' or 'float', got {activations!r}")
         cache_dtype = kv_cache_dtype(kv_dtype)
@@ -260,41 +269,57 @@ class Model:
         self.config = cfg
         self.activations = activations
         self.kv_dtype = str(kv_dtype)
-        self.cache_capacity = C
-        self._layers = layers
-        # Every layer's KV cache in one arena on 2 MiB pages (decode reads them whole), its pages
-        # mapped here, as llama.cpp clears its cache at load: one 2 MiB-aligned mapping a cache
-        # would take a whole huge page for each (60 x 2 MiB for SmolLM2's 60 caches of 48 KiB at
-        # C = 64), and unmapped pages would make the first forward pay for mapping them.  A
-        # sliding-window layer keeps only its window and one step's rows (a ring).
-        rows = [cache_rows(C, window) for window in windows]
-        arena = huge_page_zeros(2 * G * D * sum(rows), cache_dtype)   # [L x (k|v, G, rows, D)]
-        map_zero_pages(arena)
-        at = 0
-        for spec, n in zip(layers, rows):
-            kv = arena[at:at + 2 * G * n * D].reshape(2, G, n, D)
-            spec["k_cache"], spec["v_cache"] = kv[0], kv[1]          # [G, rows, D] each
-            at += 2 * G * n * D
-        self._cache_arena = arena
+        self._cache_capacity = C
+        # the weights of each layer (no caches: every sequence adds its own)
+        self._weights = [{k: v for k, v in spec.items() if not k.endswith("_cache")}
+                         for spec in layers]
         self._embedding, self._embedding_dt = embedding, CKDataType(embedding_dt)
         self._head, self._head_dt = head, CKDataType(head_dt)
         self._out_norm = out_norm
         self.rope_cos, self.rope_sin = rope_cos, rope_sin
         self._rope_freq_factors = rope_freq_factors
-        # what a runner of this model's weights takes beside its layers (their caches): this
-        # model's own, and those of other sequences on the same weights (_new_runner)
+        # what a runner of this model's weights takes beside its layers (their caches, its
+        # cache_capacity and RoPE tables): every sequence's (megafuse.llm.sequence)
+        cfg = config
         self._runner_args: Dict[str, Any] = dict(
             embed_dim=cfg.embed_dim, num_heads=cfg.num_heads,
-            num_kv_heads=G, head_dim=D, intermediate_dim=cfg.intermediate_dim,
-            cache_capacity=C, eps=cfg.eps, vocab_size=cfg.vocab_size, embedding=embedding,
-            embedding_dt=int(embedding_dt), out_norm=out_norm, head=head, head_dt=int(head_dt),
-            rope_cos=rope_cos, rope_sin=rope_sin, activations=activations, **cfg.features())
-        self._runner = runner.ModelRunner(layers=layers, **self._runner_args)
-        self._position = 0
+            num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
+            intermediate_dim=cfg.intermediate_dim, cache_capacity=C, eps=cfg.eps,
+            vocab_size=cfg.vocab_size, embedding=embedding, embedding_dt=int(embedding_dt),
+            out_norm=out_norm, head=head, head_dt=int(head_dt), rope_cos=rope_cos,
+            rope_sin=rope_sin, activations=activations, **cfg.features())
         self._source = source
         self._tokenizer: Any = None
-        self._lock = threading.Lock()
-        self.stop_reason: Optional[str] = None
+        self._default: Optional[_Sequence] = None      # made on first use (default_sequence)
+        from megafuse.llm.sequence import Sequence
+        Sequence(self, 1)        # ModelRunner checks every array now, at load (a 1-row cache)
+
+    # ---- sequences --------------------------------------------------------------------------
+
+    def new_sequence(self, cache_capacity: Optional[int] = None) -> _Sequence:
+        """A new, empty sequence on this model's weights (shared, not copied) with a KV cache
+        of its own of cache_capacity positions (default: this model's cache_capacity)."""
+        from megafuse.llm.sequence import Sequence
+        return Sequence(self, self.cache_capacity if cache_capacity is None else cache_capacity)
+
+    @property
+    def default_sequence(self) -> _Sequence:
+        """The sequence ``forward``, ``generate`` and the text API of the model run on (its
+        KV cache is allocated on first use: a server that only makes sequences of its own
+        never pays for it)."""
+        if self._default is None:
+            from megafuse.llm.sequence import Sequence
+            self._default = Sequence(self, self._cache_capacity)
+        return self._default
+
+    @property
+    def _seq(self) -> _Sequence:
+        return self.default_sequence
+
+    @property
+    def _layers(self) -> List[Dict[str, Any]]:
+        """The default sequence's layers: the weights and its caches."""
+        return self.default_sequence._layers
 
     # ---- construction ---------------------------------------------------------------------
 
@@ -400,12 +425,32 @@ class Model:
                    cache_capacity=C, activations=activations, source=reader,
                    rope_freq_factors=freq_factors, kv_dtype=kv_dtype)
 
-    # ---- state ------------------------------------------------------------------------------
+    # ---- state (of the default sequence) -----------------------------------------------------
 
     @property
     def position(self) -> int:
         """Tokens in the KV cache: the position of the next token."""
-        return self._position
+        return self._seq.position
+
+    @property
+    def cache_capacity(self) -> int:
+        """Positions of the default sequence's KV cache, and the most a new sequence may
+        have (the RoPE tables' rows)."""
+        return self._cache_capacity
+
+    @property
+    def tokens(self) -> List[int]:
+        """The ids of the tokens in the cache (positions 0..position-1)."""
+        return self._seq.tokens
+
+    @property
+    def stop_reason(self) -> Optional[str]:
+        """Why the last ``generate`` ended: "eog", "stop", "length" or "context"."""
+        return self._seq.stop_reason
+
+    @property
+    def _runner(self) -> Any:
+        return self._seq._runner
 
     @property
     def vocab_size(self) -> int:
@@ -414,7 +459,19 @@ class Model:
     def reset(self) -> None:
         """Empty the KV cache (position 0).  Rows past ``position`` are always written before
         they are read, so nothing is cleared."""
-        self._position = 0
+        self._seq.reset()
+
+    def rewind(self, position: int) -> None:
+        """Truncate the sequence to its first `position` tokens (``Sequence.rewind``)."""
+        self._seq.rewind(position)
+
+    def save_state(self) -> SequenceState:
+        """A copy of the sequence's ids and cache rows (``Sequence.save_state``)."""
+        return self._seq.save_state()
+
+    def load_state(self, state: SequenceState) -> None:
+        """Make the model's sequence hold a saved state (``Sequence.load_state``)."""
+        self._seq.load_state(state)
 
     @property
     def tokenizer(self) -> Any:
@@ -431,7 +488,7 @@ class Model:
     def formats(self) -> Dict[str, str]:
         """Weight formats and how many matrices use each ("Q4_1": 210, ...)."""
         counts: Dict[str, int] = {}
-        for spec in self._layers:
+        for spec in self._weights:
             for name in _arch.MATRIX_ROLES:
                 key = CKDataType(spec[name + "_dt"]).name
                 counts[key] = counts.get(key, 0) + 1
@@ -443,7 +500,7 @@ class Model:
     @property
     def weight_bytes(self) -> int:
         """Bytes of every weight of the model (what a decode step reads, but the embedding)."""
-        total = sum(int(a.nbytes) for spec in self._layers for k, a in spec.items()
+        total = sum(int(a.nbytes) for spec in self._weights for k, a in spec.items()
                     if isinstance(a, np.ndarray) and not k.endswith("_cache"))
         total += int(self._embedding.nbytes) + int(self._out_norm.nbytes)
         if not self.config.tied_embedding:
@@ -454,7 +511,7 @@ class Model:
         c = self.config
         return (f"Model({c.name or c.architecture!r}, layers={c.n_layers}, embed_dim={c.embed_dim}"
                 f", heads={c.num_heads}/{c.num_kv_heads}, vocab={c.vocab_size}, "
-                f"activations={self.activations!r}, position={self._position}/"
+                f"activations={self.activations!r}, position={self.position}/"
                 f"{self.cache_capacity})")
 
     # ---- running ----------------------------------------------------------------------------
@@ -475,15 +532,6 @@ class Model:
                              f"{lo if lo < 0 else hi}")
         return np.ascontiguousarray(ids, dtype=np.int32)
 
-    def _check_room(self, tokens: int, what: str) -> None:
-        if self._position + tokens > self.cache_capacity:
-            raise ValueError(
-                f"{what}: {tokens} token{'s' if tokens != 1 else ''} at position "
-                f"{self._position} would need cache positions up to "
-                f"{self._position + tokens - 1}, but cache_capacity is {self.cache_capacity} "
-                f"(reset() the model, or load it with a larger cache_capacity); nothing was "
-                f"written")
-
     def forward(self, token_ids: TokenIds, logits: str = "last") -> F32Array:
         """Append token_ids (at positions position .. position+T-1) to the cache and return
         float32 logits: [V] for the last token (logits="last") or [T, V] (logits="all").
@@ -491,36 +539,12 @@ class Model:
         Only the rows asked for go through the output head.  Raises ValueError, with nothing
         written, for an id outside the vocabulary or more tokens than the cache has room for.
         """
-        if logits not in ("last", "all"):
-            raise ValueError(f"logits: expected 'last' or 'all', got {logits!r}")
-        ids = self._ids(token_ids)
-        T = int(ids.size)
-        self._check_room(T, "forward")
-        out = np.empty((T, self.vocab_size) if logits == "all" else self.vocab_size,
-                       dtype=np.float32)
-        self._run(tokens=ids, logits=out, all_logits=logits == "all")
-        self._position += T
-        return out
+        return self._seq.forward(token_ids, logits)
 
     def hidden_states(self, token_ids: TokenIds) -> F32Array:
         """Append token_ids to the cache like ``forward``, and return every layer's output
         float32 [L, T, E] (the residual stream after each layer; no logits)."""
-        ids = self._ids(token_ids)
-        T = int(ids.size)
-        self._check_room(T, "hidden_states")
-        hidden = np.empty((self.config.n_layers, T, self.config.embed_dim), dtype=np.float32)
-        self._run(tokens=ids, hidden=hidden)
-        self._position += T
-        return hidden
-
-    def _run(self, **kwargs: Any) -> None:
-        if not self._lock.acquire(blocking=False):
-            raise RuntimeError("Model: already running in another thread (a model is one "
-                               "sequence: use one model per thread)")
-        try:
-            self._runner.forward(start_pos=self._position, **kwargs)
-        finally:
-            self._lock.release()
+        return self._seq.hidden_states(token_ids)
 
     def embed(self, token_ids: TokenIds) -> F32Array:
         """The embedding rows of token_ids, float32 [T, E] (only those rows are dequantized)."""
@@ -551,65 +575,38 @@ class Model:
     def generate(self, prompt_ids: TokenIds, max_new_tokens: int, *, temperature: float = 0.0,
                  top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0,
                  repeat_penalty: float = 1.0, seed: Optional[int] = None,
-                 stop: Optional[Iterable[Union[int, str]]] = None) -> Iterator[int]:
-        """Yield up to max_new_tokens new token ids, one at a time, after prompt_ids (appended
-        to the cache at ``position``).  temperature 0 is greedy; otherwise top-k / top-p /
-        min-p sampling (megafuse.llm.sampling), reproducible with a seed.
+                 stop: Union[None, str, Iterable[Union[int, str]]] = None) -> Iterator[int]:
+        """Yield up to max_new_tokens new token ids after prompt_ids, appended to the cache at
+        ``position`` (``Sequence.generate``: greedy at temperature 0, else top-k / top-p /
+        min-p sampling reproducible with a seed; `stop` a string or a list of strings and token
+        ids; ``stop_reason`` says why it ended; every yielded token ends up in the cache)."""
+        return self._seq.generate(prompt_ids, max_new_tokens, temperature=temperature,
+                                  top_k=top_k, top_p=top_p, min_p=min_p,
+                                  repeat_penalty=repeat_penalty, seed=seed, stop=stop)
 
-        Generation ends at an end-of-generation token of the file (not yielded), at a token id
-        in `stop` (not yielded), when the decoded text of the generated tokens contains a
-        string in `stop` (the token completing it is yielded), after max_new_tokens, or when
-        the cache is full.  ``stop_reason`` then says which: "eog", "stop", "length" or
-        "context".  The prompt is checked (ids, room in the cache) before anything runs.
-        """
-        from megafuse.llm.sampling import Sampler, _integer
-        n_new = _integer(max_new_tokens, "max_new_tokens", 0)
-        sampler = Sampler(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
-                          repeat_penalty=repeat_penalty, seed=seed)
-        ids = self._ids(prompt_ids, "prompt_ids")
-        self._check_room(int(ids.size), "generate")
-        stop_ids: Set[int] = set()
-        stop_texts: List[str] = []
-        for item in stop or ():
-            if isinstance(item, str):
-                stop_texts.append(item)
-            else:
-                stop_ids.add(int(item))
-        eog = set(self.end_of_generation_ids())
-        return self._generate(ids, n_new, sampler, eog, stop_ids, stop_texts)
+    # ---- text -------------------------------------------------------------------------------
 
-    def _generate(self, ids: npt.NDArray[np.int32], n_new: int, sampler: Any, eog: Set[int],
-                  stop_ids: Set[int], stop_texts: List[str]) -> Iterator[int]:
-        self.stop_reason = None
-        history = [int(i) for i in ids]
-        if n_new == 0:
-            self.stop_reason = "length"
-            return
-        logits = self.forward(ids)
-        text = ""
-        decoder = self.tokenizer.stream_decoder(at_start=False) if stop_texts else None
-        for count in range(n_new):
-            token = sampler.sample(logits, history)
-            if token in eog:
-                self.stop_reason = "eog"
-                return
-            if token in stop_ids:
-                self.stop_reason = "stop"
-                return
-            history.append(token)
-            yield token
-            if decoder is not None:
-                text += decoder.push(token)
-                if any(s in text for s in stop_texts):
-                    self.stop_reason = "stop"
-                    return
-            if count + 1 == n_new:
-                self.stop_reason = "length"
-                return
-            if self._position >= self.cache_capacity:
-                self.stop_reason = "context"
-                return
-            logits = self.forward([token])
+    def create_completion(self, prompt: Union[str, TokenIds], **kwargs: Any) -> Any:
+        """Complete a text prompt: llama-cpp-python's ``create_completion`` (a response dict,
+        or an iterator of chunk dicts with stream=True), on the model's sequence with prefix
+        reuse.  Arguments: ``megafuse.llm.completion.create_completion``."""
+        from megafuse.llm import completion
+        return completion.create_completion(self, prompt, **kwargs)
+
+    def create_chat_completion(self, messages: Sequence[Any], **kwargs: Any) -> Any:
+        """Answer a conversation: llama-cpp-python's ``create_chat_completion`` (OpenAI's
+        chat.completion dict, or chunk dicts with stream=True).  Arguments:
+        ``megafuse.llm.completion.create_chat_completion``."""
+        from megafuse.llm import completion
+        return completion.create_chat_completion(self, messages, **kwargs)
+
+    def create_embedding(self, input: Any, **kwargs: Any) -> Any:
+        """OpenAI's embedding list of a text or a list of texts (or token-id lists): each the
+        final-normed hidden states of its tokens, mean-pooled and L2-normalised, computed on a
+        sequence of its own (the model's conversation is left alone).  llama-cpp-python's
+        ``create_embedding``; ``megafuse.llm.completion.create_embedding``."""
+        from megafuse.llm import completion
+        return completion.create_embedding(self, input, **kwargs)
 
     # ---- checking ---------------------------------------------------------------------------
 
@@ -630,7 +627,7 @@ class Model:
             quantize_activations = self.activations == "int8"
         c = self.config
         out: Tuple[F32Array, F32Array] = ref.model_forward(
-            self._layers, self._embedding, int(self._embedding_dt), self._out_norm, self._head,
+            self._weights, self._embedding, int(self._embedding_dt), self._out_norm, self._head,
             int(self._head_dt), ids, c.embed_dim, c.num_heads, c.num_kv_heads, c.head_dim,
             c.intermediate_dim, c.vocab_size, c.eps, self.rope_cos, self.rope_sin,
             quantize_activations=bool(quantize_activations), kv_dtype=self.kv_dtype,
@@ -647,7 +644,7 @@ class Model:
         if not 0 <= index < self.config.n_layers:
             raise ValueError(f"index: expected a layer in 0..{self.config.n_layers - 1}, got "
                              f"{index}")
-        spec, cfg = self._layers[index], self.config
+        spec, cfg = self._weights[index], self.config
         kwargs: Dict[str, Any] = {name: spec.get(name) for name in _arch.NORM_ROLES
                                   + _arch.MATRIX_ROLES + _arch.BIAS_ROLES + _arch.FEATURE_ROLES}
         dtypes = {name: CKDataType(spec[name + "_dt"]) for name in _arch.MATRIX_ROLES}
