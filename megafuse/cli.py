@@ -7,6 +7,8 @@
                    [--model FILE.gguf [--layer N] [--pp 128] [--tg 64] [--depth 0]
                                       [--activations int8] [--kv-dtype float32]]
                    [--json out.json] [--seed 0] [--no-check]
+    megafuse serve [--model FILE.gguf] [--host 127.0.0.1] [--port 8000] [--parallel 4]
+                   [--api-key KEY] [--threads N] [--ctx N] [--max-queue 64]
     megafuse info                                  # megafuse.show_config()
 
 ``run`` generates text with a GGUF model (default: SmolLM2-135M-Instruct; ``--model`` takes a path
@@ -15,6 +17,9 @@ streams to stdout, the token counts and rates go to stderr.  Without ``--chat`` 
 continued as it is (BOS first where the file asks for it), which is what a base model such as
 Gemma 3 270M wants; ``--chat`` needs the file's ``tokenizer.chat_template``.  Its default is
 ``--activations float`` (exact float32 activations); ``int8`` is llama.cpp's scheme.
+
+``serve`` runs the OpenAI-compatible HTTP server (megafuse.serve; docs/serving.md) until SIGINT /
+SIGTERM: --parallel sequences on one copy of the weights, each of --ctx positions.
 
 ``bench`` (the default command) builds one decoder layer -- a Qwen2-0.5B-shaped one (embed 896,
 14 heads, 2 kv heads, head_dim 64, ffn 4864, seeded random weights in --dtype), or layer N of a
@@ -296,6 +301,31 @@ def add_run_arguments(parser):
                              "memory, faster decode late in a long context)")
 
 
+def add_serve_arguments(parser):
+    parser.add_argument("--model", help="a llama / qwen2 GGUF file (default: "
+                                        "SmolLM2-135M-Instruct, fetched once)")
+    parser.add_argument("--host", default="127.0.0.1",
+                        help="address to listen on (default 127.0.0.1: this machine only)")
+    parser.add_argument("--port", type=int, default=8000, help="port (8000)")
+    parser.add_argument("--parallel", type=int, default=4,
+                        help="sequences run at once, each with its own KV cache (4)")
+    parser.add_argument("--max-queue", type=int, default=64,
+                        help="requests that may wait for a sequence; more get 429 (64)")
+    parser.add_argument("--api-key", default=None,
+                        help="require 'Authorization: Bearer KEY' (default: the "
+                             "MEGAFUSE_API_KEY environment variable, else no key)")
+    parser.add_argument("--threads", type=int, default=0, help="threads (default: all)")
+    parser.add_argument("--ctx", type=int, default=0,
+                        help="KV-cache positions of each sequence (default: min(the model's "
+                             "context, 2048))")
+    parser.add_argument("--activations", default="float", choices=["float", "int8"],
+                        help="float (default, exact float32 activations) or int8")
+    parser.add_argument("--kv-dtype", default="float32", choices=["float32", "float16"],
+                        help="what the KV caches hold (float32)")
+    parser.add_argument("--model-name", default=None,
+                        help="the model id clients use (default: the file's name)")
+
+
 def build_parser():
     parser = argparse.ArgumentParser(
         prog="megafuse",
@@ -303,9 +333,10 @@ def build_parser():
                     "a GGUF model; 'bench' (the default) times and checks a decoder layer and, "
                     "with --model, the whole model; 'info' prints the build and runtime "
                     "configuration.")
-    sub = parser.add_subparsers(dest="command", metavar="{run,bench,info}")
+    sub = parser.add_subparsers(dest="command", metavar="{run,bench,serve,info}")
     add_run_arguments(sub.add_parser("run", help="generate text with a GGUF model"))
     add_bench_arguments(sub.add_parser("bench", help="time and check a layer (and a model)"))
+    add_serve_arguments(sub.add_parser("serve", help="an OpenAI-compatible HTTP server"))
     sub.add_parser("info", help="print the build and runtime configuration")
     return parser
 
@@ -322,9 +353,77 @@ def main(argv=None):
         return 0
     if args.threads < 0:
         parser.error(f"--threads: expected a positive value, got {args.threads}")
+    cpus = available_cpus()
+    if args.threads > cpus:
+        print(f"megafuse: warning: --threads {args.threads} is more than the {cpus} CPUs "
+              f"this process may run on: the threads will wait for each other (much slower "
+              f"than --threads {cpus})", file=sys.stderr)
     if args.command == "run":
         return cmd_run(args, parser)
+    if args.command == "serve":
+        return cmd_serve(args, parser)
     return cmd_bench(args, parser)
+
+
+def available_cpus():
+    """The CPUs this process may run on."""
+    import os
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:                     # (not on Linux)
+        return os.cpu_count() or 1
+
+
+def context_capped(path, ctx, what, err):
+    """ctx (None: the model's default, megafuse.llm.model.default_cache_capacity), capped at
+    the model's context length (with a note on err); also the opened file."""
+    from megafuse.llm import gguf as _gguf
+    from megafuse.llm.model import default_cache_capacity
+    reader = _gguf.open_reader(path)
+    limit = _gguf.hparams(reader)["context_length"]
+    if ctx is None:
+        return reader, default_cache_capacity(limit)
+    if limit and ctx > limit:
+        print(f"megafuse {what}: --ctx {ctx} is more than the model's context length "
+              f"{limit}: using {limit}", file=err)
+        ctx = limit
+    return reader, ctx
+
+
+def cmd_serve(args, parser):
+    """Run the OpenAI-compatible server until SIGINT / SIGTERM."""
+    import os
+    for name in ("parallel", "port"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name}: expected a positive value, got {getattr(args, name)}")
+    if args.max_queue < 0:
+        parser.error(f"--max-queue: expected a value >= 0, got {args.max_queue}")
+    if args.ctx < 0:
+        parser.error(f"--ctx: expected a positive value, got {args.ctx}")
+    try:
+        from megafuse.llm import fetch as models
+        from megafuse.llm.model import Model
+        from megafuse.serve.app import create_app, run
+        path = args.model or models.default_model_path(file=sys.stderr)
+        reader, ctx = context_capped(path, args.ctx or 2048, "serve", sys.stderr)
+        if not args.ctx:
+            ctx = min(ctx, 2048)
+        model = Model.from_gguf(reader, cache_capacity=ctx, activations=args.activations,
+                                kv_dtype=args.kv_dtype)
+        key = args.api_key if args.api_key is not None else os.environ.get("MEGAFUSE_API_KEY")
+        from megafuse.serve.app import _file_id
+        app = create_app(model, parallel=args.parallel, max_queue=args.max_queue, ctx=ctx,
+                         api_key=key or None, threads=args.threads or None,
+                         model_name=args.model_name or _file_id(path))
+    except (models.ModelFetchError, ImportError, NotImplementedError, ValueError,
+            OSError) as exc:
+        print(f"megafuse serve: {exc}", file=sys.stderr)
+        return 2
+    print(f"megafuse serve: {model.config.name or path} on http://{args.host}:{args.port}/v1 "
+          f"({args.parallel} sequences of {ctx} positions, {model.activations} activations)",
+          file=sys.stderr, flush=True)
+    run(app, host=args.host, port=args.port)
+    return 0
 
 
 def cmd_bench(args, parser):
@@ -429,13 +528,13 @@ def cmd_run(args, parser):
     try:
         path = models.resolve(args.model, file=err)
         t0 = time.perf_counter()
-        reader = _gguf.open_reader(path)
+        reader, ctx = context_capped(path, args.ctx, "run", err)
         if args.chat and _gguf._field(reader, "tokenizer.chat_template") is None:
             # (checked before the weights are loaded)
             raise ValueError(f"--chat: {path} has no chat template (no tokenizer.chat_template "
                              f"in its metadata: a base model?); run it without --chat to have "
                              f"the prompt continued as plain text")
-        model = Model.from_gguf(reader, cache_capacity=args.ctx, activations=args.activations,
+        model = Model.from_gguf(reader, cache_capacity=ctx, activations=args.activations,
                                 kv_dtype=args.kv_dtype)
         tok = model.tokenizer
         if args.chat:
@@ -445,6 +544,10 @@ def cmd_run(args, parser):
         else:
             ids = tok.encode(args.prompt)
         load_s = time.perf_counter() - t0
+        if len(ids) >= ctx:
+            raise ValueError(f"the prompt is {len(ids)} tokens, which leaves no room in "
+                             f"--ctx {ctx}: raise --ctx (up to the model's context, "
+                             f"{model.config.context_length or 'unknown'})")
         print(f"megafuse run: {model.config.name or path} ({model.activations} activations, "
               f"{megafuse.get_num_threads()} threads, SIMD {megafuse.simd_level()}), loaded in "
               f"{load_s:.2f} s; prompt: {len(ids)} tokens", file=err, flush=True)
@@ -468,12 +571,14 @@ def cmd_run(args, parser):
             OSError) as exc:
         print(f"megafuse run: {exc}", file=err)
         return 2
-    prefill_s = (t_first if t_first is not None else t_end) - t_start
     decode_s = t_end - t_first if t_first is not None else 0.0
     decode_n = max(count - 1, 0)
     rate = f"{decode_n / decode_s:.1f} tokens/s" if decode_n and decode_s > 0 else "-"
-    print(f"megafuse run: prompt {len(ids)} tokens, prefill {len(ids) / prefill_s:.1f} "
-          f"tokens/s; {count} tokens generated, decode {rate}; stopped: "
-          f"{model.stop_reason}", file=err)
+    if t_first is None:                    # no token came: the prefill's time is not known
+        prefill = "prefill -" if args.max_tokens else "no prefill (-n 0)"
+    else:
+        prefill = f"prefill {len(ids) / (t_first - t_start):.1f} tokens/s"
+    print(f"megafuse run: prompt {len(ids)} tokens, {prefill}; {count} tokens generated, "
+          f"decode {rate}; stopped: {model.stop_reason}", file=err)
     return 0
 

@@ -321,6 +321,19 @@ class Model:
         """The default sequence's layers: the weights and its caches."""
         return self.default_sequence._layers
 
+    @property
+    def _cache_arena(self) -> Any:
+        """The default sequence's KV-cache arena."""
+        return self.default_sequence._arena
+
+    def final_norm(self, x: F32Array) -> F32Array:
+        """The model's final RMSNorm of rows x [T, E] (float64 math, float32 out): what the
+        output head reads."""
+        x64 = np.asarray(x, dtype=np.float64)
+        scale = 1.0 / np.sqrt(np.mean(x64 * x64, axis=-1, keepdims=True) + self.config.eps)
+        out: F32Array = (x64 * scale * self._out_norm).astype(np.float32)
+        return out
+
     # ---- construction ---------------------------------------------------------------------
 
     @classmethod

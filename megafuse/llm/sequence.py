@@ -71,8 +71,9 @@ class Sequence:
       ``write(token_ids)`` appends them without computing logits;
     - ``prefill(prompt_ids)`` runs a prompt in aligned chunks, reusing the cached prefix, and
       returns the last token's logits; ``reusable_prefix(prompt_ids)`` says how much it keeps;
-    - ``generate(...)`` as ``Model.generate``; ``normed_hidden(token_ids)`` the final-normed
-      hidden states (embeddings);
+    - ``generate(...)`` as ``Model.generate``; ``last_hidden(token_ids)`` /
+      ``normed_hidden(token_ids)`` the last layer's output before / after the final RMSNorm
+      (embeddings pool the latter);
     - ``reset()``, ``rewind(position)``, ``save_state()``, ``load_state(state)``.
 
     Every mistake is a ValueError / TypeError raised before anything is written.  Not
@@ -269,20 +270,21 @@ class Sequence:
         self._run(ids, hidden=hidden)
         return hidden
 
+    def last_hidden(self, token_ids: TokenIds) -> F32Array:
+        """Append token_ids to the cache and return the last layer's output, float32 [T, E]
+        (before the final RMSNorm; no logits)."""
+        ids = self.model._ids(token_ids)
+        T = int(ids.size)
+        self._check_room(T, "last_hidden")
+        x = np.empty((T, self.model.config.embed_dim), dtype=np.float32)
+        self._run(ids, x_out=x)
+        return x
+
     def normed_hidden(self, token_ids: TokenIds) -> F32Array:
         """Append token_ids to the cache and return the last layer's output after the final
         RMSNorm, float32 [T, E]: the rows the output head reads (transformers'
         ``last_hidden_state``; what embeddings pool)."""
-        ids = self.model._ids(token_ids)
-        T = int(ids.size)
-        self._check_room(T, "normed_hidden")
-        c = self.model.config
-        x = np.empty((T, c.embed_dim), dtype=np.float32)
-        self._run(ids, x_out=x)
-        x64 = x.astype(np.float64)
-        scale = 1.0 / np.sqrt(np.mean(x64 * x64, axis=1, keepdims=True) + c.eps)
-        out: F32Array = (x64 * scale * self.model._out_norm).astype(np.float32)
-        return out
+        return self.model.final_norm(self.last_hidden(token_ids))
 
     def _run(self, ids: npt.NDArray[np.int32], **outputs: Any) -> None:
         if not self._lock.acquire(blocking=False):
