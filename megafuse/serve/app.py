@@ -401,9 +401,18 @@ def run(app: Any, host: str = "127.0.0.1", port: int = 8000,
     """Serve app under uvicorn until SIGINT / SIGTERM: then it stops taking connections, lets
     the requests in flight finish (at most graceful_seconds, then they are cancelled), closes
     the engine and returns."""
+    import signal
+    import threading
+
     import uvicorn
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level,
                             timeout_graceful_shutdown=graceful_seconds)
+    if threading.current_thread() is threading.main_thread():
+        # uvicorn handles the signals while it serves, then restores these handlers and raises
+        # the signal it caught again: with them, a clean shutdown returns (exit status 0)
+        # instead of the process dying of its SIGTERM after the shutdown.
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda *_: None)
     uvicorn.Server(config).run()
 
 
