@@ -1,6 +1,8 @@
-"""The megafuse command: `megafuse bench` (the default) and `megafuse info`."""
+"""The megafuse command: `megafuse bench` (the default), `megafuse run`, `megafuse serve`'s
+arguments (the server itself: tests/serve) and `megafuse info`."""
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -229,7 +231,7 @@ def test_run_samples_reproducibly_and_reports_bad_input(smollm2_path, capsys):
     second = run(argv, capsys)
     assert first[0] == second[0] == 0 and first[1] == second[1] and first[1].strip()
     status, _, err = run(["run", "--model", smollm2_path, "-p", "x" * 40, "--ctx", "4"], capsys)
-    assert status == 2 and "cache_capacity is 4" in err
+    assert status == 2 and "--ctx 4" in err and "raise --ctx" in err and "reset()" not in err
 
 
 def test_run_needs_a_prompt(capsys):
@@ -355,3 +357,50 @@ def test_run_continues_a_prompt_on_gemma3(gemma3_path, capsys, prompt, continuat
     n_prompt = 1 + len(megafuse.Tokenizer.from_gguf(gemma3_path).encode(prompt,
                                                                         add_special=False))
     assert f"prompt: {n_prompt} tokens" in err and "Gemma 3 270m" in err
+
+# ---- megafuse run's defects (issue 37) --------------------------------------------------------
+
+def test_run_caps_ctx_at_the_models_context(smollm2_path, capsys, monkeypatch):
+    pytest.importorskip("tokenizers")
+    from megafuse.llm.model import Model
+    seen = []
+    real = Model.from_gguf.__func__
+
+    def recording(cls, *args, **kwargs):
+        seen.append(kwargs["cache_capacity"])
+        return real(cls, *args, **kwargs)
+    monkeypatch.setattr(Model, "from_gguf", classmethod(recording))
+    status, out, err = run(["run", "--model", smollm2_path, "-p", "Hi", "-n", "1", "--ctx",
+                            "100000"], capsys)
+    assert status == 0, err
+    assert "--ctx 100000 is more than the model's context length 8192: using 8192" in err
+    assert seen == [8192]
+
+
+def test_run_with_no_new_tokens_prints_no_prefill_rate(smollm2_path, capsys):
+    pytest.importorskip("tokenizers")
+    status, out, err = run(["run", "--model", smollm2_path, "-p", "Hello", "-n", "0"], capsys)
+    assert status == 0, err
+    assert "no prefill" in err and "0 tokens generated" in err
+    assert not re.search(r"prefill [0-9.]+ tokens/s", err)
+
+
+def test_more_threads_than_cpus_warns(smollm2_path, capsys, threads):
+    pytest.importorskip("tokenizers")
+    cpus = cli.available_cpus()
+    status, _, err = run(["run", "--model", smollm2_path, "-p", "Hi", "-n", "0", "--threads",
+                          str(cpus + 62)], capsys)
+    assert status == 0, err
+    assert f"--threads {cpus + 62} is more than the {cpus} CPUs" in err
+    status, _, err = run(["run", "--model", smollm2_path, "-p", "Hi", "-n", "0", "--threads",
+                          str(cpus)], capsys)
+    assert "warning" not in err
+
+
+def test_serve_arguments_are_checked(capsys):
+    for argv, name in ((["serve", "--parallel", "0"], "--parallel"),
+                       (["serve", "--max-queue", "-1"], "--max-queue"),
+                       (["serve", "--port", "0"], "--port")):
+        with pytest.raises(SystemExit) as exc:
+            cli.main(argv)
+        assert exc.value.code == 2 and name in capsys.readouterr().err
