@@ -186,6 +186,11 @@ MAX_TEMPLATE_SECONDS = 10.0
 #: length (20 s for a 10**6-character word), urlize takes some microseconds a word.
 MAX_TEMPLATE_SLOW_FILTER_INPUT = 100_000
 
+#: The most characters of a chat template's source.  Compiling is not covered by the bounds
+#: above and takes about 10 s a megabyte (a 4 MB template: 42 s); the largest real templates
+#: (tool calling, several languages) are some 20 000 characters.
+MAX_TEMPLATE_SOURCE_CHARS = 200_000
+
 
 def _require(module: str) -> Any:
     """An optional dependency, or an ImportError that says how to get it."""
@@ -906,6 +911,13 @@ class _RenderBudget:
         elif operator == "+" and isinstance(left, sized) and isinstance(right, sized) and \
                 len(left) + len(right) > self.max_size:
             raise self.too_big(len(left) + len(right), what)
+        elif operator == "%" and isinstance(left, (str, bytes)):
+            self.check_size(_printf_size(left, right), what)
+
+    def check_size(self, size: int, what: str) -> None:
+        """Refuse a value of `size` items before it is made."""
+        if size > self.max_size:
+            raise self.too_big(size, what)
 
 
 _BUDGET: contextvars.ContextVar[Optional[_RenderBudget]] = contextvars.ContextVar(
@@ -975,6 +987,8 @@ def _environment() -> Any:
     utils = jinja2.utils
     # (the optional jinja2 is imported at run time: to mypy its classes are Any)
     template_error: Any = jinja2.exceptions.TemplateError
+    importlib.import_module("jinja2.compiler")
+    Markup = _require("markupsafe").Markup
     sandboxed: Any = sandbox.ImmutableSandboxedEnvironment
     namespace: Any = utils.Namespace
 
@@ -985,11 +999,51 @@ def _environment() -> Any:
     ChatTemplateRaised.__module__ = __name__
     ChatTemplateRaised.__qualname__ = "ChatTemplateRaised"
 
+    class CodeGenerator(jinja2.compiler.CodeGenerator):  # type: ignore[misc]
+        """Jinja's code generator, but ``a ~ b ~ ...`` goes through the environment's
+        megafuse_concat, which bounds the result before joining."""
+
+        def visit_Concat(self, node: Any, frame: Any) -> None:
+            if frame.eval_ctx.volatile or frame.eval_ctx.autoescape:
+                super().visit_Concat(node, frame)
+                return
+            self.write("environment.megafuse_concat((")
+            for arg in node.nodes:
+                self.visit(arg, frame)
+                self.write(", ")
+            self.write("))")
+
     class Environment(sandboxed):  # type: ignore[misc]
-        # repetition, powers and concatenation go through call_binop (and are not folded at
-        # compile time)
-        intercepted_binops = frozenset({"*", "**", "+"})
+        # repetition, powers, concatenation and printf-formatting go through call_binop (and
+        # are not folded at compile time)
+        intercepted_binops = frozenset({"*", "**", "+", "%"})
         raised_error = ChatTemplateRaised
+        code_generator_class = CodeGenerator
+
+        def megafuse_concat(self, parts: Tuple[Any, ...]) -> str:
+            budget = _budget()
+            texts = [str(p) for p in parts]
+            budget.check_size(sum(map(len, texts)), "a ~ concatenation")
+            return "".join(texts)
+
+        def wrap_str_format(self, value: Any) -> Any:
+            """str.format / format_map whose every field is bounded before it is formatted
+            (the width of ``'{:>3000000000}'.format(x)`` would be allocated at once)."""
+            wrapped = super().wrap_str_format(value)
+            if wrapped is None:
+                return None
+            f_self, is_map = value.__self__, value.__name__ == "format_map"
+            escape = getattr(f_self, "escape", None) if isinstance(f_self, Markup) else None
+
+            def bounded(*args: Any, **kwargs: Any) -> Any:
+                if is_map:
+                    if kwargs or len(args) != 1:
+                        raise TypeError("format_map() takes exactly one argument")
+                    args, kwargs = (), args[0]
+                formatter = (_BoundedEscapeFormatter(self, escape=escape) if escape is not None
+                             else _BoundedFormatter(self))
+                return type(f_self)(formatter.vformat(f_self, args, kwargs))
+            return functools.update_wrapper(bounded, value)
 
         def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
             _budget().check_binop(operator, left, right)
@@ -1000,6 +1054,7 @@ def _environment() -> Any:
             budget.check_time()
             for value in (*args, *kwargs.values()):
                 budget.check_value(value, "an argument of a call")
+            args = _check_string_method(budget, obj, args, kwargs)
             return budget.check_value(super().call(context, obj, *args, **kwargs),
                                       "the result of a call")
 
@@ -1031,6 +1086,10 @@ def _environment() -> Any:
 
     def tojson(value: Any, ensure_ascii: bool = False, indent: Optional[int] = None,
                separators: Any = None, sort_keys: bool = False) -> str:
+        # an indent is written once per nesting level on every line: bounded (as separators)
+        if len(str(indent if not isinstance(indent, int) else " " * min(indent, 65))) > 64 or \
+                len(str(separators)) > 64:
+            raise _LimitExceeded("tojson: an indent or separators of more than 64 characters")
         return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent,
                           separators=separators, sort_keys=sort_keys)
 
@@ -1043,9 +1102,160 @@ def _environment() -> Any:
     env.filters["tojson"] = tojson
     for name in ("wordwrap", "urlize"):
         env.filters[name] = _bounded_filter(env.filters[name], name)
+    for name, size in _GROWING_FILTERS.items():
+        env.filters[name] = _sized_filter(env.filters[name], name, size)
     env.globals.update(range=counted_range, namespace=BoundedNamespace, lipsum=lipsum,
                        raise_exception=raise_exception, strftime_now=strftime_now)
     return env
+
+
+# ---- sizes of what string-growing operations would make, before they make it ----------------
+
+# a printf field: %[(key)][flags][width][.precision][length]type
+_PRINTF_FIELD = re.compile(r"%(?:\(([^)]*)\))?[-#0 +]*(\*|\d+)?(?:\.(\*|\d*))?[hlL]?(.)")
+
+#: Characters a number's field may take beyond its width and precision (a float's integer
+#: digits: 309 for 1e308, a sign, an exponent).
+_NUMBER_SLACK = 330
+
+
+def _printf_size(fmt: Any, args: Any) -> int:
+    """An upper bound of the length of ``fmt % args``: the format's own characters, and for each
+    field its width, precision and the longest argument's text."""
+    values = list(args.values()) if isinstance(args, Mapping) else \
+        list(args) if isinstance(args, tuple) else [args]
+    longest = max((len(str(v)) for v in values), default=0)
+    text = fmt.decode("latin-1") if isinstance(fmt, bytes) else fmt
+    size = len(text)
+    for _key, width, precision, _kind in _PRINTF_FIELD.findall(text):
+        star = [int(v) for v in values if isinstance(v, int) and not isinstance(v, bool)]
+        w = max(star, default=0) if width == "*" else int(width or 0)
+        p = max(star, default=0) if precision == "*" else int(precision or 0)
+        size += w + p + longest + _NUMBER_SLACK
+    return size
+
+
+def _join_size(items: Sequence[Any], separator: Any) -> int:
+    return sum(len(str(i)) for i in items) + len(str(separator)) * max(len(items) - 1, 0)
+
+
+def _replace_size(s: Any, old: Any, new: Any, count: Any = None) -> int:
+    s, old, new = str(s), str(old), str(new)
+    n = len(s) + 1 if old == "" else s.count(old)
+    if isinstance(count, int) and not isinstance(count, bool) and count >= 0:
+        n = min(n, count)
+    return len(s) + n * max(len(new) - len(old), 0)
+
+
+def _lines(s: Any) -> int:
+    return str(s).count("\n") + 1
+
+
+def _width(value: Any) -> int:
+    """A width argument as a number of characters (a string: its length)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    return len(str(value))
+
+
+#: Filters whose result can be far larger than their input: an upper bound of its size from
+#: the filter's arguments (as jinja2 passes them, after any context argument).
+_GROWING_FILTERS: Dict[str, Callable[..., int]] = {
+    "center": lambda value, width=80: max(len(str(value)), _width(width)),
+    "indent": lambda s, width=4, *a, **k: len(str(s)) + _lines(s) * _width(width),
+    "replace": lambda s, old, new, count=None: _replace_size(s, old, new, count),
+    "format": lambda value, *args, **kwargs: _printf_size(str(value), kwargs or args),
+    "join": lambda value, d="", attribute=None: (
+        _join_size(list(value), d) if attribute is None else 0),
+    "wordwrap": lambda s, width=79, break_long_words=True, wrapstring=None, *a, **k: (
+        len(str(s)) + (len(str(s)) // max(_width(width), 1) + _lines(s)) *
+        len(str(wrapstring or "\n"))),
+    "batch": lambda value, linecount, fill_with=None: _width(linecount),
+    "slice": lambda value, slices, fill_with=None: _width(slices),
+    "urlize": lambda value, trim_url_limit=None, nofollow=False, target=None, rel=None,
+    extra_schemes=None: len(str(value)) * (3 + len(str(target or "")) + len(str(rel or ""))),
+}
+
+
+def _sized_filter(function: Any, name: str, size: Callable[..., int]) -> Any:
+    """A filter that refuses, before running, to make a result larger than
+    MAX_TEMPLATE_VALUE_SIZE (``size`` bounds it from the arguments)."""
+    takes_context = getattr(function, "jinja_pass_arg", None) is not None
+
+    @functools.wraps(function)   # keeps jinja2's pass_environment / pass_eval_context mark
+    def sized(*args: Any, **kwargs: Any) -> Any:
+        own = args[1:] if takes_context else args
+        if name == "join" and own and not isinstance(own[0], (list, tuple, str)):
+            own = (list(own[0]),) + tuple(own[1:])         # (an iterator is read once)
+            args = (args[:1] if takes_context else ()) + own
+        _budget().check_size(size(*own, **kwargs), f"the {name} filter's result")
+        return function(*args, **kwargs)
+    return sized
+
+
+#: str / bytes methods whose result can be far larger than the string: an upper bound of it
+_GROWING_METHODS: Dict[str, Callable[..., int]] = {
+    "center": lambda s, width, *a: max(len(s), _width(width)),
+    "ljust": lambda s, width, *a: max(len(s), _width(width)),
+    "rjust": lambda s, width, *a: max(len(s), _width(width)),
+    "zfill": lambda s, width: max(len(s), _width(width)),
+    "expandtabs": lambda s, tabsize=8: len(s) + s.count("\t" if isinstance(s, str) else
+                                                          b"\t") * max(_width(tabsize), 0),
+    "replace": lambda s, old, new, count=-1: _replace_size(s, old, new, count),
+    "join": lambda s, items: _join_size(items, s),
+    "translate": lambda s, table, *a: len(s) * max(
+        [len(v) if isinstance(v, (str, bytes)) else 1 for v in table.values()]
+        if isinstance(table, Mapping) else [1]),
+}
+
+
+def _check_string_method(budget: _RenderBudget, obj: Any, args: Tuple[Any, ...],
+                         kwargs: Dict[str, Any]) -> Tuple[Any, ...]:
+    """Refuse a call of a growing str / bytes method (``'a'.ljust(10**9)``) before it runs;
+    the args to call it with (join's iterable read into a list)."""
+    owner = getattr(obj, "__self__", None)
+    size = _GROWING_METHODS.get(getattr(obj, "__name__", ""))
+    if size is None or not isinstance(owner, (str, bytes, bytearray)):
+        return args
+    if obj.__name__ == "join" and args and not isinstance(args[0], (list, tuple)):
+        args = (list(args[0]),) + args[1:]
+    budget.check_size(size(owner, *args, **kwargs), f"{type(owner).__name__}.{obj.__name__}()")
+    return args
+
+
+def _bounded_format_field(formatter: Any, value: Any, format_spec: str) -> Any:
+    """One field of str.format: its width and precision (every number in the spec) and its
+    value's text bounded, and the running total of the formatted string."""
+    budget = _budget()
+    digits = re.findall(r"\d+", format_spec)
+    if any(len(d) > 9 for d in digits):
+        raise budget.too_big(10**9, "a str.format field")
+    formatter.megafuse_size = getattr(formatter, "megafuse_size", 0) + sum(map(int, digits)) + \
+        len(str(value)) + _NUMBER_SLACK
+    budget.check_size(formatter.megafuse_size, "str.format()")
+    return format(value, format_spec)
+
+
+@functools.lru_cache(maxsize=1)
+def _formatters() -> Tuple[Any, Any]:
+    sandbox = _require("jinja2.sandbox")
+
+    class BoundedFormatter(sandbox.SandboxedFormatter):  # type: ignore[misc]
+        format_field = _bounded_format_field
+
+    class BoundedEscapeFormatter(sandbox.SandboxedEscapeFormatter):  # type: ignore[misc]
+        def format_field(self, value: Any, format_spec: str) -> Any:
+            _bounded_format_field(self, value, format_spec)
+            return super().format_field(value, format_spec)
+    return BoundedFormatter, BoundedEscapeFormatter
+
+
+def _BoundedFormatter(env: Any) -> Any:
+    return _formatters()[0](env)
+
+
+def _BoundedEscapeFormatter(env: Any, escape: Any) -> Any:
+    return _formatters()[1](env, escape=escape)
 
 
 def _bounded_filter(function: Any, name: str) -> Any:
@@ -1082,6 +1292,10 @@ def _render_template(template: str, origin: str, context: Dict[str, Any]) -> str
     budget = _RenderBudget()
     token = _BUDGET.set(budget)
     try:
+        if len(template) > MAX_TEMPLATE_SOURCE_CHARS:
+            raise _LimitExceeded(f"the template has {len(template)} characters, more than "
+                                 f"{MAX_TEMPLATE_SOURCE_CHARS} (megafuse.tokenizer."
+                                 f"MAX_TEMPLATE_SOURCE_CHARS)")
         compiled = _compile_template(template)
         pieces: List[str] = []
         size = 0
