@@ -1,7 +1,8 @@
 """megafuse.serve.app: the OpenAI-compatible HTTP API (FastAPI; ``megafuse serve`` runs it under
 uvicorn, ``megafuse.serve.ray_serve`` as a Ray Serve deployment).
 
-    GET  /health                  {"status": "ok", running / waiting / free sequences}
+    GET  /health                  {"status": "ok", the replica (host:pid), running / waiting /
+                                  free sequences}
     GET  /v1/models               the served model ({"object": "list", "data": [...]})
     GET  /v1/models/{id}          it, or 404
     POST /v1/completions          OpenAI's legacy completions (stream: server-sent events)
@@ -29,6 +30,7 @@ import contextlib
 import json
 import os
 import re
+import socket
 import time
 from typing import Any, AsyncIterator, Dict, List, Optional
 
@@ -71,6 +73,7 @@ class Server:
     def __init__(self, model: Any, engine: Engine, name: str, api_key: Optional[str]) -> None:
         self.model, self.engine, self.name, self.api_key = model, engine, name, api_key
         self.created = int(time.time())
+        self.replica = f"{socket.gethostname()}:{os.getpid()}"     # (which process answered)
 
 
 def create_app(model: Any = None, *, model_path: Optional[str] = None, parallel: int = 4,
@@ -152,7 +155,8 @@ def create_app(model: Any = None, *, model_path: Optional[str] = None, parallel:
     @app.get("/health")
     async def health(request: Request) -> Any:
         server: Server = request.app.state.server
-        return {"status": "ok", "model": server.name, **server.engine.load}
+        return {"status": "ok", "model": server.name, "replica": server.replica,
+                **server.engine.load}
 
     @app.get("/v1/models")
     async def models(request: Request) -> Any:
