@@ -89,7 +89,7 @@ def settings(model: Any, *, max_tokens: Optional[int] = 16, temperature: float =
         if max_tokens <= 0:
             max_tokens = None
     V = model.config.vocab_size
-    sampler = dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+    sampler: Dict[str, Any] = dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                    repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
                    presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
                    logit_bias=logit_bias)
@@ -444,6 +444,7 @@ def chat_response(rid: str, created: int, model_name: str, gens: List[TextGenera
 def prompt_ids(model: Any, prompt: Any, capacity: int) -> List[int]:
     """A prompt (a string, or a list of token ids) as ids, with room for one new token in a
     cache of `capacity` positions: else a ValueError naming prompt."""
+    ids: List[int]
     if isinstance(prompt, str):
         ids = model.tokenizer.encode(prompt)
         if not ids:
@@ -519,7 +520,7 @@ def _model_name(model: Any, name: Optional[str]) -> str:
         if not isinstance(name, str):
             raise TypeError(f"model: expected a string, got {type(name).__name__}")
         return name
-    return model.config.name or model.config.architecture
+    return str(model.config.name or model.config.architecture)
 
 
 def _generations(seq: Sequence, ids: List[int], s: Settings) -> Iterator[Tuple[TextGeneration,
@@ -544,12 +545,13 @@ def _generations(seq: Sequence, ids: List[int], s: Settings) -> Iterator[Tuple[T
                 yield gen, delta
                 if gen.finish_reason is not None:
                     break
+                assert delta.token is not None
                 logits = seq.forward([delta.token])
     finally:
         seq._text_owner = None   # type: ignore[attr-defined]
 
 
-def create_completion(target: Any, prompt: Union[str, List[int]], *,
+def create_completion(target: Any, prompt: Any, *,
                       stream: bool = False, model: Optional[str] = None,
                       **kwargs: Any) -> Any:
     """Complete `prompt` (a string or token ids) on a Model's sequence (or a Sequence):
@@ -639,7 +641,7 @@ def embed_on(seq: Sequence, ids: List[int]) -> F32Array:
 
 def _embedding_sequence(model: Any) -> Sequence:
     """The model's sequence for embeddings (made once): its conversation is left alone."""
-    seq = getattr(model, "_embedding_sequence", None)
+    seq: Optional[Sequence] = getattr(model, "_embedding_sequence", None)
     if seq is None:
         seq = model._embedding_sequence = model.new_sequence()
     return seq

@@ -999,7 +999,9 @@ def _environment() -> Any:
     ChatTemplateRaised.__module__ = __name__
     ChatTemplateRaised.__qualname__ = "ChatTemplateRaised"
 
-    class CodeGenerator(jinja2.compiler.CodeGenerator):  # type: ignore[misc]
+    code_generator: Any = jinja2.compiler.CodeGenerator
+
+    class CodeGenerator(code_generator):  # type: ignore[misc]
         """Jinja's code generator, but ``a ~ b ~ ...`` goes through the environment's
         megafuse_concat, which bounds the result before joining."""
 
@@ -1039,7 +1041,8 @@ def _environment() -> Any:
                 if is_map:
                     if kwargs or len(args) != 1:
                         raise TypeError("format_map() takes exactly one argument")
-                    args, kwargs = (), args[0]
+                    kwargs = args[0]
+                    args = ()
                 formatter = (_BoundedEscapeFormatter(self, escape=escape) if escape is not None
                              else _BoundedFormatter(self))
                 return type(f_self)(formatter.vformat(f_self, args, kwargs))
@@ -1240,10 +1243,13 @@ def _bounded_format_field(formatter: Any, value: Any, format_spec: str) -> Any:
 def _formatters() -> Tuple[Any, Any]:
     sandbox = _require("jinja2.sandbox")
 
-    class BoundedFormatter(sandbox.SandboxedFormatter):  # type: ignore[misc]
+    plain: Any = sandbox.SandboxedFormatter
+    escaping: Any = sandbox.SandboxedEscapeFormatter
+
+    class BoundedFormatter(plain):  # type: ignore[misc]
         format_field = _bounded_format_field
 
-    class BoundedEscapeFormatter(sandbox.SandboxedEscapeFormatter):  # type: ignore[misc]
+    class BoundedEscapeFormatter(escaping):  # type: ignore[misc]
         def format_field(self, value: Any, format_spec: str) -> Any:
             _bounded_format_field(self, value, format_spec)
             return super().format_field(value, format_spec)
