@@ -1,47 +1,6 @@
-"""A megafuse server on a free port of 127.0.0.1, in this process (uvicorn on a thread), for the
-tests of this directory; always shut down."""
-import contextlib
-import socket
-import threading
-import time
-
+"""The model the serving tests share (SmolLM2, float mode; each engine adds its own
+sequences)."""
 import pytest
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@contextlib.contextmanager
-def running_server(model, **options):
-    """Serve create_app(model, **options) on a free port; yields its base URL (".../v1")."""
-    import httpx
-    import uvicorn
-
-    from megafuse.serve.app import create_app
-    port = free_port()
-    app = create_app(model, **options)
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
-                                           timeout_graceful_shutdown=5))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline or not thread.is_alive():
-                raise RuntimeError("the test server did not start")
-            time.sleep(0.05)
-        yield f"http://127.0.0.1:{port}/v1", app
-    finally:
-        server.should_exit = True
-        thread.join(30)
 
 
 @pytest.fixture(scope="session")

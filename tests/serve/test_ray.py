@@ -12,7 +12,7 @@ serve = pytest.importorskip("ray.serve")
 pytest.importorskip("fastapi")
 httpx = pytest.importorskip("httpx")
 
-from conftest import free_port  # noqa: E402
+from server_helpers import free_port  # noqa: E402
 from megafuse.llm import completion as C  # noqa: E402
 
 MODEL = "SmolLM2-135M-Instruct.Q4_1"

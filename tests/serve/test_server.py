@@ -20,7 +20,7 @@ pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 httpx = pytest.importorskip("httpx")
 
-from conftest import free_port, running_server  # noqa: E402
+from server_helpers import free_port, running_server  # noqa: E402
 
 FRANCE = [{"role": "user", "content": "What is the capital of France?"}]
 MODEL = "SmolLM2-135M-Instruct.Q4_1"
