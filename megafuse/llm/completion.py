@@ -165,7 +165,7 @@ def _llguidance() -> Any:
 
 
 def llg_tokenizer(model: Any) -> Any:
-    """llguidance's view of the model's vocabulary (built once a model, ~0.3 s): each token's
+    """llguidance's view of the model's vocabulary (built once a model): each token's
     bytes (special tokens marked by a 0xFF byte, as llguidance expects), the
     end-of-generation ids as its EOS set, and megafuse's own encoder."""
     cached = getattr(model, "_llg_tokenizer", None)

@@ -186,9 +186,9 @@ MAX_TEMPLATE_SECONDS = 10.0
 #: length (20 s for a 10**6-character word), urlize takes some microseconds a word.
 MAX_TEMPLATE_SLOW_FILTER_INPUT = 100_000
 
-#: The most characters of a chat template's source.  Compiling is not covered by the bounds
-#: above and takes about 10 s a megabyte (a 4 MB template: 42 s); the largest real templates
-#: (tool calling, several languages) are some 20 000 characters.
+#: The most characters of a chat template's source, checked before compiling: compiling is not
+#: covered by the bounds above, and its time grows with the source (seconds a megabyte).  The
+#: largest real templates (tool calling, several languages) are some 20 000 characters.
 MAX_TEMPLATE_SOURCE_CHARS = 200_000
 
 
