@@ -291,16 +291,22 @@ class Sequence:
             raise RuntimeError("Sequence: already running in another thread (a sequence is "
                                "used by one thread at a time)")
         try:
-            start, T = self._position, int(ids.size)
-            self._runner.forward(tokens=ids, start_pos=start, **outputs)
-            self._tokens[start:start + T] = ids
-            self._position = start + T
-            # The native step runs T tokens as steps of PREFILL_CHUNK from `start`: from the end
-            # of the chunked prefix, its whole steps are aligned prefill chunks.
-            if start == self._chunked:
-                self._chunked = start + T - T % PREFILL_CHUNK
+            self._runner.forward(tokens=ids, start_pos=self._position, **outputs)
+            self._record(ids)
         finally:
             self._lock.release()
+
+    def _record(self, ids: npt.NDArray[np.int32]) -> None:
+        """Note that ids were just written to the cache at ``position`` (by this sequence's
+        runner, or by a batched step that wrote this sequence's cache rows): the ids, the new
+        position, and the aligned prefill chunks prefix reuse may keep."""
+        start, T = self._position, int(ids.size)
+        self._tokens[start:start + T] = ids
+        self._position = start + T
+        # The native step runs T tokens as steps of PREFILL_CHUNK from `start`: from the end of
+        # the chunked prefix, its whole steps are aligned prefill chunks.
+        if start == self._chunked:
+            self._chunked = start + T - T % PREFILL_CHUNK
 
     # ---- prompts ----------------------------------------------------------------------------
 

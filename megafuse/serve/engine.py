@@ -160,7 +160,9 @@ class Engine:
         hidden [T, E] or None.  Each sequence's result is what it would get alone.
 
         (Each sequence's forward in turn.  The native batched step -- one call, the weights
-        read once for all the sequences -- replaces this body.)"""
+        read once for all the sequences -- replaces this body; it checks each item as
+        ``Sequence.forward`` does (ids, room), holds each sequence's lock, writes each
+        sequence's cache rows at its ``position`` and then calls ``sequence._record(ids)``.)"""
         out: List[Optional[npt.NDArray[np.float32]]] = []
         for item in batch:
             if item.output == "logits":
