@@ -5,17 +5,20 @@
 
 - streams-N: aggregate decode throughput of N concurrent greedy streams (N = 1, 2, 4, 8, 16),
   each a short prompt then --tokens new tokens (end-of-generation banned, so every stream runs
-  them all), through Engine.step.  Until the native batched step lands, a step runs each
-  sequence's forward in turn, so the aggregate stays near one stream's rate; the harness is
-  the one the batched step is measured with.
+  them all), through Engine.step (the native batched step: one call reads the weights once
+  for every stream's token), in float and int8 mode.
+- llama-server-N: the same N streams sent at once to llama-cpp-python's OpenAI server
+  (``python -m llama_cpp.server``, the same file and threads; it runs one request at a time)
+  over HTTP, when $MEGAFUSE_BENCH_LLAMA_PYTHON names an interpreter with llama_cpp and its
+  server extras.
 - prefix-reuse: the second turn of a ~1000-token conversation, time to its first token with
   prefix reuse (the first turn's whole prefill chunks kept) and without (a fresh sequence);
   issue 37 asks for <= 25 %.
 - rss-8: the process's resident memory with the model loaded, then with 8 sequences of 2048
   positions each (one copy of the weights, 8 KV caches).
 
-The model is SmolLM2-135M-Instruct (float mode, the server's default), or
-$MEGAFUSE_BENCH_MODEL; threads: $MEGAFUSE_BENCH_THREADS (2).
+The model is SmolLM2-135M-Instruct, or $MEGAFUSE_BENCH_MODEL (the Llama-3.2-1B-shaped Q4_K_M
+file of benchmarks/README.md); threads: $MEGAFUSE_BENCH_THREADS (2).
 """
 import os
 import queue
@@ -32,16 +35,77 @@ PROMPTS = ["The capital of France is", "Once upon a time", "def fibonacci(n):",
            "My favourite recipe", "The history of Rome"]
 
 
-def load_model(activations="float"):
+def model_path():
     from megafuse.llm import fetch
+    return os.environ.get("MEGAFUSE_BENCH_MODEL") or fetch.default_model_path()
+
+
+def load_model(activations="float"):
     from megafuse.llm.model import Model
-    path = os.environ.get("MEGAFUSE_BENCH_MODEL") or fetch.default_model_path()
-    return Model.from_gguf(path, cache_capacity=2048, activations=activations)
+    return Model.from_gguf(model_path(), cache_capacity=2048, activations=activations)
+
+
+def threads():
+    return int(os.environ.get("MEGAFUSE_BENCH_THREADS", "2"))
 
 
 def set_threads():
     import megafuse
-    megafuse.set_num_threads(int(os.environ.get("MEGAFUSE_BENCH_THREADS", "2")))
+    megafuse.set_num_threads(threads())
+
+
+class LlamaServer:
+    """llama-cpp-python's OpenAI server on the benchmark's file, in the peer's interpreter
+    ($MEGAFUSE_BENCH_LLAMA_PYTHON), for the duration of a `with`."""
+
+    def __init__(self, python, path, n_threads, n_ctx=2048):
+        import socket
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            self.port = sock.getsockname()[1]
+        self.cmd = [python, "-m", "llama_cpp.server", "--model", path, "--host", "127.0.0.1",
+                    "--port", str(self.port), "--n_threads", str(n_threads),
+                    "--n_threads_batch", str(n_threads), "--n_ctx", str(n_ctx)]
+        self.url = f"http://127.0.0.1:{self.port}/v1"
+
+    def __enter__(self):
+        import subprocess
+        import httpx
+        self.proc = subprocess.Popen(self.cmd, stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"llama_cpp.server exited ({self.proc.returncode}): "
+                                   f"{' '.join(self.cmd)}")
+            try:
+                if httpx.get(self.url + "/models", timeout=2).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        raise RuntimeError("llama_cpp.server did not start in 300 s")
+
+    def __exit__(self, *exc):
+        self.proc.terminate()
+        self.proc.wait(timeout=60)
+
+    def aggregate_decode(self, streams, tokens=TOKENS, eog=()):
+        """(tokens/s over all streams, seconds): N greedy completions of `tokens` tokens sent
+        at once (end-of-generation banned), each counted by its usage."""
+        import httpx
+        from concurrent.futures import ThreadPoolExecutor
+
+        def one(i):
+            body = {"prompt": PROMPTS[i % len(PROMPTS)], "max_tokens": tokens, "temperature": 0,
+                    "logit_bias": {str(t): -100 for t in eog}}
+            r = httpx.post(self.url + "/completions", json=body, timeout=3600)
+            r.raise_for_status()
+            return r.json()["usage"]["completion_tokens"]
+        t0 = time.perf_counter()
+        with ThreadPoolExecutor(streams) as pool:
+            made = sum(pool.map(one, range(streams)))
+        return made / (time.perf_counter() - t0), time.perf_counter() - t0
 
 
 def aggregate_decode(model, streams, tokens=TOKENS):
@@ -109,18 +173,44 @@ def rss_with_sequences(model, n=8, capacity=2048):
     return before, after, sum(s.kv_bytes for s in seqs) / 2**20
 
 
+@pytest.fixture(scope="module", params=["float", "int8"])
+def any_model(request):
+    set_threads()
+    return load_model(request.param)
+
+
 @pytest.fixture(scope="module")
 def model():
     set_threads()
     return load_model()
 
 
+@pytest.fixture(scope="module")
+def llama_server():
+    python = os.environ.get("MEGAFUSE_BENCH_LLAMA_PYTHON")
+    if not python:
+        pytest.skip("set MEGAFUSE_BENCH_LLAMA_PYTHON to an interpreter with llama_cpp[server]")
+    with LlamaServer(python, model_path(), threads()) as server:
+        yield server
+
+
 @pytest.mark.parametrize("streams", STREAMS, ids=[f"streams-{n}" for n in STREAMS])
-def test_aggregate_decode(benchmark, model, streams):
+def test_aggregate_decode(benchmark, any_model, streams):
     rates = []
 
     def run():
-        rates.append(aggregate_decode(model, streams)[0])
+        rates.append(aggregate_decode(any_model, streams)[0])
+    benchmark.pedantic(run, rounds=3, iterations=1)
+    benchmark.extra_info["tokens_per_s"] = float(np.median(rates))
+
+
+@pytest.mark.parametrize("streams", STREAMS, ids=[f"llama-server-{n}" for n in STREAMS])
+def test_llama_server_aggregate_decode(benchmark, model, llama_server, streams):
+    rates = []
+    eog = model.end_of_generation_ids()
+
+    def run():
+        rates.append(llama_server.aggregate_decode(streams, eog=eog)[0])
     benchmark.pedantic(run, rounds=3, iterations=1)
     benchmark.extra_info["tokens_per_s"] = float(np.median(rates))
 
@@ -144,18 +234,35 @@ def main(argv):
     import megafuse
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=TOKENS)
+    parser.add_argument("--activations", default="float", choices=["float", "int8"])
+    parser.add_argument("--rounds", type=int, default=3, help="median of this many runs")
+    parser.add_argument("--llama-python", default=os.environ.get("MEGAFUSE_BENCH_LLAMA_PYTHON"),
+                        help="an interpreter with llama_cpp[server]: its server's figures too")
+    parser.add_argument("--streams-only", action="store_true")
     args = parser.parse_args(argv)
     set_threads()
     t = time.perf_counter()
-    m = load_model()
-    print(f"model loaded in {time.perf_counter() - t:.1f} s; {megafuse.get_num_threads()} "
-          f"threads, SIMD {megafuse.simd_level()}; RSS {rss_mib():.0f} MiB")
-    print(f"{'streams':>8} {'tokens/s':>10} {'x one':>7}")
-    one = None
+    m = load_model(args.activations)
+    print(f"{model_path()}: loaded in {time.perf_counter() - t:.1f} s; "
+          f"{megafuse.get_num_threads()} threads, SIMD {megafuse.simd_level()}, "
+          f"{args.activations} mode; RSS {rss_mib():.0f} MiB")
+    rates = {n: float(np.median([aggregate_decode(m, n, args.tokens)[0]
+                                 for _ in range(args.rounds)])) for n in STREAMS}
+    peer = {}
+    if args.llama_python:
+        with LlamaServer(args.llama_python, model_path(), threads()) as server:
+            eog = m.end_of_generation_ids()
+            peer = {n: float(np.median([server.aggregate_decode(n, args.tokens, eog)[0]
+                                        for _ in range(args.rounds)])) for n in STREAMS}
+    print(f"{'streams':>8} {'tokens/s':>10} {'x one':>7}"
+          + (f" {'llama-server':>13} {'x llama':>8}" if peer else ""))
     for n in STREAMS:
-        rate = max(aggregate_decode(m, n, args.tokens)[0] for _ in range(2))
-        one = one or rate
-        print(f"{n:>8} {rate:>10.1f} {rate / one:>7.2f}")
+        line = f"{n:>8} {rates[n]:>10.1f} {rates[n] / rates[1]:>7.2f}"
+        if peer:
+            line += f" {peer[n]:>13.1f} {rates[n] / peer[n]:>8.2f}"
+        print(line, flush=True)
+    if args.streams_only:
+        return
     rows = [prefix_reuse(m) for _ in range(3)]
     reused, cold, n = (float(np.median([r[i] for r in rows])) for i in range(3))
     print(f"prefix reuse: second turn of {n:.0f} tokens, first token after {reused * 1e3:.0f} ms "

@@ -23,7 +23,7 @@ SIGTERM: --parallel sequences on one copy of the weights, each of --ctx position
 
 ``bench`` (the default command) builds one decoder layer -- a Qwen2-0.5B-shaped one (embed 896,
 14 heads, 2 kv heads, head_dim 64, ffn 4864, seeded random weights in --dtype), or layer N of a
-llama / qwen2 GGUF file -- runs a prefill of --tokens tokens (median of --repeat runs), then
+GGUF file (an architecture of megafuse.llm.arch) -- runs a prefill of --tokens tokens (median of --repeat runs), then
 --decode single-token steps, checks every output against the float64 NumPy reference
 (megafuse.reference, pure float math on the same weights) and prints a table: phase, median ms,
 tokens/s, GB/s, GFLOP/s, max relative error.  The error must be at most 1e-4 with float weights
@@ -246,7 +246,7 @@ def add_bench_arguments(parser):
     parser.add_argument("--dtype", default="q8_0", type=str.lower, choices=FORMATS,
                         help="weight format of the random layer (default q8_0); K-quants fall "
                              "back as llama.cpp does for 896-column weights")
-    parser.add_argument("--model", help="a llama / qwen2 GGUF file: use its weights, and time "
+    parser.add_argument("--model", help="a GGUF file (llama, qwen2, qwen3, phi3, gemma2, gemma3): use its weights, and time "
                                         "the whole model too (ppN, tgN)")
     parser.add_argument("--layer", type=int, default=0, help="layer of --model (default 0)")
     parser.add_argument("--tokens", type=int, default=128, help="prefill tokens (128)")
@@ -302,7 +302,7 @@ def add_run_arguments(parser):
 
 
 def add_serve_arguments(parser):
-    parser.add_argument("--model", help="a llama / qwen2 GGUF file (default: "
+    parser.add_argument("--model", help="a GGUF file (llama, qwen2, qwen3, phi3, gemma2, gemma3; default: "
                                         "SmolLM2-135M-Instruct, fetched once)")
     parser.add_argument("--host", default="127.0.0.1",
                         help="address to listen on (default 127.0.0.1: this machine only)")

@@ -53,6 +53,7 @@ cdef mf_team *_shared_team = NULL
 _KV_F16_MAX_HEAD_DIM = 256
 # tokens one native step runs (a sliding-window layer's ring cache holds its window and these)
 STEP_TOKENS = MF_STEP_TOKENS
+MAX_STEP_SEQUENCES = MF_STEP_MAX_SEGMENTS     # sequences one forward_batch call may hold
 # the gate activations, in the order of mf_model.activation's values (MF_ACT_SILU = 0, ...)
 _GATES = ("silu", "gelu_tanh")
 assert MF_ACT_SILU == 0 and MF_ACT_GELU_TANH == 1

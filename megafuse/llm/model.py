@@ -5,7 +5,8 @@
     for token in model.generate(ids, 64):
         ...
 
-The model is embedding -> L pre-norm decoder layers (llama / qwen2) -> final RMSNorm -> output
+The model is embedding -> L pre-norm decoder layers (an architecture of
+megafuse.llm.arch: llama, qwen2, qwen3, phi3, gemma2, gemma3) -> final RMSNorm -> output
 head (``output.weight``, or the token embedding itself when the file ties them), every matrix in
 its own GGML format, run by one native call per ``forward`` (megafuse/kernels/levels/
 model_step.pxi, through ``megafuse.llm._runner.ModelRunner``): no Python between layers, one team
@@ -227,7 +228,7 @@ def _pack_weights(layers: List[Dict[str, Any]], head: Any) -> Any:
 
 
 class Model:
-    """A decoder-only LLM (llama / qwen2 layout) on megafuse's kernels.  Build it with
+    """A decoder-only LLM (an architecture of megafuse.llm.arch) on megafuse's kernels.  Build it with
     :meth:`from_gguf`.
 
     - ``forward(token_ids, logits="last"|"all")`` appends the tokens to the cache and returns

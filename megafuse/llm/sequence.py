@@ -79,9 +79,12 @@ class Sequence:
     Every mistake is a ValueError / TypeError raised before anything is written.  Not
     thread-safe: a sequence is used by one thread at a time (a second thread gets a
     RuntimeError); different sequences may run in different threads.
+
+    ``max_sequences`` (private; the serving engine's): how many sequences this one's runner may
+    lead in one batched call (``ModelRunner.forward_batch``).
     """
 
-    def __init__(self, model: Model, cache_capacity: int) -> None:
+    def __init__(self, model: Model, cache_capacity: int, max_sequences: int = 1) -> None:
         import importlib
         from megafuse.kernels.dtype import kv_cache_dtype
         from megafuse.kernels.memory import map_zero_pages, zeros as huge_page_zeros
@@ -122,7 +125,8 @@ class Sequence:
         args = dict(model._runner_args, cache_capacity=C)
         if args.get("rope_cos") is not None:
             args["rope_cos"], args["rope_sin"] = args["rope_cos"][:C], args["rope_sin"][:C]
-        self._runner = runner.ModelRunner(layers=self._layers, **args)
+        self._runner = runner.ModelRunner(layers=self._layers, max_sequences=max_sequences,
+                                          **args)
         self._position = 0
         self._high = 0           # positions 0.._high-1 were written since the last reset
         self._tokens = np.zeros(C, dtype=np.int32)    # [C]: the id at each cache position

@@ -19,9 +19,8 @@ input); a task holds a sequence from its admission to its end.  Each turn of the
 4. hand each task its output: a generation samples its next token (``TextGeneration.step``)
    and reports it; an embedding adds its rows.
 
-``step`` is the one place where the model runs: today it calls each sequence's forward in
-turn; the native batched step (several sequences' tokens in one call, the weights read once)
-replaces its body.  Since a task's chunks and tokens do not depend on the batch, and each
+``step`` is the one place where the model runs: the native batched step (several sequences'
+tokens in one call of ``ModelRunner.forward_batch``, the weights read once for all of them).  Since a task's chunks and tokens do not depend on the batch, and each
 sequence's result does not depend on the others in the step, a request's output is the same
 alone or among any others, at any thread count (tests/serve/test_engine.py).
 
@@ -31,6 +30,7 @@ the worker thread (the HTTP app forwards them to its event loop).
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import logging
 import threading
 from collections import deque
@@ -43,6 +43,10 @@ from megafuse.llm.completion import Delta, Settings, TextGeneration, pooled
 from megafuse.llm.sequence import PREFILL_CHUNK, Sequence
 
 log = logging.getLogger("megafuse.serve")
+
+_runner: Any = importlib.import_module("megafuse.llm._runner")       # (private: not in stubs)
+STEP_TOKENS: int = _runner.STEP_TOKENS              # tokens one batched call takes at most
+MAX_STEP_SEQUENCES: int = _runner.MAX_STEP_SEQUENCES    # sequences one batched call holds at most
 
 F32Array = npt.NDArray[np.float32]
 
@@ -140,7 +144,14 @@ class Engine:
         parallel = _integer(parallel, "parallel", 1, 1024)
         self.max_queue = _integer(max_queue, "max_queue", 0)
         self.model = model
-        self.sequences = [model.new_sequence(cache_capacity) for _ in range(parallel)]
+        # The first sequence's runner leads the batched calls (any runner of the model's
+        # weights may; it needs room for `parallel` sequences a call).
+        self.sequences = [Sequence(model, model.cache_capacity if cache_capacity is None
+                                   else cache_capacity,
+                                   max_sequences=min(parallel, MAX_STEP_SEQUENCES) if i == 0
+                                   else 1)
+                          for i in range(parallel)]
+        self._leader = self.sequences[0]._runner
         self.cache_capacity = self.sequences[0].cache_capacity
         self._free: List[Sequence] = list(self.sequences)
         self._waiting: Deque[_Task] = deque()
@@ -159,20 +170,76 @@ class Engine:
         sequence appears at most once).  Returns, in order, each one's output: logits [V],
         hidden [T, E] or None.  Each sequence's result is what it would get alone.
 
-        (Each sequence's forward in turn.  The native batched step -- one call, the weights
-        read once for all the sequences -- replaces this body; it checks each item as
-        ``Sequence.forward`` does (ids, room), holds each sequence's lock, writes each
-        sequence's cache rows at its ``position`` and then calls ``sequence._record(ids)``.)"""
-        out: List[Optional[npt.NDArray[np.float32]]] = []
-        for item in batch:
-            if item.output == "logits":
-                out.append(item.sequence.forward(item.token_ids))
-            elif item.output == "hidden":
-                out.append(item.sequence.last_hidden(item.token_ids))
-            else:
-                item.sequence.write(item.token_ids)
-                out.append(None)
+        The inputs run in native batched calls (``ModelRunner.forward_batch``: the weights read
+        once for all the sequences of a call), packed in order into calls of at most
+        STEP_TOKENS tokens and ``parallel`` sequences; an input of more tokens than a call
+        takes runs on its own sequence.  Everything is checked before anything runs (ids, room,
+        each sequence once): a mistake is a ValueError with no cache written."""
+        if not batch:
+            return []
+        seen: set = set()
+        ids: List[npt.NDArray[np.int32]] = []
+        for i, item in enumerate(batch):
+            seq = item.sequence
+            if seq.model is not self.model:
+                raise ValueError(f"step: batch[{i}] is a sequence of another model")
+            if id(seq) in seen:
+                raise ValueError(f"step: batch[{i}]: a sequence appears twice in one step")
+            if item.output not in ("logits", "hidden", "none"):
+                raise ValueError(f"step: batch[{i}].output: expected 'logits', 'hidden' or "
+                                 f"'none', got {item.output!r}")
+            seen.add(id(seq))
+            ids.append(self.model._ids(item.token_ids))
+            seq._check_room(int(ids[-1].size), f"step: batch[{i}]")
+        out: List[Optional[npt.NDArray[np.float32]]] = [None] * len(batch)
+        group: List[int] = []
+        tokens = 0
+        for i in range(len(batch)):
+            n = int(ids[i].size)
+            if n > STEP_TOKENS:                        # more than one call: the sequence's own
+                out[i] = self._run_alone(batch[i], ids[i])
+                continue
+            if group and (tokens + n > STEP_TOKENS or len(group) == self._leader.max_sequences):
+                self._run_batch(batch, ids, group, out)
+                group, tokens = [], 0
+            group.append(i)
+            tokens += n
+        if group:
+            self._run_batch(batch, ids, group, out)
         return out
+
+    def _run_alone(self, item: StepInput, ids: npt.NDArray[np.int32]) -> Optional[F32Array]:
+        if item.output == "logits":
+            return item.sequence.forward(ids)
+        if item.output == "hidden":
+            return item.sequence.last_hidden(ids)
+        item.sequence.write(ids)
+        return None
+
+    def _run_batch(self, batch: Seq[StepInput], ids: List[npt.NDArray[np.int32]],
+                   group: List[int], out: List[Optional[F32Array]]) -> None:
+        """batch[group] in one forward_batch call, each sequence's lock held through it."""
+        E, V = self.model.config.embed_dim, self.model.vocab_size
+        items = []
+        held: List[Sequence] = []
+        try:
+            for i in group:
+                seq, output = batch[i].sequence, batch[i].output
+                if not seq._lock.acquire(blocking=False):
+                    raise RuntimeError("Engine.step: a sequence of the step is running in "
+                                       "another thread")
+                held.append(seq)
+                n = int(ids[i].size)
+                logits = np.empty(V, dtype=np.float32) if output == "logits" else None
+                hidden = np.empty((n, E), dtype=np.float32) if output == "hidden" else None
+                out[i] = logits if logits is not None else hidden
+                items.append((seq._runner, ids[i], seq.position, logits, False, hidden))
+            self._leader.forward_batch(items)
+            for i in group:
+                batch[i].sequence._record(ids[i])
+        finally:
+            for seq in held:
+                seq._lock.release()
 
     # ---- submitting ----------------------------------------------------------------------
 

@@ -69,8 +69,8 @@ def test_outputs_alone_equal_outputs_among_others_at_any_thread_count(float_mode
 
 
 def test_step_gives_each_sequence_what_it_gets_alone(float_model):
-    """Engine.step, the seam the native batched step plugs into: a batch mixing a prefill chunk,
-    a write-only chunk, a decode token and hidden rows equals each call made alone."""
+    """Engine.step, the native batched step: a batch mixing a prefill chunk, a write-only chunk,
+    a decode token and hidden rows equals each call made alone."""
     model = float_model
     engine = Engine(model, parallel=3, cache_capacity=256)
     try:
@@ -85,6 +85,81 @@ def test_step_gives_each_sequence_what_it_gets_alone(float_model):
         np.testing.assert_array_equal(out[0], ref_a.forward(ids[2]))
         assert out[1] is None and b.position == 128
         np.testing.assert_array_equal(out[2], ref_c.last_hidden(ids[0]))
+    finally:
+        engine.close()
+
+
+class CountingLeader:
+    """The engine's leading runner, counting its batched calls and their sizes."""
+
+    def __init__(self, runner):
+        self.runner, self.calls = runner, []
+        self.max_sequences = runner.max_sequences
+
+    def forward_batch(self, items):
+        items = list(items)
+        self.calls.append([int(np.asarray(it[1]).size) for it in items])
+        return self.runner.forward_batch(items)
+
+
+@pytest.mark.parametrize("activations", ["int8", "float"])
+def test_step_packs_the_batch_in_native_calls(smollm2_path, activations, threads):
+    """Decode tokens of six sequences, a 100-token chunk, a 128-token chunk and a 300-token
+    input (more than one call takes) in one step: the decode tokens and the 100-token chunk share
+    calls of at most 128 tokens and `parallel` sequences, the 300 tokens run on their own, and
+    every output is bitwise what each sequence gets alone."""
+    pytest.importorskip("tokenizers")
+    from megafuse.llm.model import Model
+    model = Model.from_gguf(smollm2_path, cache_capacity=512, activations=activations)
+    rng = np.random.default_rng(1)
+    lengths = [1, 1, 100, 1, 128, 1, 300, 1, 1]
+    history = [rng.integers(0, 49152, 5 + 7 * i).astype(np.int32) for i in range(len(lengths))]
+    ids = [rng.integers(0, 49152, n).astype(np.int32) for n in lengths]
+    outputs = ["logits", "logits", "hidden", "logits", "none", "logits", "logits", "logits",
+               "hidden"]
+    want = []
+    for h, x, o in zip(history, ids, outputs):
+        seq = model.new_sequence(512)
+        seq.write(h)
+        want.append(seq.forward(x) if o == "logits" else seq.last_hidden(x) if o == "hidden"
+                    else (seq.write(x), None)[1])
+    for n in (1, 2, 3):
+        megafuse.set_num_threads(n)
+        engine = Engine(model, parallel=len(lengths), cache_capacity=512)
+        try:
+            engine._leader = leader = CountingLeader(engine._leader)
+            for seq, h in zip(engine.sequences, history):
+                seq.write(h)
+            got = engine.step([StepInput(s, x, o)
+                               for s, x, o in zip(engine.sequences, ids, outputs)])
+            for g, w in zip(got, want):
+                if w is None:
+                    assert g is None
+                else:
+                    np.testing.assert_array_equal(g, w)
+            assert [s.position for s in engine.sequences] == [
+                h.size + x.size for h, x in zip(history, ids)]
+            assert leader.calls == [[1, 1, 100, 1], [128], [1, 1, 1]]
+        finally:
+            engine.close()
+
+
+def test_step_checks_everything_before_it_runs(float_model):
+    engine = Engine(float_model, parallel=2, cache_capacity=64)
+    try:
+        a, b = engine.sequences
+        ok = np.array([1, 2, 3], dtype=np.int32)
+        for bad, match in [([StepInput(a, ok, "logits"), StepInput(a, ok, "logits")], "twice"),
+                           ([StepInput(a, ok, "logits"), StepInput(b, ok, "all")], "output"),
+                           ([StepInput(a, ok, "logits"),
+                             StepInput(b, np.array([49152], dtype=np.int32), "logits")],
+                            "49152|vocab"),
+                           ([StepInput(a, ok, "logits"),
+                             StepInput(b, np.zeros(65, dtype=np.int32), "none")],
+                            "cache_capacity")]:
+            with pytest.raises(ValueError, match=match):
+                engine.step(bad)
+            assert a.position == 0 and b.position == 0
     finally:
         engine.close()
 
