@@ -23,16 +23,17 @@ SIGTERM: --parallel sequences on one copy of the weights, each of --ctx position
 
 ``bench`` (the default command) builds one decoder layer -- a Qwen2-0.5B-shaped one (embed 896,
 14 heads, 2 kv heads, head_dim 64, ffn 4864, seeded random weights in --dtype), or layer N of a
-GGUF file (an architecture of megafuse.llm.arch) -- runs a prefill of --tokens tokens (median of --repeat runs), then
---decode single-token steps, checks every output against the float64 NumPy reference
-(megafuse.reference, pure float math on the same weights) and prints a table: phase, median ms,
-tokens/s, GB/s, GFLOP/s, max relative error.  The error must be at most 1e-4 with float weights
-(FP32 / FP16 / BF16) and 2e-2 when activations are quantized (any block-quantized weight); the
-exit status is 1 otherwise.  With --model it also times the whole model, in the rows llama-bench
-prints: ppN (a prefill of N tokens from an empty cache) and tgN (N single-token steps); with
---depth D both start after D tokens already in the cache (their prefill untimed), the rows
-``ppN @ dD`` and ``tgN @ dD`` of llama-bench's -d.  ``--kv-dtype float16`` (both commands) keeps
-the whole model's KV cache in float16, as llama.cpp's default F16 cache (-ctk / -ctv f16) does.
+GGUF file (an architecture of megafuse.llm.arch) -- runs a prefill of --tokens tokens (median of
+--repeat runs), then --decode single-token steps, checks every output against the float64 NumPy
+reference (megafuse.reference, pure float math on the same weights) and prints a table: phase,
+median ms, tokens/s, GB/s, GFLOP/s, max relative error. The error must be at most 1e-4 with
+float weights (FP32 / FP16 / BF16) and 2e-2 when activations are quantized (any block-quantized
+weight); the exit status is 1 otherwise. With --model it also times the whole model, in the rows
+llama-bench prints: ppN (a prefill of N tokens from an empty cache) and tgN (N single-token
+steps); with --depth D both start after D tokens already in the cache (their prefill untimed),
+the rows ``ppN @ dD`` and ``tgN @ dD`` of llama-bench's -d. ``--kv-dtype float16`` (both
+commands) keeps the whole model's KV cache in float16, as llama.cpp's default F16 cache (-ctk /
+-ctv f16) does.
 """
 import argparse
 import json
@@ -246,8 +247,9 @@ def add_bench_arguments(parser):
     parser.add_argument("--dtype", default="q8_0", type=str.lower, choices=FORMATS,
                         help="weight format of the random layer (default q8_0); K-quants fall "
                              "back as llama.cpp does for 896-column weights")
-    parser.add_argument("--model", help="a GGUF file (llama, qwen2, qwen3, phi3, gemma2, gemma3): use its weights, and time "
-                                        "the whole model too (ppN, tgN)")
+    parser.add_argument("--model", help="a GGUF file (llama, qwen2, qwen3, phi3, gemma2, "
+                                        "gemma3): use its weights, and time the whole model "
+                                        "too (ppN, tgN)")
     parser.add_argument("--layer", type=int, default=0, help="layer of --model (default 0)")
     parser.add_argument("--tokens", type=int, default=128, help="prefill tokens (128)")
     parser.add_argument("--decode", type=int, default=32, help="decode steps (32)")
@@ -302,7 +304,8 @@ def add_run_arguments(parser):
 
 
 def add_serve_arguments(parser):
-    parser.add_argument("--model", help="a GGUF file (llama, qwen2, qwen3, phi3, gemma2, gemma3; default: "
+    parser.add_argument("--model", help="a GGUF file (llama, qwen2, qwen3, phi3, gemma2, "
+                                        "gemma3; default: "
                                         "SmolLM2-135M-Instruct, fetched once)")
     parser.add_argument("--host", default="127.0.0.1",
                         help="address to listen on (default 127.0.0.1: this machine only)")

@@ -228,8 +228,8 @@ def _pack_weights(layers: List[Dict[str, Any]], head: Any) -> Any:
 
 
 class Model:
-    """A decoder-only LLM (an architecture of megafuse.llm.arch) on megafuse's kernels.  Build it with
-    :meth:`from_gguf`.
+    """A decoder-only LLM (an architecture of megafuse.llm.arch) on megafuse's kernels.  Build
+    it with :meth:`from_gguf`.
 
     - ``forward(token_ids, logits="last"|"all")`` appends the tokens to the cache and returns
       float32 logits: [V] for the last token, or [T, V] for every token;

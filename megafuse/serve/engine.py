@@ -20,9 +20,10 @@ input); a task holds a sequence from its admission to its end.  Each turn of the
    and reports it; an embedding adds its rows.
 
 ``step`` is the one place where the model runs: the native batched step (several sequences'
-tokens in one call of ``ModelRunner.forward_batch``, the weights read once for all of them).  Since a task's chunks and tokens do not depend on the batch, and each
-sequence's result does not depend on the others in the step, a request's output is the same
-alone or among any others, at any thread count (tests/serve/test_engine.py).
+tokens in one call of ``ModelRunner.forward_batch``, the weights read once for all of them).
+Since a task's chunks and tokens do not depend on the batch, and each sequence's result does not
+depend on the others in the step, a request's output is the same alone or among any others, at
+any thread count (tests/serve/test_engine.py).
 
 The worker runs the model without the GIL; events go to each job's ``on_event`` callback from
 the worker thread (the HTTP app forwards them to its event loop).
