@@ -251,3 +251,20 @@ def test_kernels_run_under_every_forced_level():
         assert out.returncode == 0, out.stderr
         name, err = out.stdout.split()
         assert name == level and float(err) < 1e-5
+
+
+@pytest.mark.parametrize("old, new", [
+    ("megafuse.gguf", "megafuse.llm.gguf"), ("megafuse.tokenizer", "megafuse.llm.tokenizer"),
+    ("megafuse.sampling", "megafuse.llm.sampling"), ("megafuse.models", "megafuse.llm.fetch"),
+    ("megafuse.model", "megafuse.llm.model"), ("megafuse.layer", "megafuse.llm.layer"),
+    ("megafuse.memory", "megafuse.kernels.memory")])
+def test_old_module_paths_are_the_moved_modules(old, new):
+    """The module paths before the house moved (issue 35) import the same module objects, as
+    `import x.y`, `from x import y` and attribute access."""
+    import importlib
+    moved = importlib.import_module(new)
+    assert importlib.import_module(old) is moved
+    assert getattr(megafuse, old.rpartition(".")[2]) is moved
+    namespace = {}
+    exec(f"from megafuse import {old.rpartition('.')[2]} as got", namespace)
+    assert namespace["got"] is moved
