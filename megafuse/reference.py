@@ -779,8 +779,9 @@ KQUANT_QUANTIZERS = {DT.Q4_K: quantize_q4_K, DT.Q5_K: quantize_q5_K, DT.Q6_K: qu
 def quantize_q8_0(x):
     """GGML ``quantize_row_q8_0_ref`` on float32 rows (last dim a multiple of 32).
 
-    Per block of 32: amax = max |x|, d = amax / 127, id = 1/d (0 if d == 0),
-    q = roundf(x * id) (half away from zero), all in float32; d is stored as fp16.
+    Per block of 32: amax = max |x|, d = amax / 127, id = 1/d (0 if d == 0 or if 1/d
+    overflows, amax < 127 / FLT_MAX: there GGML converts roundf(x * inf) to int8, which C leaves
+    undefined), q = roundf(x * id) (half away from zero), all in float32; d is stored as fp16.
     Returns (q int8 [..., n], d float32 [..., n/32]) with d = float32(float16(d)).
     """
     x = np.asarray(x, dtype=np.float32)
@@ -794,6 +795,7 @@ def quantize_q8_0(x):
         nz = d != 0
         inv_d = np.zeros_like(d)
         inv_d[nz] = np.float32(1) / d[nz]
+        inv_d[~np.isfinite(inv_d)] = 0                  # 1/d overflows: codes 0, |q| <= 127
         q = _round_half_away(safe * inv_d[:, None]).astype(np.int8)    # float32 product
         d16 = d.astype(np.float16).astype(np.float32)
     d16[~finite] = np.nan
@@ -805,7 +807,9 @@ def quantize_q8_K(x):
 
     Per block of 256: ``max`` = the value of largest |x| (sign kept, first occurrence).
     If it is 0: d = 0, q = 0.  Else iscale = -127 / max, q = min(127, nearest_int(iscale*x)),
-    d = 1 / iscale, all float32 (d is NOT rounded to fp16).  nearest_int is GGML's
+    d = 1 / iscale, all float32 (d is NOT rounded to fp16).  Where iscale overflows
+    (0 < |max| < 127 / FLT_MAX): q = 0 (GGML's nearest_int(+-inf) = -2**22 stored as int8) and
+    d = 1 / iscale = -+0.  nearest_int is GGML's
     magic-number rounding (x + 12582912.f), i.e. round half to even.
     bsums[16] = sums of q over groups of 16.
     Returns (q int8 [..., n], d float32 [..., n/256], bsums int16 [..., n/16]).
@@ -820,8 +824,10 @@ def quantize_q8_K(x):
     vmax = safe[np.arange(n), first_max]
     nz = vmax != 0
     iscale = np.zeros(n, dtype=np.float32)
-    iscale[nz] = np.float32(-127) / vmax[nz]
-    v = np.rint(iscale[:, None] * safe)                       # float32 product, half to even
+    with np.errstate(over='ignore'):
+        iscale[nz] = np.float32(-127) / vmax[nz]
+    tiny = ~np.isfinite(iscale)                               # codes 0, d = -+0
+    v = np.rint(np.where(tiny, np.float32(0), iscale)[:, None] * safe)  # float32, half to even
     q = np.minimum(v, 127).astype(np.int8)
     d = np.zeros(n, dtype=np.float32)
     d[nz] = np.float32(1) / iscale[nz]

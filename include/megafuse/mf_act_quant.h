@@ -9,6 +9,15 @@
  * propagate).  Codes lie in [-127, 127] (never -128): the precondition of the int8 dots of
  * mf_dot_q8.h.
  *
+ * Blocks too small for their inverse scale: no float -> int conversion here sees an out-of-range
+ * value, so every level on every platform gives the same bytes.
+ * - Q8_0: where 1 / d overflows (0 < max |x| < 127 / FLT_MAX, about 3.7e-37) id = 0, so the
+ *   codes are 0 (GGML converts roundf(x * inf) to int8 there: undefined in C; x86's scalar
+ *   conversion gives 0, its vector one -128, aarch64 saturates).  d is 0 in fp16 either way.
+ * - Q8_K: where iscale = -127 / max overflows (0 < |max| < 127 / FLT_MAX) the codes and bsums are
+ *   0 and d = 1 / iscale = -+0: GGML's bits, since its nearest_int(+-inf) = -2^22 stored as int8
+ *   is 0 (the vector packs would saturate it to -128).
+ *
  * Depends on: mf_act_layout.h (the Q8_0 activation row), mf_quant_common.h (mf_mul_nc,
  * mf_round_away, mf_nearest_int, mf_imin), ggml_blocks.h (block_q8_K, fp16 conversion).
  */
@@ -116,8 +125,8 @@ static inline void mf_quantize_blocks_q8_0_act(const float *MF_RESTRICT x, void 
             fb[0] = fb[1] = mf_bits_f32(MF_F32_DEFAULT_NAN_BITS);
             continue;
         }
-        const float d = amax / 127.0f;
-        const float id = d != 0.0f ? 1.0f / d : 0.0f;
+        const float d = amax / 127.0f, inv = 1.0f / d;
+        const float id = d != 0.0f && inv <= FLT_MAX ? inv : 0.0f;     /* |x * id| <= 127 */
         int sum = 0;
 #if defined(MF_Q_AVX2)
         {
@@ -155,7 +164,7 @@ static inline void mf_quantize_blocks_q8_0_act(const float *MF_RESTRICT x, void 
 
 /* x[n] -> a Q8_0 activation row (mf_act_layout.h; mf_act_q8_0_row_bytes(n) bytes, all written).
  * Per block of 32, GGML's quantize_row_q8_0_ref: amax = max |x|, d = amax / 127, id = 1/d (0 when
- * d = 0), q = roundf(x * id); d rounded to fp16, then stored as float with s = d * sum(q).
+ * d = 0 or 1/d overflows), q = roundf(x * id); d rounded to fp16, then stored as float with s = d * sum(q).
  * A block holding NaN or Inf: d = s = NaN, q = 0. */
 static inline void mf_quantize_row_q8_0_act(const float *MF_RESTRICT x, void *MF_RESTRICT va,
                                             ptrdiff_t n)
@@ -165,7 +174,8 @@ static inline void mf_quantize_row_q8_0_act(const float *MF_RESTRICT x, void *MF
 }
 
 /* x[n] -> Q8_K blocks: GGML's quantize_row_q8_K_ref.  Per block of 256: max = the value of the
- * largest |x| (first occurrence, sign kept); max == 0: d = 0, q = 0; else iscale = -127 / max,
+ * largest |x| (first occurrence, sign kept); max == 0: d = 0, q = 0; -127 / max overflowing:
+ * d = 1 / iscale = -+0, q = 0; else iscale = -127 / max,
  * q = min(127, nearest_int(iscale * x)), d = 1 / iscale (float32).  bsums[16] = sums of q over 16.
  * A block holding NaN or Inf: d = NaN, q = 0, bsums = 0. */
 static inline void mf_quantize_row_q8_K(const float *MF_RESTRICT x, void *MF_RESTRICT vy,
@@ -207,13 +217,14 @@ static inline void mf_quantize_row_q8_K(const float *MF_RESTRICT x, void *MF_RES
             }
         }
 #endif
-        if (!finite || amax == 0.0f) {
-            y[ib].d = finite ? 0.0f : mf_bits_f32(MF_F32_DEFAULT_NAN_BITS);
+        const float iscale = -127.0f / max;      /* -+Inf when amax == 0 or amax < 127 / FLT_MAX */
+        if (!finite || !(fabsf(iscale) <= FLT_MAX)) {
+            y[ib].d = !finite ? mf_bits_f32(MF_F32_DEFAULT_NAN_BITS)
+                    : amax == 0.0f ? 0.0f : 1.0f / iscale;                  /* tiny: -+0 */
             memset(y[ib].qs, 0, QK_K);
             memset(y[ib].bsums, 0, sizeof y[ib].bsums);
             continue;
         }
-        const float iscale = -127.0f / max;
 #if defined(MF_Q_AVX2)
         {
             const __m256 isv = _mm256_set1_ps(iscale), magic = _mm256_set1_ps(12582912.f);

@@ -636,7 +636,86 @@ def _activation_rows():
     bad = rng.standard_normal(512)
     bad[[3, 300]] = [np.nan, np.inf]
     rows.append(bad)
+    rows.extend(_tiny_activation_rows())
     return np.stack(rows).astype(np.float32)
+
+
+def _inverse_overflow_edge(inverse):
+    """The least float32 a > 0 whose inverse(a) is finite (the tiny blocks lie below it)."""
+    f32 = np.float32
+    a = f32(127) / np.finfo(np.float32).max
+    with np.errstate(over="ignore"):
+        while np.isfinite(inverse(a)):
+            a = np.nextafter(a, f32(0))
+        while not np.isfinite(inverse(a)):
+            a = np.nextafter(a, f32(1))
+    return a
+
+
+def _q8_0_inverse(amax):
+    return np.float32(1) / (amax / np.float32(127))         # 1 / d
+
+
+def _q8_K_inverse(vmax):
+    return np.float32(-127) / vmax                           # iscale
+
+
+def _tiny_activation_rows():
+    """Rows of blocks whose inverse scale overflows float32 (max |x| < 127 / FLT_MAX, ~3.7e-37),
+    subnormal ones among them, and blocks one float either side of that edge."""
+    rng = np.random.default_rng(47)
+    e0, ek = _inverse_overflow_edge(_q8_0_inverse), _inverse_overflow_edge(_q8_K_inverse)
+    below0, belowk = np.nextafter(e0, np.float32(0)), np.nextafter(ek, np.float32(0))
+    tiny = rng.standard_normal(512) * 1e-38
+    tiny[256:] = np.linspace(-1, 1, 256) * 3e-37
+    subnormal = rng.standard_normal(512) * 1e-41
+    subnormal[300] = -np.float32(1e-45)                      # the least subnormal, alone
+    subnormal[301:] = 0
+    edge = rng.uniform(-1, 1, 512)
+    for b, amax in enumerate([e0, below0, -e0, -below0]):   # Q8_0 blocks 0..3 at the edge
+        edge[32 * b:32 * b + 32] *= np.float64(abs(amax)) / np.abs(edge[32 * b:32 * b + 32]).max()
+        edge[32 * b + 5] = amax
+    edge[128:256] *= np.float64(below0) / 2                  # below the edge blocks
+    edge[256:512] *= np.float64(ek) / np.abs(edge[256:512]).max()
+    edge[300] = ek                                           # Q8_K block 1: iscale just finite
+    edge2 = edge.copy()
+    edge2[256:512] *= np.float64(belowk) / np.float64(ek)
+    edge2[300] = belowk                                      # just overflowing, max > 0: d = -0
+    return [tiny, subnormal, edge, edge2]
+
+
+def test_activation_quantizers_tiny_blocks(simd_level):
+    """Blocks too small for their inverse scale get codes 0 at every level (their float -> int
+    conversions were out of range: undefined in C, -128 at avx2, 0 at generic, saturated on
+    aarch64), Q8_0 d = s = 0, Q8_K d = 1 / iscale = -+0; one float above the edge they are
+    quantized as any block."""
+    x = np.stack(_tiny_activation_rows()).astype(np.float32)
+    assert x.dtype == np.float32 and np.isfinite(x).all()
+    e0, ek = _inverse_overflow_edge(_q8_0_inverse), _inverse_overflow_edge(_q8_K_inverse)
+    q, d, s = decode_q8_0(_kernels._quantize_activations(x, DT.Q8_0), x.shape[1])
+    blocks = x.reshape(-1, 32)
+    amax = np.abs(blocks).max(axis=1)
+    over = amax < e0
+    assert over.sum() > 0 and (~over).sum() >= 2                # both sides of the edge occur
+    q = q.reshape(-1, 32)
+    assert not q[over].any() and not d[over].any() and not s[over].any()
+    assert (np.abs(q[~over]).max(axis=1) == 127).all()          # the largest |x| -> +-127
+    rq, rd = ref.quantize_q8_0(x)
+    assert np.array_equal(q, rq.reshape(-1, 32)) and same_bits(d, rd.reshape(-1))
+    q, d, bs = decode_q8_K(_kernels._quantize_activations(x, DT.Q4_K))
+    blocks = x.reshape(-1, 256)
+    first = np.argmax(np.abs(blocks), axis=1)
+    vmax = blocks[np.arange(len(blocks)), first]
+    over = (vmax != 0) & (np.abs(vmax) < ek)
+    assert over.sum() >= 2 and (~over).sum() >= 1
+    q = q.reshape(-1, 256)
+    assert not q[over].any() and not bs.reshape(-1, 16)[over].any()
+    want_d = np.where(vmax[over] > 0, np.float32(-0.0), np.float32(0.0)).astype(np.float32)
+    assert same_bits(d[over], want_d)                           # 1 / iscale = -+0
+    assert (np.abs(q[~over]).max(axis=1) == 127).all()
+    rq, rd, rbs = ref.quantize_q8_K(x)
+    assert np.array_equal(q, rq.reshape(-1, 256)) and same_bits(d, rd.reshape(-1))
+    assert np.array_equal(bs, rbs.reshape(-1))
 
 
 def test_activation_quantizers_match_reference(simd_level):
@@ -655,7 +734,9 @@ def test_activation_quantizers_match_reference(simd_level):
     q, d, bs = decode_q8_K(_kernels._quantize_activations(x, DT.Q6_K))
     rq, rd, rbs = ref.quantize_q8_K(x)
     assert np.array_equal(q, rq.reshape(-1))
-    assert np.array_equal(d, rd.reshape(-1), equal_nan=True)
+    nan = np.isnan(d)
+    assert np.array_equal(nan, np.isnan(rd.reshape(-1)))
+    assert same_bits(d[~nan], rd.reshape(-1)[~nan])                # -0 too
     assert np.array_equal(bs, rbs.reshape(-1))
     assert np.abs(q).max() <= 127
     # Every 32-weight format uses Q8_0, every K-quant Q8_K, float formats the float32 bytes.
