@@ -31,6 +31,7 @@ Dimension letters used throughout (docs/contract.md §3):
     T  = tokens              C  = cache_capacity
     I  = intermediate_dim    Ia = aligned_intermediate_dim
 """
+import functools
 import glob
 import math
 import os
@@ -767,6 +768,66 @@ def quantize_q6_K(x):
 
 #: The K-quant weight quantizers by format.
 KQUANT_QUANTIZERS = {DT.Q4_K: quantize_q4_K, DT.Q5_K: quantize_q5_K, DT.Q6_K: quantize_q6_K}
+
+
+# ---------------------------------------------------------------------------------------------
+# Q4_0, Q4_1, Q5_0, Q5_1 weights: gguf.quants.quantize, its float -> uint8 cast made explicit
+# ---------------------------------------------------------------------------------------------
+# gguf's quantizers (NumPy ports of GGML's quantize_row_q{4,5}_{0,1}_ref) end in NumPy's float32
+# -> uint8 cast, which is C's: undefined for NaN, +-Inf and values out of range.  Those values
+# occur only in blocks that hold NaN or Inf or whose 1/d overflows (0 < |d| < 1 / FLT_MAX: the
+# subnormal blocks).  megafuse defines them as x86-64 does (x86_cast_u8), on every platform.
+
+def x86_cast_u8(v):
+    """NumPy's float32 -> uint8 cast as on x86-64 (cvttss2si, then the low byte): NaN, +-Inf and
+    |v| >= 2**31 give 0, anything else its truncation modulo 256."""
+    v = np.asarray(v, dtype=_F32)
+    inside = np.abs(v) < _F32(2 ** 31)                       # false for NaN
+    return _low_byte(np.trunc(np.where(inside, v, _F32(0))).astype(np.int64))
+
+
+def legacy_cast_inputs(x, dt):
+    """The float32 values gguf's Q4_0 / Q4_1 / Q5_0 / Q5_1 quantizer casts to uint8, (blocks, 32),
+    and the block's fp16 fields as float32: ([d], or [d, min])."""
+    x = np.asarray(x, dtype=_F32)
+    assert x.shape[-1] % 32 == 0, 'rows are whole blocks of 32'
+    b = x.reshape(-1, 32)
+    rows = np.arange(b.shape[0])
+    with np.errstate(all='ignore'):
+        if dt in (DT.Q4_0, DT.Q5_0):                       # d = max / -2^(bits-1)
+            half = _F32(8 if dt == DT.Q4_0 else 16)
+            mx = b[rows, np.abs(b).argmax(axis=1)]           # argmax: the first NaN wins
+            d = mx / -half
+            inv = np.where(d == 0, _F32(0), _F32(1) / d)
+            return b * inv[:, None] + (half + _F32(0.5)), [d]
+        top = _F32(15 if dt == DT.Q4_1 else 31)             # d = (max - min) / top
+        nan = np.isnan(b).any(axis=1)                        # NumPy's max / min: the default NaN
+        mx = np.where(nan, _F32(np.nan), b.max(axis=1)).astype(_F32)
+        mn = np.where(nan, _F32(np.nan), b.min(axis=1)).astype(_F32)
+        d = (mx - mn) / top
+        inv = np.where(d == 0, _F32(0), _F32(1) / d)
+        return (b - mn[:, None]) * inv[:, None] + _F32(0.5), [d, mn]
+
+
+def quantize_legacy(x, dt):
+    """gguf.quants.quantize for dt = Q4_0, Q4_1, Q5_0, Q5_1 on float32 rows [..., k] -> uint8
+    [..., k/32 * block bytes], with x86_cast_u8 for its cast.  Blocks: fp16 d (Q4_1 / Q5_1: then
+    fp16 min), Q5: qh[4] (the 5th bits, little-endian), qs[16] (weight j in the low nibble of
+    qs[j], weight j + 16 in the high one)."""
+    x = np.asarray(x, dtype=_F32)
+    values, heads = legacy_cast_inputs(x, dt)
+    top = 15 if dt in (DT.Q4_0, DT.Q4_1) else 31
+    q = np.minimum(x86_cast_u8(values), np.uint8(top))
+    parts = [_fp32_to_fp16_bits(h)[0].astype('<u2').view(np.uint8).reshape(-1, 2) for h in heads]
+    if top == 31:
+        parts.append(np.packbits(q >> 4, axis=1, bitorder='little'))
+    parts.append((q[:, :16] & 0x0F) | ((q[:, 16:] & 0x0F) << 4))
+    out = np.concatenate(parts, axis=1)
+    return out.reshape(x.shape[:-1] + (x.shape[-1] // 32 * out.shape[1],))
+
+
+LEGACY_QUANTIZERS = {dt: functools.partial(quantize_legacy, dt=dt)
+                     for dt in (DT.Q4_0, DT.Q4_1, DT.Q5_0, DT.Q5_1)}
 
 
 # ---------------------------------------------------------------------------------------------

@@ -7,7 +7,8 @@
  * Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 give the bytes of gguf.quants.quantize (the NumPy port of GGML's
  * quantize_row_*_ref; on finite data that is GGML's output too), including what NumPy does on
  * x86-64 where only non-finite or subnormal blocks go: its float -> uint8/int8 cast (NaN/Inf -> 0,
- * others modulo 256) and its max/min reductions (any NaN -> the default NaN).  FP16 is NumPy's
+ * others modulo 256) and its max/min reductions (any NaN -> the default NaN).  Those are written
+ * out here (mf_np_cast_u8), so the bytes are x86-64's on every platform.  FP16 is NumPy's
  * float16 cast (round to nearest even), BF16 gguf's / GGML's rounding.  Q4_K, Q5_K, Q6_K follow
  * GGML's quantize_row_q{4,5,6}_K_ref (make_qkx2_quants / make_qx_quants) with every float
  * operation of the C source rounded as written (no fused multiply-add: see MF_OPT_BARRIER in

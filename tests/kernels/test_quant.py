@@ -256,13 +256,60 @@ def _quantize_cases():
 QUANTIZE_CASES = _quantize_cases()
 
 
+def _numpy_casts_as_x86():
+    """Whether this NumPy's float32 -> uint8 cast gives x86-64's bytes where C leaves it undefined
+    (NaN, +-Inf, out of range -> 0); aarch64's saturates (+Inf -> 255)."""
+    probe = np.array([np.nan, np.inf, -np.inf, 3e9, -3e9, -1.5, 300.5], dtype=np.float32)
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return np.array_equal(probe.astype(np.uint8), ref.x86_cast_u8(probe))
+
+
+NUMPY_CASTS_AS_X86 = _numpy_casts_as_x86()
+
+
+def test_x86_cast_u8():
+    v = np.array([np.nan, -np.nan, np.inf, -np.inf, 2.0 ** 31, -2.0 ** 31, 2.0 ** 31 - 128,
+                  -1.5, -0.5, 0.0, 255.9, 256.0, 300.5, -300.5], dtype=np.float32)
+    want = [0, 0, 0, 0, 0, 0, 0x80, 255, 0, 0, 255, 0, 44, 212]
+    assert ref.x86_cast_u8(v).tolist() == want
+
+
 @pytest.mark.parametrize("dt", GGUF_QUANTIZES)
 def test_quantize_matches_gguf(simd_level, dt):
+    """Bytes of gguf.quants.quantize.  Q4_0 / Q4_1 / Q5_0 / Q5_1: the reference (gguf's arithmetic
+    with x86-64's cast, what the contract promises on every platform) on every case, and gguf's
+    own bytes wherever this NumPy's cast is defined (every block, where it casts as x86 does)."""
     for name, row in QUANTIZE_CASES.items():
         x = row.reshape(2, -1)
         got = mf.quantize(x, dt)
         want = g_quantize(x, dt)
-        assert same_bits(got, want), f"{dt.name}, case {name!r}"
+        if dt not in ref.LEGACY_QUANTIZERS:
+            assert same_bits(got, want), f"{dt.name}, case {name!r}"
+            continue
+        assert same_bits(got, ref.LEGACY_QUANTIZERS[dt](x)), f"{dt.name}, case {name!r}"
+        values, _ = ref.legacy_cast_inputs(x, dt)
+        defined = ((values >= 0) & (values < 256)).all(axis=1)      # NaN: not defined
+        if NUMPY_CASTS_AS_X86:
+            defined[:] = True
+        nbytes = block_bytes(dt)
+        got_b, want_b = got.reshape(-1, nbytes), want.reshape(-1, nbytes)
+        assert same_bits(got_b[defined], want_b[defined]), f"{dt.name}, case {name!r}"
+
+
+def test_legacy_quantizers_subnormal_blocks(simd_level):
+    """Blocks whose 1/d overflows (subnormal d): every cast input is +-Inf or NaN, so the codes are
+    what the contract defines (x86-64's cast: 0), not this platform's NumPy's; d is 0 in fp16."""
+    for name in ("subnormal", "deep_subnormal"):
+        x = QUANTIZE_CASES[name].reshape(2, -1)
+        for dt, quantize in ref.LEGACY_QUANTIZERS.items():
+            values, heads = ref.legacy_cast_inputs(x, dt)
+            assert not np.isfinite(values).any() and (heads[0] != 0).all()
+            got = mf.quantize(x, dt).reshape(-1, block_bytes(dt))
+            fp16 = np.ascontiguousarray(got[:, :2 * len(heads)]).view("<u2")
+            assert not (fp16 & 0x7FFF).any()                           # d (and min): +-0 in fp16
+            assert not got[:, -16:].any()                              # qs: codes 0
+            assert same_bits(got, quantize(x).reshape(got.shape))
 
 
 @pytest.mark.parametrize("dt", GGUF_QUANTIZES)
