@@ -95,6 +95,47 @@ def same_bits(a, b):
         a.view(np.uint8), b.view(np.uint8))
 
 
+# The fp16 NaN rule of the contract (§2), in integer arithmetic: a NaN keeps its sign and payload
+# both ways, a signalling NaN stays signalling.  NumPy's float16 casts agree where they convert in
+# software (x86-64); where they use the hardware instruction (aarch64) they quiet signalling NaNs,
+# so NaNs are compared with these, every other value with NumPy.
+
+def fp16_nan(h):
+    h = np.asarray(h, dtype=np.uint16)
+    return ((h & 0x7FFF) > 0x7C00)
+
+
+def fp16_to_fp32_bits(h):
+    """The float32 bits of fp16 bits h, NaNs by the contract's rule and the rest by NumPy."""
+    h = np.asarray(h, dtype=np.uint16)
+    with np.errstate(all="ignore"):
+        out = h.view(np.float16).astype(np.float32).view(np.uint32).copy()
+    hn = h[fp16_nan(h)].astype(np.uint32)
+    out[fp16_nan(h)] = ((hn & 0x8000) << 16) | 0x7F800000 | ((hn & 0x03FF) << 13)
+    return out
+
+
+def fp32_to_fp16_bits(f):
+    """The fp16 bits of float32 bits f (round to nearest even by NumPy; NaNs keep the sign and the
+    top 10 payload bits, a payload that would vanish becoming 1)."""
+    f = np.asarray(f, dtype=np.uint32)
+    with np.errstate(all="ignore"):
+        out = f.view(np.float32).astype(np.float16).view(np.uint16).copy()
+    nan = (f & 0x7FFFFFFF) > 0x7F800000
+    m = (f[nan] & 0x007FFFFF) >> 13
+    out[nan] = (((f[nan] >> 16) & 0x8000) | 0x7C00 | np.where(m != 0, m, 1)).astype(np.uint16)
+    return out
+
+
+def test_fp16_nan_rule_in_integers():
+    h = np.array([0x7C01, 0xFC01, 0x7E00, 0x7FFF, 0x7D55, 0x7C00, 0x3C00], np.uint16)
+    assert fp16_to_fp32_bits(h).tolist() == [0x7F802000, 0xFF802000, 0x7FC00000, 0x7FFFE000,
+                                             0x7FAAA000, 0x7F800000, 0x3F800000]
+    f = np.array([0x7F800001, 0xFF801FFF, 0x7FC00000, 0x7F802000, 0x7FFFFFFF, 0x3F800000],
+                 np.uint32)
+    assert fp32_to_fp16_bits(f).tolist() == [0x7C01, 0xFC01, 0x7E00, 0x7C01, 0x7FFF, 0x3C00]
+
+
 def finite_fp16(rng, n):
     """n finite fp16 scales: normal values of many magnitudes and signs, subnormals, zeros."""
     mag = np.exp2(rng.uniform(-14, 15, n)) * rng.choice([-1.0, 1.0], n)
@@ -178,17 +219,37 @@ def test_dequantize_every_scale_value_bit_exact(simd_level, dt):
         [0x7c00, 0xfc00, 0x7c01, 0xfe00, 0x7e00, 0x7fff, 0xffff, 0x0001, 0x8001, 0x03ff, 0x0400,
          0x7bff, 0xfbff, 0x0000, 0x8000, 0x3c00], np.uint16).view(np.uint8).reshape(16, 2)
     n = nb * block_size(dt)
-    assert same_bits(mf.dequantize(raw, dt, n), g_dequantize(raw, dt).reshape(-1))
+    got = mf.dequantize(raw, dt, n).reshape(nb, -1)
+    want = g_dequantize(raw, dt).reshape(nb, -1)
+    nan = np.isnan(want)
+    assert np.array_equal(np.isnan(got), nan)
+    assert same_bits(got[~nan], want[~nan])
+    # A NaN result is one of its block's NaN scale fields, quieted (d * q + m: which one the
+    # CPU's NaN propagation picks), or, in a block with an infinite field, the default NaN of
+    # Inf * 0 or Inf - Inf (x86: negative, aarch64: positive).
+    fields = np.stack([raw[:, off:off + 2].copy().view(np.uint16)[:, 0]
+                       for off in SCALE_FIELDS[dt]], axis=1)                  # [nb, fields]
+    cand = np.where(fp16_nan(fields), fp16_to_fp32_bits(fields) | 0x00400000, 0)
+    inf = ((fields & 0x7FFF) == 0x7C00).any(axis=1, keepdims=True)
+    cand = np.concatenate([cand, np.where(inf, 0x7FC00000, 0), np.where(inf, 0xFFC00000, 0)],
+                          axis=1).astype(np.uint32)
+    gotb = got.view(np.uint32)
+    hit = (gotb[:, :, None] == cand[:, None, :]).any(axis=2)
+    assert hit[nan].all()
+    if NUMPY_KEEPS_FP16_NAN_PAYLOADS:
+        assert same_bits(got, want)
 
 
 def test_dequantize_fp16_every_value(simd_level):
     bits = np.arange(65536, dtype=np.uint32).astype(np.uint16).reshape(2, 32768)
-    want = bits.view(np.float16).astype(np.float32)            # gguf: view(float16).astype
+    want = fp16_to_fp32_bits(bits).view(np.float32)
+    assert fp16_nan(bits).sum() == 2 * 1023                      # NaNs, signalling ones too
+    finite = ~fp16_nan(bits)
+    assert same_bits(want[finite], bits.view(np.float16).astype(np.float32)[finite])   # gguf's
     assert same_bits(mf.dequantize(bits, DT.FP16, bits.shape), want)
     assert same_bits(mf.dequantize(bits.view(np.float16), DT.FP16, bits.shape), want)
     tail = np.ascontiguousarray(bits[:, :1001])                   # an odd length: scalar tail
-    assert same_bits(mf.dequantize(tail, DT.FP16, (2, 1001)),
-                     tail.view(np.float16).astype(np.float32))
+    assert same_bits(mf.dequantize(tail, DT.FP16, (2, 1001)), want[:, :1001])
 
 
 def test_dequantize_bf16_every_value_and_fp32(simd_level):
@@ -267,6 +328,12 @@ def _numpy_casts_as_x86():
 
 NUMPY_CASTS_AS_X86 = _numpy_casts_as_x86()
 
+# Whether this NumPy's float16 -> float32 cast keeps a signalling NaN's payload, as the contract's
+# conversion does (then gguf's dequantized NaNs are megafuse's, bit for bit).
+NUMPY_KEEPS_FP16_NAN_PAYLOADS = bool(
+    np.array([0x7C01], np.uint16).view(np.float16).astype(np.float32).view(np.uint32)[0]
+    == 0x7F802000)
+
 
 def test_x86_cast_u8():
     v = np.array([np.nan, -np.nan, np.inf, -np.inf, 2.0 ** 31, -2.0 ** 31, 2.0 ** 31 - 128,
@@ -329,9 +396,14 @@ def test_fp16_rounding_of_arbitrary_floats(simd_level):
                  0x477fefff, 0x477ff000, 0x477fe000, 0x7f7fffff, 0x00000001, 0x80000000] + \
         list(range(0x38000000, 0x38000000 + 46 * 0x1000, 0x1000))
     x = bits.view(np.float32).reshape(256, -1)
-    with np.errstate(all="ignore"):
-        want = x.astype(np.float16).view(np.uint16)
+    want = fp32_to_fp16_bits(bits).reshape(x.shape)
     assert same_bits(mf.quantize(x, DT.FP16), want)
+    nan = np.isnan(x)
+    assert nan.sum() > 1000 and (bits.reshape(x.shape)[nan] & 0x00400000 == 0).sum() > 500
+    with np.errstate(all="ignore"):
+        numpy = x.astype(np.float16).view(np.uint16)
+    assert same_bits(want[~nan], numpy[~nan])
+    assert fp16_nan(numpy[nan]).all()
     want_bf16 = g_quantize(x, DT.BF16)
     assert same_bits(mf.quantize(x, DT.BF16), want_bf16)
 
