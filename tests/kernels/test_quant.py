@@ -205,8 +205,10 @@ def test_dequantize_random_blocks_bit_exact(simd_level, dt):
 
 @pytest.mark.parametrize("dt", BLOCK_FORMATS)
 def test_dequantize_every_scale_value_bit_exact(simd_level, dt):
-    """Scale fields taking every fp16 value -- subnormals, Inf and NaN payloads included: the
-    scalar fp16 conversion and the NaN propagation of d * q + m are NumPy's, bit for bit."""
+    """Scale fields taking every fp16 value -- subnormals, Inf and NaN payloads included: every
+    non-NaN value is gguf's bit for bit, NaN where gguf's is, with a payload the contract allows
+    (which NaN operand d * q + m passes on is the CPU's and NumPy's choice: NumPy 2.2 and 2.4
+    differ on x86)."""
     rng = np.random.default_rng(100 + int(dt))
     every = np.arange(65536, dtype=np.uint32).astype(np.uint16)
     nb = 65536 if block_size(dt) == 32 else 4096
@@ -236,8 +238,6 @@ def test_dequantize_every_scale_value_bit_exact(simd_level, dt):
     gotb = got.view(np.uint32)
     hit = (gotb[:, :, None] == cand[:, None, :]).any(axis=2)
     assert hit[nan].all()
-    if NUMPY_KEEPS_FP16_NAN_PAYLOADS:
-        assert same_bits(got, want)
 
 
 def test_dequantize_fp16_every_value(simd_level):
@@ -327,12 +327,6 @@ def _numpy_casts_as_x86():
 
 
 NUMPY_CASTS_AS_X86 = _numpy_casts_as_x86()
-
-# Whether this NumPy's float16 -> float32 cast keeps a signalling NaN's payload, as the contract's
-# conversion does (then gguf's dequantized NaNs are megafuse's, bit for bit).
-NUMPY_KEEPS_FP16_NAN_PAYLOADS = bool(
-    np.array([0x7C01], np.uint16).view(np.float16).astype(np.float32).view(np.uint32)[0]
-    == 0x7F802000)
 
 
 def test_x86_cast_u8():
