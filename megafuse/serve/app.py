@@ -78,7 +78,7 @@ class Server:
 
 def create_app(model: Any = None, *, model_path: Optional[str] = None, parallel: int = 4,
                max_queue: int = 64, ctx: Optional[int] = None, api_key: Optional[str] = None,
-               threads: Optional[int] = None, activations: str = "float",
+               threads: Optional[int] = None, activations: str = "int8",
                kv_dtype: str = "float32", model_name: Optional[str] = None) -> Any:
     """The FastAPI app.  The model -- `model` (a ``megafuse.Model``), else loaded from
     model_path (default: the default model, fetched once) with ``activations`` / ``kv_dtype``

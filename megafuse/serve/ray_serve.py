@@ -25,7 +25,7 @@ from megafuse.serve.app import create_app
 
 def deployment(*, model_path: Optional[str] = None, num_replicas: int = 2, threads: int = 1,
                parallel: int = 4, max_queue: int = 64, ctx: Optional[int] = None,
-               api_key: Optional[str] = None, activations: str = "float",
+               api_key: Optional[str] = None, activations: str = "int8",
                kv_dtype: str = "float32", model_name: Optional[str] = None) -> Any:
     """A bound Ray Serve application (for ``serve.run``): num_replicas replicas of the app, each
     with `threads` CPUs (Ray's num_cpus) and kernel threads, `parallel` sequences of `ctx`

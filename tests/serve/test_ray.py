@@ -26,7 +26,7 @@ def test_two_replicas_answer_through_the_openai_client(smollm2_path, float_model
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
         serve.run(deployment(model_path=smollm2_path, num_replicas=2, threads=1, parallel=2,
-                             ctx=256), route_prefix="/", name="megafuse")
+                             activations="float", ctx=256), route_prefix="/", name="megafuse")
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x",
                                max_retries=0, timeout=120)
         assert [m.id for m in client.models.list().data] == [MODEL]
