@@ -1572,6 +1572,109 @@ static inline void mf_dot4_bf16_f32(const void *const *vw, const float *MF_RESTR
 }
 #endif
 
+/* ============================================================================================ */
+/* Four weight rows against two float32 activation rows (a batched step's decode tokens, one a   */
+/* sequence): out0 / out1 are exactly mf_dot4_f32_for(dt)'s results for x0 / x1 -- each token's  */
+/* blocks into its own accumulators in the one-token dot's order, the same block functions --    */
+/* while each block's weights are loaded and decoded once for both (the compiler shares the     */
+/* decoding of the two inlined calls).  NULL where a level has none: the caller runs the 4-row   */
+/* dot a token.                                                                                  */
+/* ============================================================================================ */
+
+typedef void (*mf_dot4x2_f32_fn)(const void *const *w, const float *x0, const float *x1,
+                                 ptrdiff_t n, float *out0, float *out1);
+
+#if defined(MF_Q_AVX2) && defined(MF_SIMD_AVX512)
+#define MF_DOT4X2_F32_32(NAME, BLOCK, BLOCK_FN16, TAB)                                         \
+static inline void NAME(const void *const *vw, const float *MF_RESTRICT x0,                   \
+                        const float *MF_RESTRICT x1, ptrdiff_t n, float *out0, float *out1)    \
+{                                                                                              \
+    const BLOCK *w[4] = {(const BLOCK *)vw[0], (const BLOCK *)vw[1], (const BLOCK *)vw[2],     \
+                         (const BLOCK *)vw[3]};                          /* [n / 32] each */   \
+    const ptrdiff_t nb = n / 32, bsz = (ptrdiff_t)sizeof(BLOCK);                               \
+    const ptrdiff_t pf = mf_q_pf_dist(nb * bsz);                                               \
+    const __m512 T = (TAB);                                                                    \
+    __m512 a0[4][2], a1[4][2];                                                                 \
+    for (int r = 0; r < 4; r++)                                                                \
+        a0[r][0] = a0[r][1] = a1[r][0] = a1[r][1] = _mm512_setzero_ps();                       \
+    for (ptrdiff_t ib = 0; ib < nb; ib++) {                                                    \
+        if ((ib & 1) == 0)                                                                     \
+            mf_q_prefetch4(w[0], nb * bsz, ib * bsz, 2 * bsz, pf);                             \
+        const mf_q_fx16 X0 = mf_q_fx16_load(x0 + 32 * ib);                                     \
+        const mf_q_fx16 X1 = mf_q_fx16_load(x1 + 32 * ib);                                     \
+        for (int r = 0; r < 4; r++) {                                                          \
+            BLOCK_FN16(&w[r][ib], &X0, T, a0[r]);                                              \
+            BLOCK_FN16(&w[r][ib], &X1, T, a1[r]);                                              \
+        }                                                                                      \
+    }                                                                                          \
+    for (int r = 0; r < 4; r++) {                                                              \
+        out0[r] = mf_q_hsum16(a0[r]);                                                          \
+        out1[r] = mf_q_hsum16(a1[r]);                                                          \
+    }                                                                                          \
+}
+MF_DOT4X2_F32_32(mf_dot4x2_q4_0_f32, block_q4_0, mf_q_fblk16_q4_0, mf_q_ftab16(8.0f))
+MF_DOT4X2_F32_32(mf_dot4x2_q4_1_f32, block_q4_1, mf_q_fblk16_q4_1, mf_q_ftab16(0.0f))
+MF_DOT4X2_F32_32(mf_dot4x2_q5_0_f32, block_q5_0, mf_q_fblk16_q5_0, mf_q_ftab16(16.0f))
+MF_DOT4X2_F32_32(mf_dot4x2_q5_1_f32, block_q5_1, mf_q_fblk16_q5_1, mf_q_ftab16(0.0f))
+MF_DOT4X2_F32_32(mf_dot4x2_q8_0_f32, block_q8_0, mf_q_fblk16_q8_0, mf_q_ftab16(0.0f))
+MF_DOT4X2_F32_32(mf_dot4x2_iq4_nl_f32, block_iq4_nl, mf_q_fblk16_iq4_nl, mf_q_ftab16_iq4())
+#undef MF_DOT4X2_F32_32
+
+#define MF_DOT4X2_F32_K(NAME, BLOCK, SB_FN16)                                                  \
+static inline void NAME(const void *const *vw, const float *MF_RESTRICT x0,                   \
+                        const float *MF_RESTRICT x1, ptrdiff_t n, float *out0, float *out1)    \
+{                                                                                              \
+    const BLOCK *w[4] = {(const BLOCK *)vw[0], (const BLOCK *)vw[1], (const BLOCK *)vw[2],     \
+                         (const BLOCK *)vw[3]};                         /* [n / 256] each */   \
+    const ptrdiff_t nb = n / QK_K;                                                             \
+    const ptrdiff_t pf = mf_q_pf_dist(nb * (ptrdiff_t)sizeof(BLOCK));                          \
+    const __m512 T = mf_q_ftab16(0.0f);                                                        \
+    __m512 a0[4][2], a1[4][2];                                                                 \
+    for (int r = 0; r < 4; r++)                                                                \
+        a0[r][0] = a0[r][1] = a1[r][0] = a1[r][1] = _mm512_setzero_ps();                       \
+    for (ptrdiff_t ib = 0; ib < nb; ib++) {                                                    \
+        mf_q_prefetch4(w[0], nb * (ptrdiff_t)sizeof(BLOCK), ib * (ptrdiff_t)sizeof(BLOCK),        \
+                       (ptrdiff_t)sizeof(BLOCK), pf);                                          \
+        for (int r = 0; r < 4; r++) {                                                          \
+            SB_FN16(&w[r][ib], x0 + ib * QK_K, T, a0[r]);                                      \
+            SB_FN16(&w[r][ib], x1 + ib * QK_K, T, a1[r]);                                      \
+        }                                                                                      \
+    }                                                                                          \
+    for (int r = 0; r < 4; r++) {                                                              \
+        out0[r] = mf_q_hsum16(a0[r]);                                                          \
+        out1[r] = mf_q_hsum16(a1[r]);                                                          \
+    }                                                                                          \
+}
+MF_DOT4X2_F32_K(mf_dot4x2_q4_K_f32, block_q4_K, mf_q_fsb16_q4_K)
+MF_DOT4X2_F32_K(mf_dot4x2_q5_K_f32, block_q5_K, mf_q_fsb16_q5_K)
+MF_DOT4X2_F32_K(mf_dot4x2_q6_K_f32, block_q6_K, mf_q_fsb16_q6_K)
+MF_DOT4X2_F32_K(mf_dot4x2_q2_K_f32, block_q2_K, mf_q_fsb16_q2_K)
+MF_DOT4X2_F32_K(mf_dot4x2_q3_K_f32, block_q3_K, mf_q_fsb16_q3_K)
+MF_DOT4X2_F32_K(mf_dot4x2_iq4_xs_f32, block_iq4_xs, mf_q_fsb16_iq4_xs)
+#undef MF_DOT4X2_F32_K
+
+static inline mf_dot4x2_f32_fn mf_dot4x2_f32_for(int dt)
+{
+    switch (dt) {
+    case CK_DT_Q4_0: return mf_dot4x2_q4_0_f32;
+    case CK_DT_Q4_1: return mf_dot4x2_q4_1_f32;
+    case CK_DT_Q5_0: return mf_dot4x2_q5_0_f32;
+    case CK_DT_Q5_1: return mf_dot4x2_q5_1_f32;
+    case CK_DT_Q8_0: return mf_dot4x2_q8_0_f32;
+    case CK_DT_IQ4_NL: return mf_dot4x2_iq4_nl_f32;
+    case CK_DT_Q4_K: return mf_dot4x2_q4_K_f32;
+    case CK_DT_Q5_K: return mf_dot4x2_q5_K_f32;
+    case CK_DT_Q6_K: return mf_dot4x2_q6_K_f32;
+    case CK_DT_Q2_K: return mf_dot4x2_q2_K_f32;
+    case CK_DT_Q3_K: return mf_dot4x2_q3_K_f32;
+    case CK_DT_IQ4_XS: return mf_dot4x2_iq4_xs_f32;
+    default: return NULL;
+    }
+}
+#else
+static inline mf_dot4x2_f32_fn mf_dot4x2_f32_for(int dt) { (void)dt; return NULL; }
+#endif
+
 /* The 4-row float dot of a block or half-precision format (NULL for FP32, which has its own:
  * mf_dot_1x4_f32, and for anything else). */
 static inline mf_dot4_f32_fn mf_dot4_f32_for(int dt)

@@ -32,6 +32,11 @@ cdef extern from "megafuse/mf_quant.h" nogil:
     # NULL for FP32 (mf_dot_1x4_f32) and non-formats
     ctypedef void (*mf_dot4_f32_fn)(const void **w, const float *x, Py_ssize_t n, float *out)
     mf_dot4_f32_fn mf_dot4_f32_for(int dt)
+    # out0[r] / out1[r] = mf_dot4_f32_for(dt)'s results for x0 / x1, bit for bit, each block's
+    # weights decoded once for both tokens; NULL where the level has none
+    ctypedef void (*mf_dot4x2_f32_fn)(const void **w, const float *x0, const float *x1,
+                                      Py_ssize_t n, float *out0, float *out1)
+    mf_dot4x2_f32_fn mf_dot4x2_f32_for(int dt)
     # fills the fp16 -> float table the avx512 float dots read their scales from (a no-op at the
     # other levels); each SIMD level's module calls it once, as it loads
     void mf_q_fp16_table_init()

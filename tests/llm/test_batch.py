@@ -13,7 +13,7 @@ from megafuse.llm import _runner
 from megafuse.llm.model import Model
 from helpers import DATA_DIR
 from test_arch import quantized_copy
-from test_model import write_model
+from test_model import BLOCK_FORMATS, write_model
 
 # each sequence's chunks, in steps: the k-th chunk of every sequence that has one runs in step k
 # (no step holds more than 128 tokens)
@@ -100,6 +100,39 @@ def test_llama_batches_equal_each_sequence_alone(tmp_path, fmt, mode, threads):
     float activations, sequence by sequence."""
     path = write_model(tmp_path / "m.gguf", "llama", fmt, n_layers=2)
     assert_batch_equals_alone(Model.from_gguf(path, activations=mode, cache_capacity=256))
+
+
+@pytest.mark.parametrize("fmt", BLOCK_FORMATS + ("F16", "BF16", "F32"))
+def test_float_decode_rows_of_every_format_are_each_their_own(tmp_path, fmt, simd_level):
+    """Float mode, a step of one token a sequence (decode): the projections and the (tied) head run
+    every row at once with each row's bits its own (two tokens a pass through the 2-token 4-row
+    dots where the level has them), odd and even sequence counts, at every SIMD level."""
+    path = write_model(tmp_path / "m.gguf", "llama", fmt, n_layers=1, embed_format=fmt)
+    model = Model.from_gguf(path, activations="float", cache_capacity=64)
+    V = model.vocab_size
+    for S in (2, 3, 5):
+        rng = np.random.default_rng(S)
+        prompts = [rng.integers(0, V, 3 + s).astype(np.int32) for s in range(S)]
+        steps = rng.integers(0, V, (3, S)).astype(np.int32)
+        alone = []
+        for s, p in enumerate(prompts):
+            (r,) = sequences(model, 1)
+            r.forward(p, start_pos=0)
+            rows = []
+            for k in range(len(steps)):
+                logits = np.empty(V, np.float32)
+                r.forward(steps[k, s:s + 1], start_pos=p.size + k, logits=logits)
+                rows.append(logits)
+            alone.append(rows)
+        runners = sequences(model, S)
+        for r, p in zip(runners, prompts):
+            r.forward(p, start_pos=0)
+        for k in range(len(steps)):
+            outs = [np.empty(V, np.float32) for _ in range(S)]
+            runners[0].forward_batch([(runners[s], steps[k, s:s + 1], prompts[s].size + k,
+                                       outs[s], False, None) for s in range(S)])
+            for s in range(S):
+                np.testing.assert_array_equal(outs[s], alone[s][k], err_msg=f"S={S} seq {s}")
 
 
 @pytest.mark.parametrize("mode", ["int8", "float"])

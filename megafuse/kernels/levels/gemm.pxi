@@ -333,15 +333,61 @@ cdef void block_dot_tokens_q8(
         t0 += nt
 
 
+cdef void block_dot_each_token_f32(
+        const RowBlock *b, int dt, Py_ssize_t K,
+        const float *x,        # [T, ldx] token rows, K values each
+        Py_ssize_t ldx, Py_ssize_t T, Py_ssize_t ld) noexcept nogil:
+    """block_dot_tokens_f32's results for each token alone (T = 1), bit for bit: the rows of a
+    batched step's decode tokens, one a sequence.  Two tokens at a time through the 2-token 4-row
+    dot where the level has one (each block's weights decoded once for both), else the 4-row dot
+    a token; FP32 (no 4-row dot) through block_dot_tokens_f32 a token."""
+    cdef mf_dot4_f32_fn dot4 = mf_dot4_f32_for(dt)
+    cdef mf_dot4x2_f32_fn dot4x2 = mf_dot4x2_f32_for(dt)
+    cdef RowBlock one
+    cdef float res0[DOT_ROWS]
+    cdef float res1[DOT_ROWS]
+    cdef const char *rows[DOT_ROWS]
+    cdef Py_ssize_t t, r0, r, nr
+    if dot4 == NULL:
+        for t in range(T):
+            one = b[0]
+            for r in range(b.n):
+                one.out[r] = b.out[r] + t * ld
+                one.add[r] = b.add[r] + t * ld if b.add[r] != NULL else NULL
+            block_dot_tokens_f32(&one, dt, K, x + t * ldx, ldx, 1, ld)
+        return
+    r0 = 0
+    while r0 < b.n:
+        nr = min(<Py_ssize_t>DOT_ROWS, b.n - r0)
+        for r in range(DOT_ROWS):          # missing rows: the last one again (discarded)
+            rows[r] = b.w[r0 + min(r, nr - 1)]
+        t = 0
+        if dot4x2 != NULL:
+            while t + 1 < T:
+                dot4x2(<const void **>rows, x + t * ldx, x + (t + 1) * ldx, K, res0, res1)
+                for r in range(nr):
+                    store_results(b, r0 + r, res0 + r, 1, t, 1, ld)
+                    store_results(b, r0 + r, res1 + r, 1, t + 1, 1, ld)
+                t += 2
+        while t < T:
+            dot4(<const void **>rows, x + t * ldx, K, res0)
+            for r in range(nr):
+                store_results(b, r0 + r, res0 + r, 1, t, 1, ld)
+            t += 1
+        r0 += DOT_ROWS
+
+
 cdef inline void block_dot_tokens(
         const RowBlock *b, int dt, Py_ssize_t K,
         const float *x, Py_ssize_t ldx,          # [T, ldx] float rows
         const char *xq, Py_ssize_t xq_row,       # [T, xq_row] the same rows quantized, or NULL
-        Py_ssize_t T, Py_ssize_t ld) noexcept nogil:
+        Py_ssize_t T, Py_ssize_t ld, bint apart=False) noexcept nogil:
     """The int8 dots when the rows were quantized (xq given) and dt is a block format; float
-    dots otherwise."""
+    dots otherwise (apart: each token's bits as if it were alone, block_dot_each_token_f32)."""
     if xq != NULL and uses_q8_activations(dt):
         block_dot_tokens_q8(b, dt, K, xq, xq_row, T, ld)
+    elif apart and T > 1:
+        block_dot_each_token_f32(b, dt, K, x, ldx, T, ld)
     else:
         block_dot_tokens_f32(b, dt, K, x, ldx, T, ld)
 
@@ -363,7 +409,8 @@ cdef void linear_block(
         Py_ssize_t T,
         float *out,            # [T, ld]: column e receives row e's results
         const float *add,      # [T, ld] or NULL: added column by column (a residual)
-        Py_ssize_t ld) noexcept nogil:
+        Py_ssize_t ld,
+        bint apart=False) noexcept nogil:      # float rows: each token's bits as if alone
     """Columns e0 .. e0+63 of out = x @ w.T + bias (+ add): one block of rows, one thread's task."""
     cdef RowBlock rb
     cdef Py_ssize_t r, e
@@ -381,4 +428,4 @@ cdef void linear_block(
         rb.out[rb.n] = out + e
         rb.n += 1
     if rb.n > 0:
-        block_dot_tokens(&rb, dt, K, x, ldx, xq, xq_row, T, ld)
+        block_dot_tokens(&rb, dt, K, x, ldx, xq, xq_row, T, ld, apart)

@@ -16,7 +16,8 @@ from megafuse.kernels.kernel_table cimport (
     mf_team, mf_team_claim_gen, mf_team_wait_done, mf_team_chunk_done, mf_team_run,
     mf_atomic_load32, mf_atomic_store32, MF_TEAM_PAUSE,
     mf_model, mf_model_layer, mf_step, mf_phase, mf_phase_cut_lanes, mf_phase_take,
-    mf_one_token_plan, mf_segment, MF_STEP_TOKENS, MF_STEP_SPLIT_FLOATS, MF_ACT_GELU_TANH)
+    mf_one_token_plan, mf_segment, MF_STEP_TOKENS, MF_STEP_SPLIT_FLOATS, MF_ACT_GELU_TANH,
+    MF_STEP_MAX_SEGMENTS)
 from megafuse._ckernel_dtype cimport (
     CKDataType, CK_DT_FP32, CK_DT_FP16, CK_DT_Q8_0, CK_DT_Q8_K, ck_dtype_block_size,
     ck_dtype_row_bytes)
@@ -24,7 +25,8 @@ from megafuse.kernels.mf_quant cimport (
     mf_dequantize_row, mf_quantize_row, mf_weight_row_dot_f32, mf_weight_row_dot_q8,
     mf_quantize_activation_row, mf_quantize_blocks_q8_0_act, mf_q8_0_act_pad,
     mf_activation_row_bytes, mf_activation_dtype, mf_q8_rows_tokens,
-    MF_Q8_TILE_TOKENS, mf_q8_tile_tokens, mf_dot4_f32_fn, mf_dot4_f32_for, mf_dot4_q8_fn,
+    MF_Q8_TILE_TOKENS, mf_q8_tile_tokens, mf_dot4_f32_fn, mf_dot4_f32_for, mf_dot4x2_f32_fn,
+    mf_dot4x2_f32_for, mf_dot4_q8_fn,
     mf_dot4_q8_for, mf_q_fp16_table_init)
 from megafuse.kernels.mf_scratch cimport (
     mf_prefill_scratch, mf_prefill_scratch_layout, mf_mlp_scratch, mf_mlp_scratch_layout,

@@ -18,7 +18,8 @@ cdef void swiglu_block(
         const float *z, const char *z_q, Py_ssize_t z_q_row, Py_ssize_t nt,
         Py_ssize_t I, Py_ssize_t Ia,
         float *act,            # [nt, Ia]: columns i0 .. i0+63 = act(gate) * up
-        int activation=0) noexcept nogil:   # MF_ACT_SILU (0) or MF_ACT_GELU_TANH
+        int activation=0,      # MF_ACT_SILU (0) or MF_ACT_GELU_TANH
+        bint apart=False) noexcept nogil:   # float rows: each token's bits as if alone
     """Gate rows i and up rows Ia + i of w1, for 64 intermediate indices, against the tile."""
     cdef float gate[MF_MLP_TOKEN_TILE * GEMM_ROWS]   # [nt, 64]
     cdef float up[MF_MLP_TOKEN_TILE * GEMM_ROWS]     # [nt, 64]
@@ -43,8 +44,8 @@ cdef void swiglu_block(
         u.n += 1
     if g.n == 0:
         return
-    block_dot_tokens(&g, dt, Ea, z, Ea, z_q, z_q_row, nt, GEMM_ROWS)
-    block_dot_tokens(&u, dt, Ea, z, Ea, z_q, z_q_row, nt, GEMM_ROWS)
+    block_dot_tokens(&g, dt, Ea, z, Ea, z_q, z_q_row, nt, GEMM_ROWS, apart)
+    block_dot_tokens(&u, dt, Ea, z, Ea, z_q, z_q_row, nt, GEMM_ROWS, apart)
     for j in range(nt):                # the block's columns of each token row, in place in act
         if activation == MF_ACT_GELU_TANH:
             mf_gelu_tanh_mul_f32(gate + j * GEMM_ROWS, up + j * GEMM_ROWS, act + j * Ia + i0, g.n)

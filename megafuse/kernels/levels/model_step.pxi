@@ -300,12 +300,14 @@ cdef void linear_rows(const mf_step *st, Py_ssize_t e0, const char *w, Py_ssize_
                       Py_ssize_t xq_row, float *out, const float *add,
                       Py_ssize_t ld) noexcept nogil:
     """linear_block over the step's rows: at once when their activations are quantized (xq),
-    else sequence by sequence (the float methods depend on how many rows they multiply)."""
+    else sequence by sequence (the float methods depend on how many rows they multiply) -- or,
+    when every sequence has one row (decode), all at once with each row's bits its own
+    (linear_block's apart)."""
     cdef const mf_segment *sg
     cdef int s
-    if xq != NULL or st.n_segs == 1:
+    if xq != NULL or st.n_segs == 1 or st.T == st.n_segs:
         linear_block(e0, w, w_row_bytes, dt, K, bias, n_valid, n_rows, x, ldx, xq, xq_row, st.T,
-                     out, add, ld)
+                     out, add, ld, xq == NULL and st.n_segs > 1)
         return
     for s in range(st.n_segs):
         sg = &st.segs[s]
@@ -546,9 +548,10 @@ cdef void run_chunk(const mf_step *st, const mf_phase *ph, Py_ssize_t c) noexcep
         normalise_rows(st, x, ly.ln2_gamma, t0, t1, ly.w1_dt, ly.w1_dt, ly.w1_dt)
     elif kind == PHASE_GATEUP:
         xq = q8_rows_for(st, ly.w1_dt, &xq_row)
-        if xq != NULL or st.n_segs == 1:        # (float activations: sequence by sequence)
-            swiglu_block(c * GEMM_ROWS, <const char *>ly.w1, ck_dtype_row_bytes(ly.w1_dt, E),
-                         ly.w1_dt, E, ly.b1, xn, xq, xq_row, T, I, I, act, m.activation)
+        if xq != NULL or st.n_segs == 1 or T == st.n_segs:   # (float: sequence by sequence,
+            swiglu_block(c * GEMM_ROWS, <const char *>ly.w1,      # or one row each, apart)
+                         ck_dtype_row_bytes(ly.w1_dt, E), ly.w1_dt, E, ly.b1, xn, xq, xq_row, T,
+                         I, I, act, m.activation, xq == NULL and st.n_segs > 1)
         else:
             for s in range(st.n_segs):
                 sg = &st.segs[s]
@@ -593,22 +596,83 @@ cdef void run_chunk(const mf_step *st, const mf_phase *ph, Py_ssize_t c) noexcep
         xq = q8_rows_for(st, m.head_dt, &xq_row)
         row_bytes = ck_dtype_row_bytes(m.head_dt, E)
         e1 = min(V, (c + 1) * HEAD_ROWS)
-        for s in range(st.n_segs):              # each sequence's rows into its own logits
+        if xq == NULL and st.n_segs > 1 and head_rows_apart(st, c * HEAD_ROWS, e1, row_bytes):
+            pass                                # (float, one logit row a sequence: done)
+        else:
+            for s in range(st.n_segs):          # each sequence's rows into its own logits
+                sg = &st.segs[s]
+                if sg.logits == NULL:
+                    continue
+                n_r = sg.n if sg.all_logits else 1
+                e0 = c * HEAD_ROWS
+                while e0 < e1:
+                    linear_block(e0, <const char *>m.head, row_bytes, m.head_dt, E, NULL, V, e1,
+                                 xn + sg.r0 * E, E,
+                                 xq + sg.r0 * xq_row if xq != NULL else NULL, xq_row, n_r,
+                                 sg.logits, NULL, V)
+                    e0 += GEMM_ROWS
+        for s in range(st.n_segs):
             sg = &st.segs[s]
             if sg.logits == NULL:
                 continue
             n_r = sg.n if sg.all_logits else 1
-            e0 = c * HEAD_ROWS
-            while e0 < e1:
-                linear_block(e0, <const char *>m.head, row_bytes, m.head_dt, E, NULL, V, e1,
-                             xn + sg.r0 * E, E, xq + sg.r0 * xq_row if xq != NULL else NULL,
-                             xq_row, n_r, sg.logits, NULL, V)
-                e0 += GEMM_ROWS
             if m.final_softcap > 0.0:          # logits capped: softcap * tanh(z / softcap)
                 for t in range(n_r):
                     for r in range(c * HEAD_ROWS, e1):
                         sg.logits[t * V + r] = m.final_softcap * tanhf(sg.logits[t * V + r]
                                                                        / m.final_softcap)
+
+
+cdef bint head_rows_apart(const mf_step *st, Py_ssize_t e0, Py_ssize_t e1,
+                          Py_ssize_t row_bytes) noexcept nogil:
+    """Float head rows e0 .. e1-1 for a step whose every sequence wants one logit row: each
+    sequence's logits the bits of its own step (linear_block's one-token path: the 4-row dot,
+    + a bias of 0), the rows decoded once for two sequences where the level has the 2-token
+    4-row dot.  False (nothing done) when a sequence wants more rows or the head has no 4-row
+    dot (FP32): the caller runs each sequence's rows."""
+    cdef const mf_model *m = st.m
+    cdef const float *xn = <const float *>(st.scratch + st.layout.xn)
+    cdef mf_dot4_f32_fn dot4 = mf_dot4_f32_for(m.head_dt)
+    cdef mf_dot4x2_f32_fn dot4x2 = mf_dot4x2_f32_for(m.head_dt)
+    cdef int seg[MF_STEP_MAX_SEGMENTS]
+    cdef float res0[4]
+    cdef float res1[4]
+    cdef const char *rows[4]
+    cdef const mf_segment *a
+    cdef const mf_segment *b
+    cdef int s, n = 0, i
+    cdef Py_ssize_t e, r, nr, E = m.E
+    if dot4 == NULL:
+        return False
+    for s in range(st.n_segs):
+        if st.segs[s].logits == NULL:
+            continue
+        if st.segs[s].all_logits and st.segs[s].n > 1:
+            return False
+        seg[n] = s
+        n += 1
+    e = e0
+    while e < e1:
+        nr = min(<Py_ssize_t>4, e1 - e)
+        for r in range(4):                  # missing rows: the last one again (discarded)
+            rows[r] = <const char *>m.head + (e + min(r, nr - 1)) * row_bytes
+        i = 0
+        if dot4x2 != NULL:
+            while i + 1 < n:
+                a, b = &st.segs[seg[i]], &st.segs[seg[i + 1]]
+                dot4x2(<const void **>rows, xn + a.r0 * E, xn + b.r0 * E, E, res0, res1)
+                for r in range(nr):
+                    a.logits[e + r] = res0[r] + <float>0.0
+                    b.logits[e + r] = res1[r] + <float>0.0
+                i += 2
+        while i < n:
+            a = &st.segs[seg[i]]
+            dot4(<const void **>rows, xn + a.r0 * E, E, res0)
+            for r in range(nr):
+                a.logits[e + r] = res0[r] + <float>0.0
+            i += 1
+        e += 4
+    return True
 
 
 cdef void step_job(void *ctx, mf_team *team, int thread_id, uint32_t gen) noexcept nogil:
