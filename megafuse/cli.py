@@ -324,7 +324,7 @@ def add_serve_arguments(parser):
     parser.add_argument("--activations", default="int8", choices=["int8", "float"],
                         help="int8 (default: llama.cpp's quantized activations; a step's "
                              "streams share each weight read) or float (exact float32 "
-                             "activations; a step runs each stream's projections apart)")
+                             "activations; each block decoded once for two streams)")
     parser.add_argument("--kv-dtype", default="float32", choices=["float32", "float16"],
                         help="what the KV caches hold (float32)")
     parser.add_argument("--model-name", default=None,

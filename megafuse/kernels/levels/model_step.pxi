@@ -50,9 +50,10 @@
 # positions in its own KV caches; the weights are read once for all of them.  Every row gets the
 # operations it would get in a step of its sequence alone: the attention runs per sequence (its
 # decode tasks, or its query tiles), and a projection whose activations are float32 -- whose
-# method depends on how many rows it multiplies -- runs per sequence; one whose activations are
-# quantized runs over every row at once (its integer dots give each pair the bits of its
-# one-row dot whatever the row count, contract §7).
+# method depends on how many rows it multiplies -- runs per sequence, unless every sequence has
+# one row (then every row at once by the one-token method: linear_block's apart); one whose
+# activations are quantized runs over every row at once (its integer dots give each pair the
+# bits of its one-row dot whatever the row count, contract §7).
 #
 # Every chunk runs the building blocks of the per-layer kernels (linear_block, swiglu_block,
 # rmsnorm_row, the attention tasks) on the same token rows, so a step computes what the header
