@@ -14,6 +14,8 @@
 - prefix-reuse: the second turn of a ~1000-token conversation, time to its first token with
   prefix reuse (the first turn's whole prefill chunks kept) and without (a fresh sequence);
   issue 37 asks for <= 25 %.
+- ``--steps``: the ms of one Engine.step of N sequences' decode tokens (the native batched step
+  alone: no sampling, no events), for N = 1 .. 16.
 - rss-8: the process's resident memory with the model loaded, then with 8 sequences of 2048
   positions each (one copy of the weights, 8 KV caches).
 
@@ -164,6 +166,27 @@ def aggregate_decode(model, streams, tokens=TOKENS):
     return rates(per_stream, t0, t1)
 
 
+def step_ms(model, streams, steps=32, rounds=3):
+    """Median ms of one Engine.step of `streams` sequences' decode tokens (after 8 cached
+    tokens each): the native batched step alone, no sampling or events."""
+    from megafuse.serve.engine import Engine, StepInput
+    engine = Engine(model, parallel=streams, max_queue=0, cache_capacity=64)
+    try:
+        ids = np.random.default_rng(0).integers(0, model.vocab_size, 8 + steps).astype(np.int32)
+        out = []
+        for _ in range(rounds):
+            for q in engine.sequences:
+                q.reset()
+                q.write(ids[:8])
+            t = time.perf_counter()
+            for j in range(8, 8 + steps):
+                engine.step([StepInput(q, ids[j:j + 1], "logits") for q in engine.sequences])
+            out.append((time.perf_counter() - t) / steps * 1e3)
+    finally:
+        engine.close()
+    return float(np.median(out))
+
+
 def conversation(turns=7):
     """A chat of about 1000 tokens: long user turns and short answers."""
     messages = []
@@ -276,6 +299,8 @@ def main(argv):
     parser.add_argument("--llama-python", default=os.environ.get("MEGAFUSE_BENCH_LLAMA_PYTHON"),
                         help="an interpreter with llama_cpp[server]: its server's figures too")
     parser.add_argument("--streams-only", action="store_true")
+    parser.add_argument("--steps", action="store_true",
+                        help="only the ms of one Engine.step of N streams' decode tokens")
     args = parser.parse_args(argv)
     set_threads()
     t = time.perf_counter()
@@ -283,6 +308,14 @@ def main(argv):
     print(f"{model_path()}: loaded in {time.perf_counter() - t:.1f} s; "
           f"{megafuse.get_num_threads()} threads, SIMD {megafuse.simd_level()}, "
           f"{args.activations} mode; RSS {rss_mib():.0f} MiB")
+    if args.steps:
+        one = None
+        print(f"{'streams':>8} {'ms/step':>8} {'x one (tokens/s)':>17}")
+        for n in STREAMS:
+            ms = step_ms(m, n, rounds=args.rounds)
+            one = one or ms
+            print(f"{n:>8} {ms:>8.2f} {n * one / ms:>17.2f}", flush=True)
+        return
     def medians(run):
         rows = [run() for _ in range(args.rounds)]
         return tuple(float(np.median([r[i] for r in rows])) for i in range(2))
