@@ -12,10 +12,25 @@ def free_port():
         return s.getsockname()[1]
 
 
+def wait_healthy(port, seconds, alive, why):
+    """Wait until GET /health on 127.0.0.1:port answers 200; fail, with why(), once `seconds`
+    pass or alive() is False (the server's thread or process is gone)."""
+    import httpx
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline or not alive():
+            raise RuntimeError(f"the test server did not start: {why()}")
+        time.sleep(0.05)
+
+
 @contextlib.contextmanager
 def running_server(model, **options):
     """Serve create_app(model, **options) on a free port; yields its base URL (".../v1")."""
-    import httpx
     import uvicorn
 
     from megafuse.serve.app import create_app
@@ -26,16 +41,7 @@ def running_server(model, **options):
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline or not thread.is_alive():
-                raise RuntimeError("the test server did not start")
-            time.sleep(0.05)
+        wait_healthy(port, 60, thread.is_alive, lambda: "in-process uvicorn")
         yield f"http://127.0.0.1:{port}/v1", app
     finally:
         server.should_exit = True

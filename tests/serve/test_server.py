@@ -20,7 +20,7 @@ pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 httpx = pytest.importorskip("httpx")
 
-from server_helpers import free_port, running_server  # noqa: E402
+from server_helpers import free_port, running_server, wait_healthy  # noqa: E402
 
 FRANCE = [{"role": "user", "content": "What is the capital of France?"}]
 MODEL = "SmolLM2-135M-Instruct.Q4_1"
@@ -284,15 +284,7 @@ def test_sigterm_lets_the_request_in_flight_finish_and_exits(smollm2_path, tmp_p
                              "--port", str(port), "--parallel", "2", "--ctx", "256"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read()
-            time.sleep(0.2)
+        wait_healthy(port, 120, lambda: proc.poll() is None, lambda: proc.stdout.read())
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x",
                                max_retries=0)
         result = {}
