@@ -743,14 +743,20 @@ static inline int mf_iq4_best_index(float x)
 
 /* The scale of one block of 32 (GGML's quantize_row_iq4_nl_impl, weights x^2, ntry = 7): the
  * first fit from d = max / 127, then the best of 15 trial scales (itry - 127) / max; 0 for a
- * block with max |x| < GROUP_MAX_EPS. */
+ * block with max |x| < GROUP_MAX_EPS.
+ * A block with an Inf, or whose x^2 overflows, can get the NaN of Inf - Inf or Inf / Inf: the
+ * CPU's default NaN, whose sign is the platform's (x86-64: set, aarch64: clear).  Where no NaN of
+ * the block can have been carried into it, that NaN is written out as x86-64's (0xffc00000), so
+ * the bytes are ggml's on x86-64 on every platform (a NaN of the data propagates alike on both). */
 static inline float mf_iq4_block_scale(const float *xb /* [32] */)
 {
     const int ntry = 7;
     float weight[32];
     float amax = 0, max = 0;
+    int has_nan = 0;
     for (int j = 0; j < 32; ++j) {
         weight[j] = mf_mul_nc(xb[j], xb[j]);
+        has_nan |= xb[j] != xb[j];
         const float ax = fabsf(xb[j]);
         if (ax > amax) {
             amax = ax;
@@ -784,6 +790,8 @@ static inline float mf_iq4_block_scale(const float *xb /* [32] */)
             best = mf_mul_nc(d, sumqx);
         }
     }
+    if (d != d && !has_nan)
+        d = mf_bits_f32(0xffc00000u);                /* x86-64's default NaN (see above) */
     return d;
 }
 
