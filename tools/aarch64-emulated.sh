@@ -1,0 +1,177 @@
+#!/usr/bin/env bash
+# Build and test megafuse on aarch64 under emulation (qemu-user), on an x86-64 Linux host, as root.
+#
+#   nice -n 19 tools/aarch64-emulated.sh [PYTEST ARGS...]
+#   nice -n 19 tools/aarch64-emulated.sh tests/kernels -x -q -p no:cacheprovider
+#   tools/aarch64-emulated.sh --shell          a shell inside the root, in the copy of the tree
+#
+# Each step is skipped when already done, so a second run only copies the changed files and
+# rebuilds the modules they touch:
+#   1. the host: qemu-user-static, binfmt-support, debootstrap (apt-get), binfmt_misc mounted,
+#      the qemu-aarch64 handler enabled;
+#   2. an arm64 Debian bookworm root (debootstrap --variant=buildd, from the Debian mirror apt
+#      uses; 3-10 min) with the host's resolv.conf and CA bundle (pip inside trusts what the
+#      host's pip trusts); python3, python3-venv, python3-dev, build-essential from Debian; a venv
+#      with numpy>=2, cython>=3, setuptools>=77, pytest, hypothesis, gguf from PyPI (arm64 wheels;
+#      Debian's numpy 1.24 and Cython 0.29 cannot build megafuse);
+#   3. the working tree copied into the root (rsync; git-ignored files such as build products are
+#      left out), built in place (`setup.py build_ext --inplace`; 6-12 min from scratch);
+#   4. `python -m pytest ARGS` in the copy (no ARGS: the default suite).  The exit status is
+#      pytest's.
+# Only megafuse's generic level is built on aarch64.  QEMU_CPU (cortex-a53, neoverse-n1, max, ...)
+# and MEGAFUSE_SIMD, OMP_NUM_THREADS are passed through to the emulated processes.
+#
+# Environment:
+#   MF_A64_ROOT    the root (default /var/cache/megafuse/arm64-bookworm; ~1.3 GB with the venv)
+#   MF_A64_MIRROR  the Debian mirror (default: the first .../debian URI of apt's sources)
+#   MF_A64_JOBS    parallel compiles inside the root (default 2)
+#   MF_A64_SRC     the copy of the tree inside the root (default /opt/megafuse); two runs at once
+#                  need two copies
+# proc, sys and dev are mounted into the root while the script runs; a run unmounts at exit what
+# it mounted.  Delete the root with `rm -rf --one-file-system` when no run is left.
+set -euo pipefail
+
+HERE="$(cd "$(dirname "$0")/.." && pwd)"
+ROOT="${MF_A64_ROOT:-/var/cache/megafuse/arm64-bookworm}"
+JOBS="${MF_A64_JOBS:-2}"
+SRC="${MF_A64_SRC:-/opt/megafuse}"   # the copy of the tree, inside the root
+VENV=/opt/venv               # the venv, inside the root
+# the host's CA bundle, kept apart from the root's own (Debian's ca-certificates rewrites that one)
+CA_IN_ROOT=/etc/ssl/host-ca-bundle.crt
+DEBS=(python3 python3-venv python3-dev build-essential)
+PYPI=("numpy>=2" "cython>=3" "setuptools>=77" "wheel" "pytest" "hypothesis" "gguf")
+
+log() { printf '[aarch64-emulated %(%H:%M:%S)T] %s\n' -1 "$*" >&2; }
+die() { log "error: $*"; exit 1; }
+
+default_mirror() {
+    local files=() uri
+    [ -f /etc/apt/sources.list ] && files+=(/etc/apt/sources.list)
+    files+=(/etc/apt/sources.list.d/*.list /etc/apt/sources.list.d/*.sources)
+    uri="$(grep -hoE '^(URIs:|deb) +https?://[^ ]+' "${files[@]}" 2>/dev/null \
+           | awk '{print $2}' | grep -E '/debian/?$' | head -n1 || true)"
+    echo "${uri:-http://deb.debian.org/debian}"
+}
+
+host_setup() {
+    [ "$(id -u)" = 0 ] || die "run as root (debootstrap, chroot and mounts need it)"
+    local missing=()
+    command -v qemu-aarch64-static >/dev/null || missing+=(qemu-user-static)
+    command -v update-binfmts >/dev/null || missing+=(binfmt-support)
+    command -v debootstrap >/dev/null || missing+=(debootstrap)
+    command -v rsync >/dev/null || missing+=(rsync)
+    if [ "${#missing[@]}" -gt 0 ]; then
+        log "apt-get install ${missing[*]}"
+        apt-get install -y -q "${missing[@]}" >/dev/null
+    fi
+    [ -e /proc/sys/fs/binfmt_misc/register ] \
+        || mount -t binfmt_misc binfmt_misc /proc/sys/fs/binfmt_misc
+    grep -qs '^enabled' /proc/sys/fs/binfmt_misc/qemu-aarch64 || update-binfmts --enable qemu-aarch64
+    grep -qs '^enabled' /proc/sys/fs/binfmt_misc/qemu-aarch64 \
+        || die "the qemu-aarch64 binfmt handler is not enabled"
+}
+
+MOUNTED=()                   # what this run mounted, unmounted at its exit (last first)
+mount_root() {
+    local d
+    for d in proc sys dev dev/pts; do
+        mountpoint -q "$ROOT/$d" && continue
+        if [ "$d" = proc ]; then mount -t proc proc "$ROOT/proc"; else mount --bind "/$d" "$ROOT/$d"; fi
+        MOUNTED=("$ROOT/$d" "${MOUNTED[@]}")
+    done
+}
+
+umount_root() {
+    local m
+    for m in "${MOUNTED[@]}"; do umount -l "$m" || true; done
+    MOUNTED=()
+}
+
+# a command inside the root, in a clean environment with the venv first on PATH
+in_root() {
+    chroot "$ROOT" /usr/bin/env -i HOME=/root LANG=C.UTF-8 \
+        PATH="$VENV/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin" \
+        PIP_CERT="$CA_IN_ROOT" SSL_CERT_FILE="$CA_IN_ROOT" REQUESTS_CA_BUNDLE="$CA_IN_ROOT" \
+        PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_DEFAULT_TIMEOUT=120 DEBIAN_FRONTEND=noninteractive \
+        PYTHONPATH="$SRC" \
+        ${QEMU_CPU:+QEMU_CPU="$QEMU_CPU"} ${MEGAFUSE_SIMD:+MEGAFUSE_SIMD="$MEGAFUSE_SIMD"} \
+        ${OMP_NUM_THREADS:+OMP_NUM_THREADS="$OMP_NUM_THREADS"} \
+        /bin/bash -c "$1"
+}
+
+make_root() {
+    # debootstrap deletes $ROOT/debootstrap when its second stage has finished
+    if [ -x "$ROOT/usr/bin/apt-get" ] && [ ! -e "$ROOT/debootstrap" ]; then
+        log "arm64 root: $ROOT (cached)"
+    else
+        if [ -e "$ROOT" ]; then
+            log "removing the unfinished root $ROOT"
+            local d
+            for d in dev/pts dev sys proc; do       # left by a run that was killed
+                if mountpoint -q "$ROOT/$d"; then umount -l "$ROOT/$d"; fi
+            done
+            rm -rf --one-file-system "$ROOT"
+        fi
+        local mirror="${MF_A64_MIRROR:-$(default_mirror)}" t0=$SECONDS
+        mkdir -p "$(dirname "$ROOT")"
+        log "debootstrap --arch=arm64 --variant=buildd bookworm $ROOT $mirror (3-10 min)"
+        debootstrap --arch=arm64 --variant=buildd bookworm "$ROOT" "$mirror" \
+            >"$ROOT.debootstrap.log" 2>&1 || die "debootstrap failed: see $ROOT.debootstrap.log"
+        log "root made in $((SECONDS - t0)) s"
+    fi
+    cp -L /etc/resolv.conf "$ROOT/etc/resolv.conf"
+    mkdir -p "$ROOT/etc/ssl"
+    cp -L "${PIP_CERT:-${SSL_CERT_FILE:-/etc/ssl/certs/ca-certificates.crt}}" "$ROOT$CA_IN_ROOT"
+    mount_root
+    local want="${DEBS[*]} | ${PYPI[*]}"
+    if [ "$(cat "$ROOT/opt/.megafuse-deps" 2>/dev/null)" != "$want" ]; then
+        local t0=$SECONDS
+        log "apt-get install ${DEBS[*]} (inside)"
+        in_root "apt-get update -q >/dev/null && apt-get install -y -q ${DEBS[*]} >/dev/null"
+        log "venv $VENV: pip install ${PYPI[*]} (inside)"
+        in_root "[ -x $VENV/bin/python ] || python3 -m venv $VENV; pip install -q -U pip \
+                 && pip install -q -U $(printf "'%s' " "${PYPI[@]}")"
+        echo "$want" >"$ROOT/opt/.megafuse-deps"
+        log "dependencies installed in $((SECONDS - t0)) s"
+    fi
+    in_root 'python -c "import platform, numpy, Cython; print(\"inside:\", platform.machine(),
+             \"Python\", platform.python_version(), \"NumPy\", numpy.__version__,
+             \"Cython\", Cython.__version__)"' >&2
+}
+
+build() {
+    log "rsync $HERE -> $ROOT$SRC ($(git -C "$HERE" rev-parse --short HEAD 2>/dev/null || echo '?'))"
+    mkdir -p "$ROOT$SRC"
+    # times kept, so that unchanged files rebuild nothing; git-ignored files (build products,
+    # caches) are neither copied nor deleted in the copy.  rsync reads .gitignore's megafuse/**/*.c
+    # as at least one folder deep, hence the generated C files' own exclude.
+    rsync -a --delete --exclude=.git --exclude='/megafuse/**.c' --filter=':- .gitignore' \
+        "$HERE/" "$ROOT$SRC/"
+    local t0=$SECONDS
+    log "setup.py build_ext --inplace -j $JOBS (inside; 6-12 min from scratch)"
+    # the compiler's output to a log beside the copy; its end shown if the build fails
+    local build_log="$ROOT$SRC.build.log"
+    if ! in_root "cd $SRC && python setup.py build_ext --inplace -j $JOBS" >"$build_log" 2>&1; then
+        tail -n 40 "$build_log" >&2
+        die "the build failed inside the root: see $build_log"
+    fi
+    log "built in $((SECONDS - t0)) s"
+}
+
+main() {
+    host_setup
+    trap umount_root EXIT
+    make_root
+    build
+    if [ "${1:-}" = --shell ]; then
+        in_root "cd $SRC && exec bash -i"
+        return
+    fi
+    local t0=$SECONDS status=0 args=""
+    [ "$#" -gt 0 ] && args="$(printf '%q ' "$@")"
+    log "python -m pytest $args(inside)"
+    in_root "cd $SRC && python -m pytest $args" || status=$?
+    log "pytest exited $status after $((SECONDS - t0)) s"
+    return "$status"
+}
+main "$@"
