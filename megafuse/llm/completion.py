@@ -564,10 +564,15 @@ def create_completion(target: Any, prompt: Any, *,
     name, rid, created = _model_name(seq.model, model), new_id("text"), int(time.time())
     if stream:
         return _stream_completion(seq, ids, s, rid, created, name)
+    return completion_response(rid, created, name, _finished(seq, ids, s), len(ids))
+
+
+def _finished(seq: Sequence, ids: List[int], s: Settings) -> List[TextGeneration]:
+    """Every choice run to its end (not streamed), in the order of their indices."""
     gens: Dict[int, TextGeneration] = {}
     for gen, _ in _generations(seq, ids, s):
         gens[gen.index] = gen
-    return completion_response(rid, created, name, list(gens.values()), len(ids))
+    return [gens[i] for i in sorted(gens)]
 
 
 def _stream_completion(seq: Sequence, ids: List[int], s: Settings, rid: str, created: int,
@@ -598,10 +603,7 @@ def create_chat_completion(target: Any, messages: Seq[Mapping[str, Any]], *,
     name, rid, created = _model_name(seq.model, model), new_id("chat"), int(time.time())
     if stream:
         return _stream_chat(seq, ids, s, rid, created, name)
-    gens: Dict[int, TextGeneration] = {}
-    for gen, _ in _generations(seq, ids, s):
-        gens[gen.index] = gen
-    return chat_response(rid, created, name, list(gens.values()), len(ids))
+    return chat_response(rid, created, name, _finished(seq, ids, s), len(ids))
 
 
 def _stream_chat(seq: Sequence, ids: List[int], s: Settings, rid: str, created: int,
