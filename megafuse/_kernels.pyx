@@ -103,7 +103,7 @@ def mega_fuse_get_optimal_tiles(head_dim):
 cdef object _check_decode(output, input, residual, ln1_gamma, wq, bq, wk, bk, wv, bv, wo, bo,
                           kv_cache_k, kv_cache_v, rope_cos, rope_sin, int pos, int embed_dim,
                           int aligned_embed_dim, int num_heads, int num_kv_heads, int head_dim,
-                          int aligned_head_dim, int cache_capacity, tuple workspaces):
+                          int aligned_head_dim, int cache_capacity, q_ws, kv_ws):
     """Every check of the decode entry points; returns nothing, raises on the first problem."""
     cdef Py_ssize_t E = embed_dim, Ea = aligned_embed_dim, H = num_heads, G = num_kv_heads
     cdef Py_ssize_t D = head_dim, Da = aligned_head_dim, C = cache_capacity
@@ -135,19 +135,37 @@ cdef object _check_decode(output, input, residual, ln1_gamma, wq, bq, wk, bk, wv
     _array(kv_cache_k, "kv_cache_k", _F32, cache, shape, True)
     _array(kv_cache_v, "kv_cache_v", _F32, cache, shape, True)
     _rope_tables(rope_cos, rope_sin, D, pos)
-    _no_overlap((("output", output), ("kv_cache_k", kv_cache_k), ("kv_cache_v", kv_cache_v))
-                + workspaces,
-                (("input", input), ("residual", residual), ("ln1_gamma", ln1_gamma),
-                 ("wq", wq), ("bq", bq), ("wk", wk), ("bk", bk), ("wv", wv), ("bv", bv),
-                 ("wo", wo), ("bo", bo), ("rope_cos", rope_cos), ("rope_sin", rope_sin)),
-                may_alias=("input", "residual"))
+    _no_overlap_flat(("output", "kv_cache_k", "kv_cache_v", "q_output_workspace", "kv_workspace",
+                      "input", "residual", "ln1_gamma", "wq", "bq", "wk", "bk", "wv", "bv", "wo",
+                      "bo", "rope_cos", "rope_sin"),
+                     (output, kv_cache_k, kv_cache_v, q_ws, kv_ws, input, residual, ln1_gamma, wq,
+                      bq, wk, bk, wv, bv, wo, bo, rope_cos, rope_sin), 5,
+                     may_alias=("input", "residual"))
+
+
+cdef object _workspace(object ws, str name, object nbytes, Py_ssize_t need, str shape):
+    """A caller-owned float32 workspace of at least `need` floats, and its byte count `nbytes`
+    (a checked size_t): at least `need` floats' bytes, at most the array's."""
+    _array(ws, name, _F32, need, shape, True, True)
+    cdef Py_ssize_t need_bytes = _mul(need, sizeof(float))
+    if (need_bytes > 0 and PyLong_CheckExact(nbytes) and need_bytes <= nbytes
+            and nbytes <= cnp.PyArray_NBYTES(<cnp.ndarray>ws)):
+        return                                    # fast path: the messages are never built
+    _positive(nbytes, f"{name}_bytes")
+    need_bytes = _count(name, f"{shape} float32 (bytes)", need, sizeof(float))
+    if nbytes < need_bytes:
+        raise ValueError(f"{name}_bytes: expected at least {shape} = {need} floats = "
+                         f"{need_bytes} bytes, got {nbytes}")
+    if nbytes > cnp.PyArray_NBYTES(<cnp.ndarray>ws):
+        raise ValueError(f"{name}_bytes: expected at most the {ws.nbytes} bytes of "
+                         f"{name}, got {nbytes}")
 
 
 cdef void _run_decode(output, input, residual, ln1_gamma, wq, bq, wk, bk, wv, bv, wo, bo,
                       kv_cache_k, kv_cache_v, rope_cos, rope_sin, int pos, int embed_dim,
                       int aligned_embed_dim, int num_heads, int num_kv_heads, int head_dim,
                       int aligned_head_dim, int cache_capacity, float eps,
-                      q_output_workspace, size_t q_output_workspace_bytes, kv_workspace,
+                      float *p_qws, size_t q_output_workspace_bytes, float *p_kvws,
                       size_t kv_workspace_bytes):
     cdef int q_tile, kv_tile
     _tiles(head_dim, &q_tile, &kv_tile)
@@ -167,8 +185,6 @@ cdef void _run_decode(output, input, residual, ln1_gamma, wq, bq, wk, bk, wv, bv
     cdef float *p_vc = _wp(kv_cache_v)
     cdef const float *p_cos = _fp(rope_cos)
     cdef const float *p_sin = _fp(rope_sin)
-    cdef float *p_qws = _wp(q_output_workspace)
-    cdef float *p_kvws = _wp(kv_workspace)
     cdef int nt = _num_threads
     with nogil:
         _K.mega_fused_attention_decode_workspace(
@@ -207,13 +223,20 @@ def mega_fused_attention_decode(output, input, residual, ln1_gamma, wq, bq, wk, 
     _check_decode(output, input, residual, ln1_gamma, wq, bq, wk, bk, wv, bv, wo, bo,
                   kv_cache_k, kv_cache_v, rope_cos, rope_sin, pos, embed_dim,
                   aligned_embed_dim, num_heads, num_kv_heads, head_dim, aligned_head_dim,
-                  cache_capacity, ())
-    q_ws = np.empty(2 * num_heads * aligned_head_dim, dtype=np.float32)    # [2, H*Da]
-    kv_ws = np.empty(2 * num_kv_heads * aligned_head_dim, dtype=np.float32)  # [2, G*Da]
-    _run_decode(output, input, residual, ln1_gamma, wq, bq, wk, bk, wv, bv, wo, bo,
-                kv_cache_k, kv_cache_v, rope_cos, rope_sin, pos, embed_dim, aligned_embed_dim,
-                num_heads, num_kv_heads, head_dim, aligned_head_dim, cache_capacity, eps,
-                q_ws, q_ws.nbytes, kv_ws, kv_ws.nbytes)
+                  cache_capacity, None, None)
+    # one allocation: q_ws [2, H*Da] (q, then the attention output), then kv_ws [2, G*Da]
+    cdef size_t q_bytes = 2 * <size_t>num_heads * <size_t>aligned_head_dim * sizeof(float)
+    cdef size_t kv_bytes = 2 * <size_t>num_kv_heads * <size_t>aligned_head_dim * sizeof(float)
+    cdef float *ws = <float *>malloc(q_bytes + kv_bytes)
+    if ws == NULL:
+        raise MemoryError(f"mega_fused_attention_decode: {q_bytes + kv_bytes} bytes of workspace")
+    try:
+        _run_decode(output, input, residual, ln1_gamma, wq, bq, wk, bk, wv, bv, wo, bo,
+                    kv_cache_k, kv_cache_v, rope_cos, rope_sin, pos, embed_dim,
+                    aligned_embed_dim, num_heads, num_kv_heads, head_dim, aligned_head_dim,
+                    cache_capacity, eps, ws, q_bytes, ws + q_bytes // sizeof(float), kv_bytes)
+    finally:
+        free(ws)
 
 
 def mega_fused_attention_decode_workspace(output, input, residual, ln1_gamma, wq, bq, wk, bk,
@@ -251,29 +274,19 @@ def mega_fused_attention_decode_workspace(output, input, residual, ln1_gamma, wq
                                     num_heads, aligned_head_dim)
     cdef Py_ssize_t kv_need = _count("kv_workspace", "[2, num_kv_heads*aligned_head_dim]", 2,
                                      num_kv_heads, aligned_head_dim)
-    for name, ws, nbytes, need, shape in (
-            ("q_output_workspace", q_output_workspace, q_output_workspace_bytes, q_need,
-             "[2, num_heads*aligned_head_dim]"),
-            ("kv_workspace", kv_workspace, kv_workspace_bytes, kv_need,
-             "[2, num_kv_heads*aligned_head_dim]")):
-        _array(ws, name, _F32, need, shape, True, True)
-        _positive(nbytes, f"{name}_bytes")
-        need_bytes = _count(name, f"{shape} float32 (bytes)", need, sizeof(float))
-        if nbytes < need_bytes:
-            raise ValueError(f"{name}_bytes: expected at least {shape} = {need} floats = "
-                             f"{need_bytes} bytes, got {nbytes}")
-        if nbytes > ws.nbytes:
-            raise ValueError(f"{name}_bytes: expected at most the {ws.nbytes} bytes of "
-                             f"{name}, got {nbytes}")
+    _workspace(q_output_workspace, "q_output_workspace", q_output_workspace_bytes, q_need,
+               "[2, num_heads*aligned_head_dim]")
+    _workspace(kv_workspace, "kv_workspace", kv_workspace_bytes, kv_need,
+               "[2, num_kv_heads*aligned_head_dim]")
     _check_decode(output, input, residual, ln1_gamma, wq, bq, wk, bk, wv, bv, wo, bo,
                   kv_cache_k, kv_cache_v, rope_cos, rope_sin, pos, embed_dim,
                   aligned_embed_dim, num_heads, num_kv_heads, head_dim, aligned_head_dim,
-                  cache_capacity, (("q_output_workspace", q_output_workspace),
-                                   ("kv_workspace", kv_workspace)))
+                  cache_capacity, q_output_workspace, kv_workspace)
     _run_decode(output, input, residual, ln1_gamma, wq, bq, wk, bk, wv, bv, wo, bo,
                 kv_cache_k, kv_cache_v, rope_cos, rope_sin, pos, embed_dim, aligned_embed_dim,
                 num_heads, num_kv_heads, head_dim, aligned_head_dim, cache_capacity, eps,
-                q_output_workspace, q_output_workspace_bytes, kv_workspace, kv_workspace_bytes)
+                _wp(q_output_workspace), q_output_workspace_bytes, _wp(kv_workspace),
+                kv_workspace_bytes)
 
 
 # --------------------------------------------------------------------------------------------
@@ -304,9 +317,9 @@ cdef void _rmsnorm_qkv(q_out, k_out, v_out, input, gamma, W_qkv, b_qkv, rope_cos
     shape = "[(num_heads+2*num_kv_heads)*head_dim]"
     _optional(b_qkv, "b_qkv", _F32, _count("b_qkv", shape, H + 2 * G, D), shape)
     _rope_tables(rope_cos, rope_sin, D, pos, max_seq if has_pos else 0)
-    _no_overlap((("q_out", q_out), ("k_out", k_out), ("v_out", v_out)),
-                (("input", input), ("gamma", gamma), ("W_qkv", W_qkv), ("b_qkv", b_qkv),
-                 ("rope_cos", rope_cos), ("rope_sin", rope_sin)))
+    _no_overlap_flat(("q_out", "k_out", "v_out", "input", "gamma", "W_qkv", "b_qkv", "rope_cos",
+                      "rope_sin"),
+                     (q_out, k_out, v_out, input, gamma, W_qkv, b_qkv, rope_cos, rope_sin), 3)
     cdef float *p_q = _wp(q_out)
     cdef float *p_k = _wp(k_out)
     cdef float *p_v = _wp(v_out)
@@ -467,12 +480,12 @@ cdef object _prefill(output, input, residual, ln1_gamma, wq, bq, wq_dt, wk, bk, 
     _array(kv_cache_v, "kv_cache_v", _F32, cache, cache_shape, True)
     _rope_tables(rope_cos, rope_sin, D, start_pos + T - 1)
     _scratch(scratch, _prefill_scratch_total(T, Ea, H, Da, int8_path))
-    _no_overlap((("output", output), ("kv_cache_k", kv_cache_k), ("kv_cache_v", kv_cache_v),
-                 ("scratch", scratch)),
-                (("input", input), ("residual", residual), ("ln1_gamma", ln1_gamma),
-                 ("wq", wq), ("bq", bq), ("wk", wk), ("bk", bk), ("wv", wv), ("bv", bv),
-                 ("wo", wo), ("bo", bo), ("rope_cos", rope_cos), ("rope_sin", rope_sin)),
-                may_alias=("input", "residual"))
+    _no_overlap_flat(("output", "kv_cache_k", "kv_cache_v", "scratch", "input", "residual",
+                      "ln1_gamma", "wq", "bq", "wk", "bk", "wv", "bv", "wo", "bo", "rope_cos",
+                      "rope_sin"),
+                     (output, kv_cache_k, kv_cache_v, scratch, input, residual, ln1_gamma, wq, bq,
+                      wk, bk, wv, bv, wo, bo, rope_cos, rope_sin), 4,
+                     may_alias=("input", "residual"))
 
     cdef int q_tile, kv_tile
     _tiles(head_dim, &q_tile, &kv_tile)
@@ -653,14 +666,16 @@ cdef object _mlp(output, attn_out, input, residual, ln2_gamma, wo, bo, wo_dt, w1
                             "[aligned_embed_dim, aligned_intermediate_dim]")
     _optional(b2, "b2", _F32, Ea, "[aligned_embed_dim]")
     _scratch(scratch, _mlp_scratch_total(T, Ea, HDa, Ia))
-    reads = (("residual", residual), ("ln2_gamma", ln2_gamma), ("w1", w1), ("b1", b1),
-             ("w2", w2), ("b2", b2))
     if with_outproj:
-        reads += (("attn_out", attn_out), ("wo", wo), ("bo", bo))
+        _no_overlap_flat(("output", "scratch", "residual", "ln2_gamma", "w1", "b1", "w2", "b2",
+                          "attn_out", "wo", "bo"),
+                         (output, scratch, residual, ln2_gamma, w1, b1, w2, b2, attn_out, wo, bo),
+                         2, may_alias=("residual",))
     else:
-        reads += (("input", input),)
-    _no_overlap((("output", output), ("scratch", scratch)), reads,
-                may_alias=("residual",) if with_outproj else ("input", "residual"))
+        _no_overlap_flat(("output", "scratch", "residual", "ln2_gamma", "w1", "b1", "w2", "b2",
+                          "input"),
+                         (output, scratch, residual, ln2_gamma, w1, b1, w2, b2, input), 2,
+                         may_alias=("input", "residual"))
 
     cdef float *p_out = _wp(output)
     cdef const float *p_attn = _fp(attn_out) if with_outproj else NULL

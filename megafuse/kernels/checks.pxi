@@ -3,6 +3,12 @@
 # first problem.  Each message names the parameter, says what was expected and what was got.
 # The common path (a valid call) runs at C level; messages are built only on failure.
 #
+# Fast paths: each check first tests its rule in C on the argument as it is now (type, flags,
+# dtype number, element count, address) and returns at once when it holds; only an argument it
+# refuses goes on to the Python-level code below it, which finds the problem again and names it.
+# Nothing is remembered between calls: every call checks every argument afresh, so an array that
+# was swapped, resized, made read-only or freed since the last call is caught like any other.
+#
 # Sizes: every element or byte count a check computes is a product of dimensions, and every
 # product is checked (_mul, _count): past PY_SSIZE_T_MAX -- which no array can reach -- it is a
 # ValueError naming the parameters, so a count can never wrap around to match a small buffer.
@@ -12,6 +18,10 @@
 
 
 from cpython.pyport cimport PY_SSIZE_T_MAX
+from cpython.long cimport PyLong_Check, PyLong_CheckExact, PyLong_AsLongLongAndOverflow
+from cpython.bool cimport PyBool_Check
+from cpython.tuple cimport PyTuple_GET_SIZE, PyTuple_GET_ITEM
+from cpython.ref cimport PyObject
 
 from megafuse.kernels cimport mf_scratch as scr
 
@@ -103,6 +113,12 @@ cdef Py_ssize_t _mlp_scratch_total(Py_ssize_t T, Py_ssize_t Ea, Py_ssize_t HDa,
 cdef object _int_arg(object value, str name):
     """An int argument of the C signature: any integer (not a float: TypeError), within the
     range of a C int (else OverflowError)."""
+    cdef int overflow = 0
+    cdef long long v
+    if PyLong_CheckExact(value):                  # fast path: a plain int in range
+        v = PyLong_AsLongLongAndOverflow(value, &overflow)
+        if not overflow and -2147483648 <= v <= 2147483647:
+            return value
     if isinstance(value, bool) or not hasattr(value, "__index__"):
         raise TypeError(f"{name}: expected an int, got {type(value).__name__}")
     value = value.__index__()
@@ -113,6 +129,10 @@ cdef object _int_arg(object value, str name):
 
 cdef object _size_arg(object value, str name):
     """A size_t argument: a non-negative integer below 2**64 (else OverflowError)."""
+    cdef int overflow = 0
+    if PyLong_CheckExact(value) and PyLong_AsLongLongAndOverflow(value, &overflow) >= 0 \
+            and not overflow:                     # fast path: a plain int in 0 .. 2**63-1
+        return value
     if isinstance(value, bool) or not hasattr(value, "__index__"):
         raise TypeError(f"{name}: expected an int, got {type(value).__name__}")
     value = value.__index__()
@@ -169,6 +189,25 @@ cdef inline bint _dtype_ok(cnp.ndarray a, tuple dtypes):
     return False
 
 
+cdef inline bint _array_ok(object arr, tuple dtypes, Py_ssize_t count, bint writeable,
+                           bint at_least):
+    """Whether _array accepts arr, decided in C (its fast path): an ndarray of one of `dtypes`
+    in native byte order, C-contiguous, aligned, writeable when asked, of `count` elements (at
+    least `count` when at_least)."""
+    cdef int need = cnp.NPY_ARRAY_C_CONTIGUOUS | cnp.NPY_ARRAY_ALIGNED
+    cdef Py_ssize_t size
+    if not cnp.PyArray_Check(arr):
+        return False
+    if writeable:
+        need |= cnp.NPY_ARRAY_WRITEABLE
+    if (cnp.PyArray_FLAGS(<cnp.ndarray>arr) & need) != need:
+        return False
+    size = cnp.PyArray_SIZE(<cnp.ndarray>arr)
+    if size != count and not (at_least and size > count):
+        return False
+    return _dtype_ok(<cnp.ndarray>arr, dtypes)
+
+
 def _dtype_names(tuple dtypes):
     return " or ".join(str(d) for d in dtypes)
 
@@ -177,6 +216,8 @@ cdef object _array(object arr, str name, tuple dtypes, Py_ssize_t count, str sha
                    bint writeable=False, bint at_least=False):
     """arr, checked: an ndarray of one of `dtypes`, C-contiguous, aligned, of `count` elements
     (at least `count` when at_least), writeable when asked.  `shape` spells the expected shape."""
+    if _array_ok(arr, dtypes, count, writeable, at_least):
+        return arr
     cdef cnp.ndarray a
     cdef Py_ssize_t size
     if not cnp.PyArray_Check(arr):
@@ -212,7 +253,16 @@ cdef int _weight(object arr, str name, object dt, Py_ssize_t rows, Py_ssize_t co
                  str shape) except -1:
     """Check a `const void *w, CKDataType w_dt` pair: a weight of [rows, cols] in format dt.
     Returns the format's value."""
-    cdef int value = _weight_dtype_arg(dt, name + "_dt")
+    cdef int overflow = 0
+    cdef long long v = -1
+    cdef int value
+    if PyLong_Check(dt) and not PyBool_Check(dt):    # fast path: no message name is built
+        v = PyLong_AsLongLongAndOverflow(dt, &overflow)
+    if (not overflow and 0 <= v < ckdt.CK_DT_COUNT
+            and ckdt.ck_dtype_supported(ckdt.CK_DT_WEIGHT_FORMATS, <int>v)):
+        value = <int>v
+    else:
+        value = _weight_dtype_arg(dt, name + "_dt")
     _weight_array(arr, name, value, rows, cols, shape)
     return value
 
@@ -250,6 +300,11 @@ cdef int _weight_array(object arr, str name, int dt, Py_ssize_t rows, Py_ssize_t
 
 cdef object _scratch(object scratch, Py_ssize_t need, str name="scratch"):
     """Any-dtype, C-contiguous, writeable, 4-byte aligned, at least `need` bytes."""
+    cdef int flags = cnp.NPY_ARRAY_C_CONTIGUOUS | cnp.NPY_ARRAY_WRITEABLE
+    if (cnp.PyArray_Check(scratch)
+            and (cnp.PyArray_FLAGS(<cnp.ndarray>scratch) & flags) == flags
+            and cnp.PyArray_NBYTES(<cnp.ndarray>scratch) >= need and _addr(scratch) % 4 == 0):
+        return scratch                            # fast path
     if not isinstance(scratch, np.ndarray):
         raise TypeError(f"{name}: expected a numpy.ndarray (any dtype), got "
                         f"{type(scratch).__name__}")
@@ -270,6 +325,19 @@ cdef object _rope_tables(object rope_cos, object rope_sin, Py_ssize_t D, Py_ssiz
                          Py_ssize_t max_seq=0):
     """Check the RoPE tables (both or neither; whole rows of D/2 covering last_pos, and at least
     max_seq rows when the function has a max_seq: a [max_seq, D/2] table whatever pos is)."""
+    cdef Py_ssize_t half, n_cos, n_sin
+    if rope_cos is None and rope_sin is None:
+        return
+    if (rope_cos is not None and rope_sin is not None and D % 2 == 0
+            and _array_ok(rope_cos, _F32, 0, False, True)
+            and _array_ok(rope_sin, _F32, 0, False, True)):   # fast path, in C
+        half = D // 2
+        n_cos = cnp.PyArray_SIZE(<cnp.ndarray>rope_cos)
+        n_sin = cnp.PyArray_SIZE(<cnp.ndarray>rope_sin)
+        if (half > 0 and n_cos % half == 0 and n_sin % half == 0
+                and n_cos // half >= max_seq and n_sin // half >= max_seq
+                and n_cos // half > last_pos and n_sin // half > last_pos):
+            return
     if (rope_cos is None) != (rope_sin is None):
         raise ValueError(f"rope_cos, rope_sin: expected both arrays or both None, got "
                          f"rope_cos={'None' if rope_cos is None else 'an array'}, "
@@ -296,6 +364,37 @@ cdef object _rope_tables(object rope_cos, object rope_sin, Py_ssize_t D, Py_ssiz
 
 cdef enum:
     MAX_BUFFERS = 32
+
+
+cdef object _no_overlap_flat(tuple names, tuple arrays, Py_ssize_t n_written,
+                             tuple may_alias=()):
+    """_no_overlap for arrays[i] named names[i], the first n_written of them written: the same
+    rule, decided in C without building (name, array) pairs; on a hit that is not an allowed
+    alias, _no_overlap itself names the buffers.  `names` is a constant tuple of the call site."""
+    cdef Py_ssize_t lo[MAX_BUFFERS]
+    cdef Py_ssize_t hi[MAX_BUFFERS]
+    cdef Py_ssize_t idx[MAX_BUFFERS]       # position in names / arrays
+    cdef Py_ssize_t n = 0, i, j, k, a, b, total = PyTuple_GET_SIZE(arrays)
+    cdef PyObject *arr
+    for k in range(total):
+        arr = PyTuple_GET_ITEM(arrays, k)
+        if <object>arr is None:
+            continue
+        lo[n] = _addr(<object>arr)
+        hi[n] = lo[n] + cnp.PyArray_NBYTES(<cnp.ndarray>arr)
+        idx[n] = k
+        n += 1
+    for i in range(n):
+        for j in range(i + 1, n):
+            a, b = idx[i], idx[j]
+            if not (a < n_written or b < n_written) or lo[i] >= hi[j] or lo[j] >= hi[i]:
+                continue
+            if lo[i] == lo[j] and hi[i] == hi[j] and (
+                    (names[a] == "output" and names[b] in may_alias) or
+                    (names[b] == "output" and names[a] in may_alias)):
+                continue
+            _no_overlap(tuple(zip(names[:n_written], arrays[:n_written])),
+                        tuple(zip(names[n_written:], arrays[n_written:])), may_alias)
 
 
 cdef object _no_overlap(tuple written, tuple read, tuple may_alias=()):

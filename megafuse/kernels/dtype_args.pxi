@@ -57,6 +57,12 @@ cdef str _dtype_name(int dt):
 cdef int _dtype_arg(object dt, str name) except -1:
     """A CKDataType argument (the IntEnum or a plain int) as its value; any enum member is fine
     here (COUNT excluded): callers that need a weight format check that separately."""
+    cdef int overflow = 0
+    cdef long long v
+    if PyLong_Check(dt) and not PyBool_Check(dt):    # fast path: an int or an IntEnum member
+        v = PyLong_AsLongLongAndOverflow(dt, &overflow)
+        if not overflow and 0 <= v < ckdt.CK_DT_COUNT:
+            return <int>v
     if isinstance(dt, (bool, float)) or not hasattr(dt, "__index__"):
         raise TypeError(f"{name}: expected a megafuse.CKDataType or an int, got "
                         f"{type(dt).__name__}")

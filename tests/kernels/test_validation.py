@@ -340,3 +340,86 @@ def test_prefill_rejects(rule, variant):
 def test_prefill_scratch_size_rejects(call):
     with pytest.raises(ValueError):
         call()
+
+
+# ---- every call checks afresh -------------------------------------------------------------------
+# The boundary's fast paths remember nothing between calls: an argument that breaks a rule after
+# a valid call with the same objects is refused as on a first call, and a new array of the same
+# shape is read where it is now (never where an earlier call's array was).
+
+@pytest.mark.parametrize("rule", DECODE_RULES, ids=[r[0] for r in DECODE_RULES])
+def test_decode_checks_again_after_a_valid_call(rule):
+    _, mutate, exc, words = rule
+    case = decode_case(PADDED)
+    args = ws_args(case)
+    call_decode(dict(args, pos=args["pos"] - 1), True)      # valid, with the same objects
+    mutate(args)
+    snapshot = writeable_snapshot(args)
+    with pytest.raises(exc) as info:
+        call_decode(args, True)
+    for word in words:
+        assert word in str(info.value), f"{word!r} not in {info.value!r}"
+    assert writeable_snapshot(args) == snapshot, "a rejected call wrote to a buffer"
+
+
+@pytest.mark.parametrize("rule", PREFILL_RULES, ids=[r[0] for r in PREFILL_RULES])
+def test_prefill_checks_again_after_a_valid_call(rule):
+    _, mutate, exc, words = rule
+    args = prefill_case(QWEN2_05B, 5, cache_capacity=12, int8=True)
+    megafuse.mega_fused_attention_prefill_q8_0(**args)        # valid, with the same objects
+    mutate(args)
+    snapshot = writeable_snapshot(args)
+    with pytest.raises(exc) as info:
+        megafuse.mega_fused_attention_prefill_q8_0(**args)
+    for word in words:
+        assert word in str(info.value), f"{word!r} not in {info.value!r}"
+    assert writeable_snapshot(args) == snapshot, "a rejected call wrote to a buffer"
+
+
+def _in_place_changes():
+    """(id, change made to an argument array in place after a valid call, exception, words)."""
+    def retype(a):
+        a["input"].dtype = np.int32            # the same object and buffer, another dtype
+
+    def shrink(a):
+        a["wq"].resize(a["wq"].size - 4, refcheck=False)    # the same object, fewer elements
+
+    return [("input-retyped", retype, TypeError, ["input", "float32", "int32"]),
+            ("wq-shrunk", shrink, ValueError, ["wq", "elements"]),
+            ("output-made-readonly", lambda a: a["output"].setflags(write=False), ValueError,
+             ["output", "writeable"])]
+
+
+@pytest.mark.parametrize("change", _in_place_changes(), ids=lambda c: c[0])
+def test_decode_sees_an_array_changed_in_place(change):
+    _, mutate, exc, words = change
+    case = decode_case(PADDED)
+    args = ws_args(case)
+    for name in ("input", "wq", "output"):
+        args[name] = args[name].copy()         # arrays of their own, so resize may move them
+    call_decode(dict(args, pos=args["pos"] - 1), True)
+    mutate(args)
+    with pytest.raises(exc) as info:
+        call_decode(args, True)
+    for word in words:
+        assert word in str(info.value), f"{word!r} not in {info.value!r}"
+
+
+def test_a_new_array_of_the_same_shape_is_read_where_it_is():
+    """Two calls with equal shapes and different weight arrays: the second reads its own
+    weights, bit for bit what a first call with them gives."""
+    base = prefill_case(QWEN2_05B, 1, start_pos=3, cache_capacity=8, int8=True,
+                        formats={"wq": "Q8_0", "wk": "Q8_0", "wv": "Q8_0", "wo": "Q8_0"})
+    other = prefill_case(QWEN2_05B, 1, start_pos=3, cache_capacity=8, int8=True, seed=5,
+                         formats={"wq": "Q8_0", "wk": "Q8_0", "wv": "Q8_0", "wo": "Q8_0"})
+    fresh = {k: (v.copy() if isinstance(v, np.ndarray) else v) for k, v in base.items()}
+    swapped = {k: (v.copy() if isinstance(v, np.ndarray) else v) for k, v in base.items()}
+    megafuse.mega_fused_attention_prefill_q8_0(**swapped)       # the base weights first
+    swapped.update(kv_cache_k=base["kv_cache_k"].copy(), kv_cache_v=base["kv_cache_v"].copy())
+    for name in ("wq", "wk", "wv", "wo"):
+        swapped[name] = other[name].copy()
+        fresh[name] = other[name].copy()
+    megafuse.mega_fused_attention_prefill_q8_0(**swapped)
+    megafuse.mega_fused_attention_prefill_q8_0(**fresh)
+    assert swapped["output"].tobytes() == fresh["output"].tobytes()
+    assert swapped["kv_cache_k"].tobytes() == fresh["kv_cache_k"].tobytes()
