@@ -12,6 +12,12 @@ Rows (E 64, 2 / 1 heads of 32, ffn 128, 64 cache positions; seeded random weight
   than MF_STEP_SOLO_BYTES (256 KiB) a step and run on the calling thread alone; L32 (~4.7 MB
   in FP32, ~1.3 MB in Q8_0) runs on the thread team, so that figure includes waking it.
 
+- ``tiny-header-<attention|mlp>-<FP32|Q8_0>``: one header function call of one token on the
+  same tiny layer, as a pytest-benchmark user times it: ``mega_fused_attention_decode`` (FP32)
+  or ``mega_fused_attention_prefill_q8_0`` with tokens=1 (Q8_0), and ``mega_fused_mlp_prefill``
+  with tokens=1: the argument checks, the GIL released once, the kernel's job on the shared
+  thread team.
+
 A round is CALLS_PER_ROUND back-to-back calls, at the next positions of a cache that starts
 over (untimed ``reset()``) when full, as a generation loop makes them; the rows report the
 median round / CALLS_PER_ROUND.  (One call a round would also time pytest-benchmark's own
@@ -153,6 +159,58 @@ def test_tiny_model_step(benchmark, fmt, n_layers):
     RESULTS[key] = per_call(benchmark, model, lambda: model.forward(token), key)
 
 
+class _HeaderCalls:
+    """One-token header calls on the tiny layer, at positions 0 .. C-1 in turn."""
+
+    def __init__(self, fmt):
+        rng = np.random.default_rng(7)
+        spec = _layer_spec(rng, fmt)
+        self.fmt, self.spec = fmt, spec
+        self.x = rng.standard_normal(E, dtype=np.float32)                          # [E]
+        self.out = np.empty(E, np.float32)                                          # [E]
+        self.k_cache = np.zeros((G, C, D), np.float32)                              # [G, C, D]
+        self.v_cache = np.zeros((G, C, D), np.float32)
+        self.cos, self.sin = mf.rope_tables(D, C, 10000.0)                          # [C, D/2]
+        self.att_scratch = np.zeros(mf.mega_fused_attention_prefill_q8_0_scratch_size(1, E, H, D),
+                                    np.uint8)
+        self.mlp_scratch = np.zeros(mf.mega_fused_mlp_prefill_scratch_size(1, E, I), np.uint8)
+        self.position = 0
+
+    def reset(self):
+        self.position = 0
+
+    def attention(self):
+        s, p = self.spec, self.position
+        if self.fmt == "FP32":
+            mf.mega_fused_attention_decode(
+                self.out, self.x, self.x, s["ln1_gamma"], s["wq"], None, s["wk"], None, s["wv"],
+                None, s["wo"], None, self.k_cache, self.v_cache, self.cos, self.sin, p, E, E, H,
+                G, D, D, C, 1e-5)
+        else:
+            mf.mega_fused_attention_prefill_q8_0(
+                self.out, self.x, self.x, s["ln1_gamma"], s["wq"], None, s["wq_dt"], s["wk"],
+                None, s["wk_dt"], s["wv"], None, s["wv_dt"], s["wo"], None, s["wo_dt"],
+                self.k_cache, self.v_cache, self.cos, self.sin, p, 1, C, E, E, H, G, D, D, 1e-5,
+                self.att_scratch)
+        self.position += 1
+
+    def mlp(self):
+        s = self.spec
+        mf.mega_fused_mlp_prefill(self.out, self.x, self.x, s["ln2_gamma"], s["w1"], None,
+                                  s["w1_dt"], s["w2"], None, s["w2_dt"], 1, E, E, I, I, 1e-5,
+                                  self.mlp_scratch)
+        self.position += 1
+
+
+@pytest.mark.parametrize("block", ("attention", "mlp"))
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_tiny_header_call(benchmark, fmt, block):
+    benchmark.name = f"tiny-header-{block}-{fmt}"
+    calls = _HeaderCalls(fmt)
+    key = ("header-" + block, fmt, 1)
+    RESULTS[key] = per_call(benchmark, calls, getattr(calls, block), key)
+
+
 def summary_lines():
     lines = []
     for fmt in FORMATS:
@@ -162,6 +220,12 @@ def summary_lines():
             probe = PROBES[("layer", fmt, 1)]
             lines.append(f"tiny layer decode {fmt}: {layer * 1e6:.1f} us a call "
                          f"({layer / probe:.3f} host probes; host probe {probe * 1e6:.0f} us)")
+        for block in ("attention", "mlp"):
+            call = RESULTS.get(("header-" + block, fmt, 1))
+            if call is not None:
+                probe = PROBES[("header-" + block, fmt, 1)]
+                lines.append(f"tiny header {block} {fmt}: {call * 1e6:.1f} us a call "
+                             f"({call / probe:.3f} host probes; host probe {probe * 1e6:.0f} us)")
         if one is not None and many is not None:
             lines.append(f"model step {fmt}: L1 {one * 1e6:.1f} us, L32 {many * 1e6:.1f} us, "
                          f"{(many - one) / 31 * 1e6:.2f} us a layer (host probe "

@@ -32,7 +32,8 @@ import numpy as np
 
 from megafuse.kernels import simd as _simd
 from megafuse.kernels.kernel_table cimport (
-    KernelTable, KERNEL_TABLE_VERSION, MF_ATT_MAX_KV_TILE, MF_MAX_Q_TILE, mf_boundary,
+    KernelTable, KERNEL_TABLE_VERSION, MF_ATT_MAX_KV_TILE, MF_MAX_Q_TILE, mf_boundary, mf_team,
+    mf_team_slot, mf_team_slot_acquire, mf_team_slot_release,
     mega_fused_attention_prefill_fn, mega_fused_outproj_mlp_prefill_fn, mega_fused_mlp_prefill_fn)
 from megafuse._ckernel_dtype cimport CKDataType
 from megafuse.kernels cimport mf_scratch as scr
@@ -74,6 +75,42 @@ _load_level("generic")
 def simd_level():
     """The SIMD level whose kernels run: 'generic', 'avx2' or 'avx512'."""
     return (<bytes>_K.simd_level).decode()
+
+
+# --------------------------------------------------------------------------------------------
+# The thread team
+# --------------------------------------------------------------------------------------------
+
+# The team every kernel call of the process runs on: the header functions' (here and through the
+# C API) and the whole-model step's (megafuse/llm/_runner.pyx, through _boundary_capsule), so that
+# consecutive calls of any of them find the same threads awake (include/megafuse/mf_team.h).  A
+# call takes it for its kernel and gives it back; a call that finds it taken (another Python
+# thread's call, or a step) runs its job on threads of no team (mf_team_run_detached).
+cdef mf_team_slot _TEAM
+
+
+cdef inline mf_team *_team_take(int n_threads) noexcept nogil:
+    """The shared team, with n_threads threads, or NULL (taken by another call)."""
+    return mf_team_slot_acquire(&_TEAM, n_threads)
+
+
+cdef inline void _team_give(mf_team *team) noexcept nogil:
+    if team != NULL:
+        mf_team_slot_release(&_TEAM)
+
+
+def _team_threads():
+    """Testing hook: threads of the shared team (0 before any call made it)."""
+    return _TEAM.team.n_threads if _TEAM.team != NULL else 0
+
+
+def _team_hold(bint hold):
+    """Testing hook: take the shared team (hold=True; returns whether it was free) or give it
+    back (False), as a call running on it in another thread would."""
+    if hold:
+        return mf_team_slot_acquire(&_TEAM, _num_threads) != NULL
+    mf_team_slot_release(&_TEAM)
+    return True
 
 
 # --------------------------------------------------------------------------------------------
@@ -186,12 +223,15 @@ cdef void _run_decode(output, input, residual, ln1_gamma, wq, bq, wk, bk, wv, bv
     cdef const float *p_cos = _fp(rope_cos)
     cdef const float *p_sin = _fp(rope_sin)
     cdef int nt = _num_threads
+    cdef mf_team *team
     with nogil:
+        team = _team_take(nt)
         _K.mega_fused_attention_decode_workspace(
             p_out, p_in, p_res, p_g, p_wq, p_bq, p_wk, p_bk, p_wv, p_bv, p_wo, p_bo, p_kc, p_vc,
             p_cos, p_sin, pos, embed_dim, aligned_embed_dim, num_heads, num_kv_heads, head_dim,
             aligned_head_dim, cache_capacity, eps, p_qws, q_output_workspace_bytes, p_kvws,
-            kv_workspace_bytes, kv_tile, nt)
+            kv_workspace_bytes, kv_tile, team, nt)
+        _team_give(team)
 
 
 def mega_fused_attention_decode(output, input, residual, ln1_gamma, wq, bq, wk, bk, wv, bv,
@@ -330,15 +370,17 @@ cdef void _rmsnorm_qkv(q_out, k_out, v_out, input, gamma, W_qkv, b_qkv, rope_cos
     cdef const float *p_cos = _fp(rope_cos)
     cdef const float *p_sin = _fp(rope_sin)
     cdef int nt = _num_threads
-    if not has_pos:
-        with nogil:
-            _K.mega_fuse_rmsnorm_qkv(p_q, p_k, p_v, p_in, p_g, p_w, p_b, hidden, num_heads,
-                                     num_kv_heads, head_dim, eps, nt)
-        return
+    cdef mf_team *team
     with nogil:
-        _K.mega_fuse_rmsnorm_qkv_rope(p_q, p_k, p_v, p_in, p_g, p_w, p_b, p_cos, p_sin, pos,
-                                      hidden, num_heads, num_kv_heads, head_dim, max_seq, eps,
-                                      nt)
+        team = _team_take(nt)
+        if has_pos:
+            _K.mega_fuse_rmsnorm_qkv_rope(p_q, p_k, p_v, p_in, p_g, p_w, p_b, p_cos, p_sin, pos,
+                                          hidden, num_heads, num_kv_heads, head_dim, max_seq,
+                                          eps, team, nt)
+        else:
+            _K.mega_fuse_rmsnorm_qkv(p_q, p_k, p_v, p_in, p_g, p_w, p_b, hidden, num_heads,
+                                     num_kv_heads, head_dim, eps, team, nt)
+        _team_give(team)
 
 
 def mega_fuse_rmsnorm_qkv(q_out, k_out, v_out, input, gamma, W_qkv, b_qkv, hidden,
@@ -511,11 +553,14 @@ cdef object _prefill(output, input, residual, ln1_gamma, wq, bq, wq_dt, wk, bk, 
     cdef int da = aligned_head_dim, threads = _num_threads
     cdef mega_fused_attention_prefill_fn kernel = (
         _K.mega_fused_attention_prefill_q8_0 if int8_path else _K.mega_fused_attention_prefill)
+    cdef mf_team *team
     with nogil:
+        team = _team_take(threads)
         kernel(p_out, p_in, p_res, p_g, p_wq, p_bq, <CKDataType>q_dt, p_wk, p_bk,
                <CKDataType>k_dt, p_wv, p_bv, <CKDataType>v_dt, p_wo, p_bo, <CKDataType>o_dt,
                p_kc, p_vc, p_cos, p_sin, sp, nt, cap, e_, ea, h_, g_, d_, da, eps, p_scratch,
-               q_tile, kv_tile, threads)
+               q_tile, kv_tile, team, threads)
+        _team_give(team)
 
 
 def mega_fused_attention_prefill(output, input, residual, ln1_gamma, wq, bq, wq_dt, wk, bk,
@@ -696,15 +741,17 @@ cdef object _mlp(output, attn_out, input, residual, ln2_gamma, wo, bo, wo_dt, w1
         _K.mega_fused_outproj_mlp_prefill if int8_path else _K.mega_fused_outproj_mlp_prefill_f32)
     cdef mega_fused_mlp_prefill_fn mlp_kernel = (
         _K.mega_fused_mlp_prefill if int8_path else _K.mega_fused_mlp_prefill_f32)
-    if with_outproj:
-        with nogil:
+    cdef mf_team *team
+    with nogil:
+        team = _team_take(threads)
+        if with_outproj:
             outproj_kernel(p_out, p_attn, p_res, p_g, p_wo, p_bo, <CKDataType>o_dt, p_w1, p_b1,
                            <CKDataType>g_dt, p_w2, p_b2, <CKDataType>d_dt, nt, e_, ea, h_, da,
-                           i_, ia, eps, p_scratch, threads)
-        return
-    with nogil:
-        mlp_kernel(p_out, p_in, p_res, p_g, p_w1, p_b1, <CKDataType>g_dt, p_w2, p_b2,
-                   <CKDataType>d_dt, nt, e_, ea, i_, ia, eps, p_scratch, threads)
+                           i_, ia, eps, p_scratch, team, threads)
+        else:
+            mlp_kernel(p_out, p_in, p_res, p_g, p_w1, p_b1, <CKDataType>g_dt, p_w2, p_b2,
+                       <CKDataType>d_dt, nt, e_, ea, i_, ia, eps, p_scratch, team, threads)
+        _team_give(team)
 
 
 def mega_fused_outproj_mlp_prefill(output, attn_out, residual, ln2_gamma, wo, bo, wo_dt, w1,
@@ -852,9 +899,11 @@ include "kernels/capi.pxi"
 cdef mf_boundary _BOUNDARY
 _BOUNDARY.table = &_K
 _BOUNDARY.num_threads = &_num_threads
+_BOUNDARY.team_slot = &_TEAM
 
 
 def _boundary_capsule():
     """A capsule ("megafuse.boundary") of an mf_boundary (megafuse/kernels/kernel_table.pxd):
-    the model runner (megafuse/llm/_runner.pyx) reads the level and the thread count through it."""
+    the model runner (megafuse/llm/_runner.pyx) reads the level and the thread count through it,
+    and takes the shared thread team from it."""
     return PyCapsule_New(<void *>&_BOUNDARY, b"megafuse.boundary", NULL)

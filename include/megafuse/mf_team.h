@@ -50,11 +50,11 @@
 #include <string.h>
 #include <time.h>
 
+#if defined(_OPENMP)
+#  include <omp.h>
+#endif
 #if defined(_WIN32)
 #  define MF_TEAM_OPENMP 1
-#  if defined(_OPENMP)
-#    include <omp.h>
-#  endif
 #  include <windows.h>
 #else
 #  define MF_TEAM_PTHREADS 1
@@ -374,6 +374,74 @@ static inline void mf_team_run(mf_team *t, uint32_t total, mf_team_fn fn, void *
     mf_atomic_store32(&t->gen, gen);
     fn(ctx, t, 0, gen);
 #endif
+}
+
+/* ---- a job without a team ---------------------------------------------------------------------- */
+
+/* Run a job of `total` chunks as mf_team_run would, on n_threads threads that belong to no team:
+   inside one OpenMP parallel region with the same counters (each thread runs fn until its claims
+   fail; the region ends when every chunk is done), or on the calling thread alone without
+   OpenMP.  For a call that finds the shared team busy (mf_team_slot_acquire). */
+static inline void mf_team_run_detached(int n_threads, uint32_t total, mf_team_fn fn, void *ctx)
+{
+    mf_team t;
+    memset(&t, 0, sizeof t);
+    t.n_threads = n_threads < 1 ? 1 : n_threads;
+    t.fn = fn;
+    t.ctx = ctx;
+    t.total = total;
+    t.gen = 1;
+    t.claim = (uint64_t)1 << 32;
+#if defined(MF_TEAM_PTHREADS) && !defined(MF_TEAM_FUTEX)
+    pthread_mutex_init(&t.lock, NULL);
+    pthread_cond_init(&t.wake, NULL);
+#endif
+#if defined(_OPENMP)
+    if (t.n_threads > 1) {
+        #pragma omp parallel num_threads(t.n_threads)
+        fn(ctx, &t, omp_get_thread_num(), 1);
+    } else
+#endif
+    fn(ctx, &t, 0, 1);
+    mf_team_wait_done(&t, total);
+#if defined(MF_TEAM_PTHREADS) && !defined(MF_TEAM_FUTEX)
+    pthread_mutex_destroy(&t.lock);
+    pthread_cond_destroy(&t.wake);
+#endif
+}
+
+/* ---- one team shared by every caller of a process ------------------------------------------------ */
+
+/* The team the whole-model step and the header functions share (megafuse/_kernels.pyx owns one),
+   so that consecutive calls of either find the same threads awake.  One caller at a time holds
+   it: acquire takes it (remade with n_threads threads if it has another count) or returns NULL
+   when another caller holds it or memory runs out; release gives it back.  Neither needs the
+   GIL. */
+typedef struct {
+    mf_team *team;
+    volatile uint64_t busy;           /* 1 while a caller holds the team */
+} mf_team_slot;
+
+static inline mf_team *mf_team_slot_acquire(mf_team_slot *s, int n_threads)
+{
+    int want = n_threads < 1 ? 1 : (n_threads > MF_TEAM_MAX_THREADS ? MF_TEAM_MAX_THREADS
+                                                                      : n_threads);
+    if (!mf_atomic_cas64(&s->busy, 0, 1))
+        return NULL;
+    if (s->team == NULL || s->team->n_threads != want) {
+        mf_team_destroy(s->team);
+        s->team = mf_team_create(want);
+        if (s->team == NULL) {
+            mf_atomic_store64(&s->busy, 0);
+            return NULL;
+        }
+    }
+    return s->team;
+}
+
+static inline void mf_team_slot_release(mf_team_slot *s)
+{
+    mf_atomic_store64(&s->busy, 0);
 }
 
 #endif /* MEGAFUSE_MF_TEAM_H */

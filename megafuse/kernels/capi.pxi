@@ -2,7 +2,8 @@
 # C function c_<name>, declared for other Cython modules in megafuse/_kernels.pxd.  No validation:
 # the caller vouches for every buffer size and dimension, exactly as for the C header
 # (include/megafuse/mega_fused_attention.h).  Each calls the same kernel-table slot as the def of
-# the same name, with this module's thread count and tiles.
+# the same name, with this module's thread count and tiles, on the shared thread team when no
+# other call holds it (else on threads of no team: _team_take).
 
 
 cdef void c_mega_fused_attention_decode_workspace(
@@ -16,11 +17,14 @@ cdef void c_mega_fused_attention_decode_workspace(
         float *kv_workspace, size_t kv_workspace_bytes) noexcept nogil:
     cdef int q_tile, kv_tile
     _tiles(head_dim, &q_tile, &kv_tile)
+    cdef int nt = _num_threads
+    cdef mf_team *team = _team_take(nt)
     _K.mega_fused_attention_decode_workspace(
         output, input, residual, ln1_gamma, wq, bq, wk, bk, wv, bv, wo, bo, kv_cache_k,
         kv_cache_v, rope_cos, rope_sin, pos, embed_dim, aligned_embed_dim, num_heads,
         num_kv_heads, head_dim, aligned_head_dim, cache_capacity, eps, q_output_workspace,
-        q_output_workspace_bytes, kv_workspace, kv_workspace_bytes, kv_tile, _num_threads)
+        q_output_workspace_bytes, kv_workspace, kv_workspace_bytes, kv_tile, team, nt)
+    _team_give(team)
 
 
 cdef void c_mega_fused_attention_decode(
@@ -52,8 +56,11 @@ cdef void c_mega_fuse_rmsnorm_qkv(
         float *q_out, float *k_out, float *v_out, const float *input, const float *gamma,
         const float *W_qkv, const float *b_qkv, int hidden, int num_heads, int num_kv_heads,
         int head_dim, float eps) noexcept nogil:
+    cdef int nt = _num_threads
+    cdef mf_team *team = _team_take(nt)
     _K.mega_fuse_rmsnorm_qkv(q_out, k_out, v_out, input, gamma, W_qkv, b_qkv, hidden,
-                             num_heads, num_kv_heads, head_dim, eps, _num_threads)
+                             num_heads, num_kv_heads, head_dim, eps, team, nt)
+    _team_give(team)
 
 
 cdef void c_mega_fuse_rmsnorm_qkv_rope(
@@ -61,9 +68,12 @@ cdef void c_mega_fuse_rmsnorm_qkv_rope(
         const float *W_qkv, const float *b_qkv, const float *rope_cos, const float *rope_sin,
         int pos, int hidden, int num_heads, int num_kv_heads, int head_dim, int max_seq,
         float eps) noexcept nogil:
+    cdef int nt = _num_threads
+    cdef mf_team *team = _team_take(nt)
     _K.mega_fuse_rmsnorm_qkv_rope(q_out, k_out, v_out, input, gamma, W_qkv, b_qkv, rope_cos,
                                   rope_sin, pos, hidden, num_heads, num_kv_heads, head_dim,
-                                  max_seq, eps, _num_threads)
+                                  max_seq, eps, team, nt)
+    _team_give(team)
 
 
 cdef void c_mega_fuse_get_optimal_tiles(int *q_tile, int *kv_tile, int head_dim) noexcept nogil:
@@ -84,11 +94,14 @@ cdef void c_mega_fused_attention_prefill(
         void *scratch) noexcept nogil:
     cdef int q_tile, kv_tile
     _tiles(head_dim, &q_tile, &kv_tile)
+    cdef int nt = _num_threads
+    cdef mf_team *team = _team_take(nt)
     _K.mega_fused_attention_prefill(
         output, input, residual, ln1_gamma, wq, bq, wq_dt, wk, bk, wk_dt, wv, bv, wv_dt, wo, bo,
         wo_dt, kv_cache_k, kv_cache_v, rope_cos, rope_sin, start_pos, tokens, cache_capacity,
         embed_dim, aligned_embed_dim, num_heads, num_kv_heads, head_dim, aligned_head_dim, eps,
-        scratch, q_tile, kv_tile, _num_threads)
+        scratch, q_tile, kv_tile, team, nt)
+    _team_give(team)
 
 
 cdef void c_mega_fused_attention_prefill_q8_0(
@@ -103,11 +116,14 @@ cdef void c_mega_fused_attention_prefill_q8_0(
         void *scratch) noexcept nogil:
     cdef int q_tile, kv_tile
     _tiles(head_dim, &q_tile, &kv_tile)
+    cdef int nt = _num_threads
+    cdef mf_team *team = _team_take(nt)
     _K.mega_fused_attention_prefill_q8_0(
         output, input, residual, ln1_gamma, wq, bq, wq_dt, wk, bk, wk_dt, wv, bv, wv_dt, wo, bo,
         wo_dt, kv_cache_k, kv_cache_v, rope_cos, rope_sin, start_pos, tokens, cache_capacity,
         embed_dim, aligned_embed_dim, num_heads, num_kv_heads, head_dim, aligned_head_dim, eps,
-        scratch, q_tile, kv_tile, _num_threads)
+        scratch, q_tile, kv_tile, team, nt)
+    _team_give(team)
 
 
 cdef size_t _c_prefill_scratch_size(int T, int Ea, int H, int Da, int int8_path) noexcept nogil:
@@ -139,10 +155,13 @@ cdef void c_mega_fused_outproj_mlp_prefill(
         int tokens, int embed_dim, int aligned_embed_dim, int num_heads, int aligned_head_dim,
         int intermediate_dim, int aligned_intermediate_dim, float eps,
         void *scratch) noexcept nogil:
+    cdef int nt = _num_threads
+    cdef mf_team *team = _team_take(nt)
     _K.mega_fused_outproj_mlp_prefill(
         output, attn_out, residual, ln2_gamma, wo, bo, wo_dt, w1, b1, w1_dt, w2, b2, w2_dt,
         tokens, embed_dim, aligned_embed_dim, num_heads, aligned_head_dim, intermediate_dim,
-        aligned_intermediate_dim, eps, scratch, _num_threads)
+        aligned_intermediate_dim, eps, scratch, team, nt)
+    _team_give(team)
 
 
 cdef void c_mega_fused_outproj_mlp_prefill_f32(
@@ -153,10 +172,13 @@ cdef void c_mega_fused_outproj_mlp_prefill_f32(
         int tokens, int embed_dim, int aligned_embed_dim, int num_heads, int aligned_head_dim,
         int intermediate_dim, int aligned_intermediate_dim, float eps,
         void *scratch) noexcept nogil:
+    cdef int nt = _num_threads
+    cdef mf_team *team = _team_take(nt)
     _K.mega_fused_outproj_mlp_prefill_f32(
         output, attn_out, residual, ln2_gamma, wo, bo, wo_dt, w1, b1, w1_dt, w2, b2, w2_dt,
         tokens, embed_dim, aligned_embed_dim, num_heads, aligned_head_dim, intermediate_dim,
-        aligned_intermediate_dim, eps, scratch, _num_threads)
+        aligned_intermediate_dim, eps, scratch, team, nt)
+    _team_give(team)
 
 
 cdef size_t c_mega_fused_outproj_mlp_prefill_scratch_size(
@@ -179,9 +201,12 @@ cdef void c_mega_fused_mlp_prefill(
         const void *w2, const float *b2, CKDataType w2_dt,
         int tokens, int embed_dim, int aligned_embed_dim, int intermediate_dim,
         int aligned_intermediate_dim, float eps, void *scratch) noexcept nogil:
+    cdef int nt = _num_threads
+    cdef mf_team *team = _team_take(nt)
     _K.mega_fused_mlp_prefill(output, input, residual, ln2_gamma, w1, b1, w1_dt, w2, b2, w2_dt,
                               tokens, embed_dim, aligned_embed_dim, intermediate_dim,
-                              aligned_intermediate_dim, eps, scratch, _num_threads)
+                              aligned_intermediate_dim, eps, scratch, team, nt)
+    _team_give(team)
 
 
 cdef void c_mega_fused_mlp_prefill_f32(
@@ -190,9 +215,12 @@ cdef void c_mega_fused_mlp_prefill_f32(
         const void *w2, const float *b2, CKDataType w2_dt,
         int tokens, int embed_dim, int aligned_embed_dim, int intermediate_dim,
         int aligned_intermediate_dim, float eps, void *scratch) noexcept nogil:
+    cdef int nt = _num_threads
+    cdef mf_team *team = _team_take(nt)
     _K.mega_fused_mlp_prefill_f32(output, input, residual, ln2_gamma, w1, b1, w1_dt, w2, b2,
                                   w2_dt, tokens, embed_dim, aligned_embed_dim, intermediate_dim,
-                                  aligned_intermediate_dim, eps, scratch, _num_threads)
+                                  aligned_intermediate_dim, eps, scratch, team, nt)
+    _team_give(team)
 
 
 cdef size_t c_mega_fused_mlp_prefill_scratch_size(

@@ -6,8 +6,10 @@
 # after it, holding the kernel <name>_kernel: the def <name> (and c_<name>) calls slot <name>,
 # which is <name>_kernel in one of the family files (docs/design.md's source map lists them).  A
 # slot takes the header function's parameters, in its order (already validated: kernels cannot
-# fail), then what the boundary decides: the attention tiles where the kernel has attention, and
-# the thread count.  The format layer's slots are named after the defs of
+# fail), then what the boundary decides: the attention tiles where the kernel has attention, the
+# thread team its parallel work runs on (the shared team the boundary holds for the call, or NULL:
+# then a team-less job, mf_team_run_detached, of num_threads threads) and the thread count.  The
+# format layer's slots are named after the defs of
 # megafuse/kernels/formats.pxi.
 #
 # Dimension letters: E = embed_dim, Ea = aligned, D = head_dim, Da = aligned, H = num_heads,
@@ -38,6 +40,11 @@ cdef extern from "megafuse/mf_team.h" nogil:
     void mf_team_wait_done(mf_team *t, uint32_t target)
     void mf_team_chunk_done(mf_team *t)
     void mf_team_run(mf_team *t, uint32_t total, mf_team_fn fn, void *ctx)
+    void mf_team_run_detached(int n_threads, uint32_t total, mf_team_fn fn, void *ctx)
+    ctypedef struct mf_team_slot:
+        mf_team *team
+    mf_team *mf_team_slot_acquire(mf_team_slot *s, int n_threads)
+    void mf_team_slot_release(mf_team_slot *s)
 
 cdef extern from "megafuse/mf_model.h" nogil:
     enum: MF_STEP_TOKENS
@@ -149,7 +156,7 @@ cdef extern from "megafuse/mf_attention.h" nogil:
 
 # Bump when a slot is added or a signature changes: a level module of another version is refused.
 cdef enum:
-    KERNEL_TABLE_VERSION = 8
+    KERNEL_TABLE_VERSION = 9
     MF_MAX_Q_TILE = 128       # upper bound of the query tile (its softmax state lives on the stack)
 
 ctypedef void (*mega_fused_attention_decode_workspace_fn)(
@@ -171,7 +178,7 @@ ctypedef void (*mega_fused_attention_decode_workspace_fn)(
     size_t q_output_workspace_bytes,
     float *kv_workspace,          # [2, G*Da]: k, then v
     size_t kv_workspace_bytes,
-    int kv_tile, int num_threads) noexcept nogil
+    int kv_tile, mf_team *team, int num_threads) noexcept nogil
 
 ctypedef void (*mega_fuse_rmsnorm_qkv_fn)(
     float *q_out,                 # [H*D]
@@ -182,7 +189,7 @@ ctypedef void (*mega_fuse_rmsnorm_qkv_fn)(
     const float *W_qkv,           # [(H+2G)*D, hidden]
     const float *b_qkv,           # [(H+2G)*D] or NULL
     int hidden, int num_heads, int num_kv_heads, int head_dim, float eps,
-    int num_threads) noexcept nogil
+    mf_team *team, int num_threads) noexcept nogil
 
 ctypedef void (*mega_fuse_rmsnorm_qkv_rope_fn)(
     float *q_out,                 # [H*D]
@@ -195,7 +202,7 @@ ctypedef void (*mega_fuse_rmsnorm_qkv_rope_fn)(
     const float *rope_cos,        # [max_seq, D/2] or NULL (then no rotation)
     const float *rope_sin,
     int pos, int hidden, int num_heads, int num_kv_heads, int head_dim, int max_seq, float eps,
-    int num_threads) noexcept nogil
+    mf_team *team, int num_threads) noexcept nogil
 
 # mega_fused_attention_prefill and mega_fused_attention_prefill_q8_0
 ctypedef void (*mega_fused_attention_prefill_fn)(
@@ -212,7 +219,7 @@ ctypedef void (*mega_fused_attention_prefill_fn)(
     int start_pos, int tokens, int cache_capacity, int embed_dim, int aligned_embed_dim,
     int num_heads, int num_kv_heads, int head_dim, int aligned_head_dim, float eps,
     void *scratch,                # include/megafuse/mf_scratch.h layout
-    int q_tile, int kv_tile, int num_threads) noexcept nogil
+    int q_tile, int kv_tile, mf_team *team, int num_threads) noexcept nogil
 
 # mega_fused_outproj_mlp_prefill and mega_fused_outproj_mlp_prefill_f32
 ctypedef void (*mega_fused_outproj_mlp_prefill_fn)(
@@ -226,7 +233,7 @@ ctypedef void (*mega_fused_outproj_mlp_prefill_fn)(
     int tokens, int embed_dim, int aligned_embed_dim, int num_heads, int aligned_head_dim,
     int intermediate_dim, int aligned_intermediate_dim, float eps,
     void *scratch,                # include/megafuse/mf_scratch.h layout
-    int num_threads) noexcept nogil
+    mf_team *team, int num_threads) noexcept nogil
 
 # mega_fused_mlp_prefill and mega_fused_mlp_prefill_f32
 ctypedef void (*mega_fused_mlp_prefill_fn)(
@@ -239,7 +246,7 @@ ctypedef void (*mega_fused_mlp_prefill_fn)(
     int tokens, int embed_dim, int aligned_embed_dim, int intermediate_dim,
     int aligned_intermediate_dim, float eps,
     void *scratch,                # include/megafuse/mf_scratch.h layout
-    int num_threads) noexcept nogil
+    mf_team *team, int num_threads) noexcept nogil
 
 # The format layer (kernels/levels/quant.pxi).  R = rows, C = columns,
 # RB = ck_dtype_row_bytes(dt, C), AB = mf_activation_row_bytes(dt, C).
@@ -309,7 +316,9 @@ ctypedef struct KernelTable:
 
 # What megafuse._kernels shares with megafuse's other compiled modules (the model runner,
 # megafuse/llm/_runner.pyx), in the capsule "megafuse.boundary": where it keeps the table of the
-# SIMD level in use and the thread count, so that a call reads them as they are then.
+# SIMD level in use and the thread count, so that a call reads them as they are then, and the
+# thread team every step and header call shares (include/megafuse/mf_team.h, mf_team_slot).
 ctypedef struct mf_boundary:
     const KernelTable **table
     const int *num_threads
+    mf_team_slot *team_slot

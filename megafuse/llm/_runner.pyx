@@ -20,6 +20,7 @@ from megafuse import _kernels
 from megafuse._kernels cimport c_mega_fuse_get_optimal_tiles
 from megafuse.kernels.kernel_table cimport (
     KernelTable, mf_boundary, mf_team, mf_team_create, mf_team_destroy, mf_team_run,
+    mf_team_slot_acquire, mf_team_slot_release,
     mf_team_claim_gen, mf_team_wait_done, mf_team_chunk_done, mf_atomic_load32, mf_atomic_add32,
     mf_model, mf_model_layer, mf_step, mf_step_scratch, mf_step_scratch_layout, mf_phase,
     mf_step_max_phases, MF_STEP_SOLO_BYTES, MF_STEP_TOKENS, MF_ACT_SILU, MF_ACT_GELU_TANH,
@@ -40,14 +41,14 @@ cdef const mf_boundary *_boundary = <const mf_boundary *>PyCapsule_GetPointer(
 from megafuse.llm.arch import BIAS_ROLES as _LAYER_BIASES, MATRIX_ROLES as _LAYER_WEIGHTS
 
 
-# The thread team every runner uses (one per process, remade when the thread count changes),
-# so that the steps of many runners -- a chain of DecoderLayers, several models -- find the same
-# threads awake.  With a team per runner, each of them kept its own threads spinning for a while
-# after its step (MF_TEAM_IDLE_SPIN_NS), on the cores the next runner's step needed, and woke its
-# own sleeping threads at its next call: a chain of runners could run slower on two threads
-# than on one.  A runner whose step starts while another Python thread's step holds it runs on a
-# team of its own (ModelRunner.team).  Taken and released with the GIL held.
-cdef mf_team *_shared_team = NULL
+# The thread team every runner uses is megafuse._kernels' (one per process, remade when the
+# thread count changes; the header functions run on it too: _boundary.team_slot), so that the
+# steps of many runners -- a chain of DecoderLayers, several models -- and header calls between
+# them find the same threads awake.  With a team per runner, each of them kept its own threads
+# spinning for a while after its step (MF_TEAM_IDLE_SPIN_NS), on the cores the next runner's
+# step needed, and woke its own sleeping threads at its next call: a chain of runners could run
+# slower on two threads than on one.  A runner whose step starts while another call holds it
+# runs on a team of its own (ModelRunner.team).
 # float16 caches are read by mf_attend_range_f16 (include/megafuse/mf_attention.h), which takes
 # head dims up to MF_ATT_MAX_HEAD_DIM
 _KV_F16_MAX_HEAD_DIM = 256
@@ -57,7 +58,6 @@ MAX_STEP_SEQUENCES = MF_STEP_MAX_SEGMENTS     # sequences one forward_batch call
 # the gate activations, in the order of mf_model.activation's values (MF_ACT_SILU = 0, ...)
 _GATES = ("silu", "gelu_tanh")
 assert MF_ACT_SILU == 0 and MF_ACT_GELU_TANH == 1
-cdef bint _shared_team_busy = False
 
 
 cdef mf_team *_team_sized(mf_team **slot, int n_threads) except NULL:
@@ -434,7 +434,6 @@ cdef class ModelRunner:
         cdef const KernelTable *table = _boundary.table[0]
         cdef mf_team *team
         cdef bint shared
-        global _shared_team, _shared_team_busy
         if self.layers == NULL:
             raise RuntimeError("ModelRunner: not initialised")
         if (tokens is None) == (x is None):
@@ -485,15 +484,15 @@ cdef class ModelRunner:
             raise RuntimeError("ModelRunner.forward: the model is running in another thread "
                                "(a model holds one sequence: use one per thread)")
         n_threads = _boundary.num_threads[0]
-        shared = not _shared_team_busy        # else another thread's step holds it: our own
-        team = _team_sized(&_shared_team if shared else &self.team, n_threads)
+        team = mf_team_slot_acquire(_boundary.team_slot, n_threads)
+        shared = team != NULL                 # else another call holds it: our own
+        if not shared:
+            team = _team_sized(&self.team, n_threads)
         self.last_team_threads = n_threads
         self.last_on_own_team = not shared
         c_mega_fuse_get_optimal_tiles(&q_tile, &kv_tile, self.head_dim)
         self.m.q_tile, self.m.kv_tile = q_tile, kv_tile
         self.busy = True
-        if shared:
-            _shared_team_busy = True
         try:
             with nogil:
                 table.model_forward(&self.st, team, tok_p, x_p, <int>T, S, logits_p,
@@ -501,7 +500,7 @@ cdef class ModelRunner:
         finally:
             self.busy = False
             if shared:
-                _shared_team_busy = False
+                mf_team_slot_release(_boundary.team_slot)
 
     def forward_batch(self, items):
         """One step of several sequences' tokens, the weights read once for all of them.
@@ -524,7 +523,6 @@ cdef class ModelRunner:
         cdef const int32_t *tok_p
         cdef int s, S, n_threads, n_segs
         cdef bint shared
-        global _shared_team, _shared_team_busy
         if self.layers == NULL:
             raise RuntimeError("ModelRunner: not initialised")
         batch = list(items)
@@ -590,15 +588,15 @@ cdef class ModelRunner:
             sg.all_logits = all_logits
             sg.x_out = _wp(x_out) if x_out is not None else NULL
         n_threads = _boundary.num_threads[0]
-        shared = not _shared_team_busy
-        team = _team_sized(&_shared_team if shared else &self.team, n_threads)
+        team = mf_team_slot_acquire(_boundary.team_slot, n_threads)
+        shared = team != NULL
+        if not shared:
+            team = _team_sized(&self.team, n_threads)
         self.last_team_threads = n_threads
         self.last_on_own_team = not shared
         c_mega_fuse_get_optimal_tiles(&self.m.q_tile, &self.m.kv_tile, self.head_dim)
         for rr in runners + [self]:
             (<ModelRunner>rr).busy = True
-        if shared:
-            _shared_team_busy = True
         tok_p = <const int32_t *>cnp.PyArray_DATA(tok_all)
         n_segs = <int>len(batch)
         try:
@@ -608,7 +606,7 @@ cdef class ModelRunner:
             for rr in runners + [self]:
                 (<ModelRunner>rr).busy = False
             if shared:
-                _shared_team_busy = False
+                mf_team_slot_release(_boundary.team_slot)
 
     cdef bint _shares_weights(self, ModelRunner r):
         """r runs this model's weights and features, with caches of the same dtype and rows."""

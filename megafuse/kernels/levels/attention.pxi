@@ -279,21 +279,44 @@ cdef inline void one_token_combine(const OneTokenPlan *p, Py_ssize_t h, const fl
                           Da, attn + h * Da)
 
 
-cdef void attend_one_token(
+cdef struct OneTokenJob:
+    # the attention of one token over keys 0 .. P (attend_one_token_phases)
+    OneTokenPlan plan
+    const float *q             # [H, Da]: the token's query heads (roped)
+    const float *kv_cache_k    # [G, C, Da]: rows 0 .. P are read
+    const float *kv_cache_v    # [G, C, Da]
+    Py_ssize_t P, H, G, D, Da, C, kv_tile
+    float scale
+    float *attn                # [H, Da] out: head h's attention output (dims >= D: 0)
+    float parts[SPLIT_PART_FLOATS]   # split-KV: [n_seg, H, Da] sums, then m, l
+
+
+cdef void one_token_job_task(const void *ctx, Py_ssize_t arg, Py_ssize_t task) noexcept nogil:
+    cdef OneTokenJob *c = <OneTokenJob *>ctx
+    one_token_task(&c.plan, task, c.q, c.kv_cache_k, c.kv_cache_v, False, c.P, c.H, c.G, c.D,
+                   c.Da, c.C, c.scale, c.kv_tile, c.attn, c.parts, NULL)
+
+
+cdef void one_token_job_combine(const void *ctx, Py_ssize_t arg, Py_ssize_t h) noexcept nogil:
+    cdef OneTokenJob *c = <OneTokenJob *>ctx
+    one_token_combine(&c.plan, h, c.parts, c.H, c.D, c.Da, c.attn)
+
+
+cdef void attend_one_token_phases(
+        Job *job, OneTokenJob *c,  # c: filled here; must live until the job has run
         const float *q,        # [H, Da]: the token's query heads (roped)
         const float *kv_cache_k,   # [G, C, Da]: rows 0 .. pos are read
         const float *kv_cache_v,   # [G, C, Da]
         Py_ssize_t P,          # the token's position
         Py_ssize_t H, Py_ssize_t G, Py_ssize_t D, Py_ssize_t Da, Py_ssize_t C, float scale,
         Py_ssize_t kv_tile,
-        float *attn,           # [H, Da] out: head h's attention output (dims >= D: 0)
-        int num_threads) noexcept nogil:
-    cdef float parts[SPLIT_PART_FLOATS]        # split-KV: [n_seg, H, Da] sums, then m, l
-    cdef OneTokenPlan plan = one_token_plan(P, 0, H, G, D, Da)
-    cdef Py_ssize_t task, h
-    for task in prange(plan.tasks, num_threads=num_threads, schedule='dynamic', nogil=True):
-        one_token_task(&plan, task, q, kv_cache_k, kv_cache_v, False, P, H, G, D, Da, C, scale,
-                       kv_tile, attn, parts, NULL)
-    if plan.kind == ONE_TOKEN_SPLIT:
-        for h in prange(H, num_threads=num_threads, schedule='static', nogil=True):
-            one_token_combine(&plan, h, parts, H, D, Da, attn)
+        float *attn) noexcept nogil:   # [H, Da] out
+    """The phases of one token's attention: its tasks (one at a time a chunk: their sizes
+    differ), then for split-KV the combine of each head's parts."""
+    c.plan = one_token_plan(P, 0, H, G, D, Da)
+    c.q, c.kv_cache_k, c.kv_cache_v = q, kv_cache_k, kv_cache_v
+    c.P, c.H, c.G, c.D, c.Da, c.C, c.kv_tile, c.scale = P, H, G, D, Da, C, kv_tile, scale
+    c.attn = attn
+    job_add(job, one_token_job_task, c, 0, c.plan.tasks, 1)
+    if c.plan.kind == ONE_TOKEN_SPLIT:
+        job_add(job, one_token_job_combine, c, 0, H, 0)

@@ -30,6 +30,43 @@ cdef void outproj_rows_block(
                 residual[e] if residual != NULL else 0.0)
 
 
+cdef struct DecodeJob:
+    # the steps of mega_fused_attention_decode_workspace_kernel that are not projections or
+    # attention (RoPE and the cache write; the out-projection)
+    float *q                   # [H, Da]
+    float *k                   # [G, Da]
+    const float *v             # [G, Da]
+    float *kv_cache_k          # [G, C, Da]
+    float *kv_cache_v
+    const float *cos_p         # [D/2]: the rows of position P, or NULL
+    const float *sin_p
+    const float *wo            # [Ea, H*Da]
+    const float *bo            # [Ea] or NULL
+    const float *residual      # [Ea] or NULL
+    const float *attn          # [H, Da]
+    float *output              # [Ea]
+    Py_ssize_t E, Ea, H, G, D, Da, C, P
+
+
+cdef void decode_job_rope_store(const void *ctx, Py_ssize_t arg, Py_ssize_t i) noexcept nogil:
+    """RoPE of q and k, then the token's k, v to row [g, P] of the caches (padded dims are
+    already 0)."""
+    cdef const DecodeJob *c = <const DecodeJob *>ctx
+    cdef Py_ssize_t g
+    if c.cos_p != NULL:
+        rope_rotate_heads(c.q, c.H, c.D, c.Da, c.cos_p, c.sin_p)
+        rope_rotate_heads(c.k, c.G, c.D, c.Da, c.cos_p, c.sin_p)
+    for g in range(c.G):
+        memcpy(c.kv_cache_k + (g * c.C + c.P) * c.Da, c.k + g * c.Da, c.Da * sizeof(float))
+        memcpy(c.kv_cache_v + (g * c.C + c.P) * c.Da, c.v + g * c.Da, c.Da * sizeof(float))
+
+
+cdef void decode_job_outproj(const void *ctx, Py_ssize_t arg, Py_ssize_t blk) noexcept nogil:
+    cdef const DecodeJob *c = <const DecodeJob *>ctx
+    outproj_rows_block(blk * 4, c.wo, c.bo, c.residual, c.attn, c.output, c.E, c.Ea,
+                       c.H * c.Da)
+
+
 cdef void mega_fused_attention_decode_workspace_kernel(
         float *output,             # [Ea]: columns >= E written as 0
         const float *input,        # [Ea]
@@ -49,7 +86,9 @@ cdef void mega_fused_attention_decode_workspace_kernel(
         size_t q_output_workspace_bytes,   # (checked by the boundary; not needed here)
         float *kv_workspace,         # [2, G*Da]: k, then v
         size_t kv_workspace_bytes,
-        int kv_tile, int num_threads) noexcept nogil:
+        int kv_tile, mf_team *team, int num_threads) noexcept nogil:
+    """One job of the team: the projections, RoPE and the cache write, the attention, the
+    out-projection, each phase after the one before."""
     cdef Py_ssize_t E = embed_dim, Ea = aligned_embed_dim, H = num_heads, G = num_kv_heads
     cdef Py_ssize_t D = head_dim, Da = aligned_head_dim, C = cache_capacity, P = pos
     cdef Py_ssize_t HDa = H * Da
@@ -58,24 +97,26 @@ cdef void mega_fused_attention_decode_workspace_kernel(
     cdef float *k = kv_workspace                 # [G, Da]
     cdef float *v = kv_workspace + G * Da        # [G, Da]
     cdef float scale = 1.0 / sqrtf(<float>D)
-    cdef Py_ssize_t g, blk
+    cdef Job job
+    cdef QkvJob qkv
+    cdef OneTokenJob att
+    cdef DecodeJob dec
+    job_init(&job, team, num_threads)
+    project_qkv_phase(&job, &qkv, input, ln1_gamma, rms_inverse(input, E, eps), wq, bq, wk, bk,
+                      wv, bv, q, k, v, E, Ea, H, G, D, Da)
 
-    project_qkv(input, ln1_gamma, rms_inverse(input, E, eps), wq, bq, wk, bk, wv, bv,
-                q, k, v, E, Ea, H, G, D, Da, num_threads)
-    if rope_cos != NULL:
-        rope_rotate_heads(q, H, D, Da, rope_cos + P * (D // 2), rope_sin + P * (D // 2))
-        rope_rotate_heads(k, G, D, Da, rope_cos + P * (D // 2), rope_sin + P * (D // 2))
-
-    # The token's k, v go to row [g, pos] of the caches (padded dims are already 0).
-    for g in range(G):
-        memcpy(kv_cache_k + (g * C + P) * Da, k + g * Da, Da * sizeof(float))
-        memcpy(kv_cache_v + (g * C + P) * Da, v + g * Da, Da * sizeof(float))
+    dec.q, dec.k, dec.v, dec.kv_cache_k, dec.kv_cache_v = q, k, v, kv_cache_k, kv_cache_v
+    dec.cos_p = rope_cos + P * (D // 2) if rope_cos != NULL else NULL
+    dec.sin_p = rope_sin + P * (D // 2) if rope_cos != NULL else NULL
+    dec.wo, dec.bo, dec.residual, dec.attn, dec.output = wo, bo, residual, attn, output
+    dec.E, dec.Ea, dec.H, dec.G, dec.D, dec.Da, dec.C, dec.P = E, Ea, H, G, D, Da, C, P
+    job_add(&job, decode_job_rope_store, &dec, 0, 1, 1)
 
     # attention of the token's query heads over positions 0..pos (attention.pxi)
-    attend_one_token(q, kv_cache_k, kv_cache_v, P, H, G, D, Da, C, scale, kv_tile, attn,
-                     num_threads)
+    attend_one_token_phases(&job, &att, q, kv_cache_k, kv_cache_v, P, H, G, D, Da, C, scale,
+                            kv_tile, attn)
 
     # output = attn @ wo.T + bo + residual.  Row e of output reads only residual[e]: output may be
     # the residual (or the input, no longer needed) itself.
-    for blk in prange((Ea + 3) // 4, num_threads=num_threads, schedule='static', nogil=True):
-        outproj_rows_block(blk * 4, wo, bo, residual, attn, output, E, Ea, HDa)
+    job_add(&job, decode_job_outproj, &dec, 0, (Ea + 3) // 4, 0)
+    job_run(&job)

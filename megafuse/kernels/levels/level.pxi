@@ -14,6 +14,7 @@ from libc.stdint cimport int32_t, int64_t, uint16_t, uint32_t
 from megafuse.kernels.kernel_table cimport (
     KernelTable, KERNEL_TABLE_VERSION, MF_ATT_MAX_KV_TILE, MF_MAX_Q_TILE, MF_SIMD_NAME,
     mf_team, mf_team_claim_gen, mf_team_wait_done, mf_team_chunk_done, mf_team_run,
+    mf_team_run_detached,
     mf_atomic_load32, mf_atomic_store32, MF_TEAM_PAUSE,
     mf_model, mf_model_layer, mf_step, mf_phase, mf_phase_cut_lanes, mf_phase_take,
     mf_one_token_plan, mf_segment, MF_STEP_TOKENS, MF_STEP_SPLIT_FLOATS, MF_ACT_GELU_TANH,
@@ -47,6 +48,7 @@ cdef extern from "megafuse/mf_simd.h" nogil:
     void mf_silu_mul_f32(const float *g, const float *u, float *out, Py_ssize_t n)
     void mf_gelu_tanh_mul_f32(const float *g, const float *u, float *out, Py_ssize_t n)
 
+include "team_job.pxi"
 include "quant.pxi"
 include "norm_qkv_rope.pxi"
 include "attention.pxi"

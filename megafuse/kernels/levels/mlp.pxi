@@ -53,15 +53,86 @@ cdef void swiglu_block(
             mf_silu_mul_f32(gate + j * GEMM_ROWS, up + j * GEMM_ROWS, act + j * Ia + i0, g.n)
 
 
-cdef void quantize_rows_for(int dt, const float *x, Py_ssize_t ldx, char *xq, Py_ssize_t xq_row,
-                            Py_ssize_t n, Py_ssize_t nt, int num_threads) noexcept nogil:
-    """Quantize nt rows of n floats to the activation format of weight format dt (if any; not
-    at all on the float path, xq = NULL)."""
-    cdef Py_ssize_t t
-    if xq == NULL or not uses_q8_activations(dt):
-        return
-    for t in prange(nt, num_threads=num_threads, schedule='static', nogil=True):
-        quantize_activation_row(x + t * ldx, xq + t * xq_row, n, activation_format(dt))
+cdef struct MlpJob:
+    # what every phase of fused_mlp reads: its arguments and the scratch regions
+    float *output              # [T, Ea]
+    const float *attn_out      # [H, T, Da] or NULL
+    const float *residual      # [T, Ea] or NULL
+    const float *ln2_gamma     # [E]
+    const float *h_rows        # [T, Ea]: the hidden state the MLP normalises
+    const float *base_rows     # [T, Ea] or NULL: what the MLP output is added to
+    const void *wo
+    const float *bo
+    const void *w1
+    const float *b1
+    const void *w2
+    const float *b2
+    int wo_dt, w1_dt, w2_dt
+    Py_ssize_t E, Ea, T, H, Da, HDa, I, Ia, tile, wo_row, w1_row, w2_row, q_row, aq_row
+    float eps
+    float *rows                # [tile, max(HDa, Ea)]: attn rows, then z
+    char *rows_q               # [tile, q_row] or NULL (float path)
+    float *act                 # [tile, Ia]: silu(gate) * up
+    char *act_q                # [tile, aq_row] or NULL
+
+
+cdef inline Py_ssize_t mlp_tile_tokens(const MlpJob *c, Py_ssize_t t0) noexcept nogil:
+    return min(c.tile, c.T - t0)
+
+
+cdef void mlp_gather(const void *ctx, Py_ssize_t t0, Py_ssize_t j) noexcept nogil:
+    """Token t0+j's attention row, gathered from the head-major layout."""
+    cdef const MlpJob *c = <const MlpJob *>ctx
+    cdef Py_ssize_t h
+    for h in range(c.H):
+        memcpy(c.rows + j * c.HDa + h * c.Da, c.attn_out + (h * c.T + t0 + j) * c.Da,
+               c.Da * sizeof(float))
+
+
+cdef void mlp_quantize_rows(const void *ctx, Py_ssize_t t0, Py_ssize_t j) noexcept nogil:
+    cdef const MlpJob *c = <const MlpJob *>ctx
+    quantize_activation_row(c.rows + j * c.HDa, c.rows_q + j * c.q_row, c.HDa,
+                            activation_format(c.wo_dt))
+
+
+cdef void mlp_outproj(const void *ctx, Py_ssize_t t0, Py_ssize_t blk) noexcept nogil:
+    """output[t] = attn[t] @ wo.T + bo + residual[t], one block of rows."""
+    cdef const MlpJob *c = <const MlpJob *>ctx
+    linear_block(blk * GEMM_ROWS, <const char *>c.wo, c.wo_row, c.wo_dt, c.HDa, c.bo, c.E, c.Ea,
+                 c.rows, c.HDa, c.rows_q, c.q_row, mlp_tile_tokens(c, t0), c.output + t0 * c.Ea,
+                 c.residual + t0 * c.Ea if c.residual != NULL else NULL, c.Ea)
+
+
+cdef void mlp_rmsnorm(const void *ctx, Py_ssize_t t0, Py_ssize_t j) noexcept nogil:
+    cdef const MlpJob *c = <const MlpJob *>ctx
+    rmsnorm_row(c.h_rows + (t0 + j) * c.Ea, c.ln2_gamma, c.E, c.Ea, c.eps, c.rows + j * c.Ea)
+
+
+cdef void mlp_quantize_z(const void *ctx, Py_ssize_t t0, Py_ssize_t j) noexcept nogil:
+    cdef const MlpJob *c = <const MlpJob *>ctx
+    quantize_activation_row(c.rows + j * c.Ea, c.rows_q + j * c.q_row, c.Ea,
+                            activation_format(c.w1_dt))
+
+
+cdef void mlp_swiglu(const void *ctx, Py_ssize_t t0, Py_ssize_t blk) noexcept nogil:
+    """act = silu(z @ Wg.T + bg) * (z @ Wu.T + bu): gate row i and up row Ia+i together."""
+    cdef const MlpJob *c = <const MlpJob *>ctx
+    swiglu_block(blk * GEMM_ROWS, <const char *>c.w1, c.w1_row, c.w1_dt, c.Ea, c.b1, c.rows,
+                 c.rows_q, c.q_row, mlp_tile_tokens(c, t0), c.I, c.Ia, c.act)
+
+
+cdef void mlp_quantize_act(const void *ctx, Py_ssize_t t0, Py_ssize_t j) noexcept nogil:
+    cdef const MlpJob *c = <const MlpJob *>ctx
+    quantize_activation_row(c.act + j * c.Ia, c.act_q + j * c.aq_row, c.Ia,
+                            activation_format(c.w2_dt))
+
+
+cdef void mlp_down(const void *ctx, Py_ssize_t t0, Py_ssize_t blk) noexcept nogil:
+    """output[t] = base[t] + act[t] @ w2.T + b2, one block of rows."""
+    cdef const MlpJob *c = <const MlpJob *>ctx
+    linear_block(blk * GEMM_ROWS, <const char *>c.w2, c.w2_row, c.w2_dt, c.Ia, c.b2, c.E, c.Ea,
+                 c.act, c.Ia, c.act_q, c.aq_row, mlp_tile_tokens(c, t0), c.output + t0 * c.Ea,
+                 c.base_rows + t0 * c.Ea if c.base_rows != NULL else NULL, c.Ea)
 
 
 cdef void fused_mlp(
@@ -76,67 +147,59 @@ cdef void fused_mlp(
         int tokens, int embed_dim, int aligned_embed_dim, int num_heads, int aligned_head_dim,
         int intermediate_dim, int aligned_intermediate_dim, float eps,
         void *scratch,             # mf_mlp_scratch_layout(...).total bytes
-        int int8_path, int num_threads) noexcept nogil:
+        int int8_path, mf_team *team, int num_threads) noexcept nogil:
     """Every MLP kernel: int8_path = 1 quantizes the activations of block-format weights,
-    0 keeps them float32 (no quantized row exists: rows_q, act_q are NULL)."""
-    cdef Py_ssize_t E = embed_dim, Ea = aligned_embed_dim, T = tokens
-    cdef Py_ssize_t H = num_heads, Da = aligned_head_dim
-    cdef Py_ssize_t HDa = H * Da if attn_out != NULL else 0
-    cdef Py_ssize_t I = intermediate_dim, Ia = aligned_intermediate_dim
+    0 keeps them float32 (no quantized row exists: rows_q, act_q are NULL).  One job of the
+    team (a few, for many token tiles): per tile, the phases below, each after the one before
+    (the next tile's phases reuse the tile buffers after this tile's last phase)."""
+    cdef Py_ssize_t T = tokens, Ea = aligned_embed_dim
+    cdef Py_ssize_t HDa = <Py_ssize_t>num_heads * aligned_head_dim if attn_out != NULL else 0
+    cdef Py_ssize_t Ia = aligned_intermediate_dim
     cdef mf_mlp_scratch layout = mf_mlp_scratch_layout(T, Ea, HDa, Ia)
     cdef char *base = <char *>scratch
-    cdef float *rows = <float *>(base + layout.f)     # [tile, max(HDa, Ea)]: attn rows, then z
-    cdef char *rows_q = base + layout.q if int8_path else NULL    # [tile, q_row]
-    cdef float *act = <float *>(base + layout.a)      # [tile, Ia]: silu(gate) * up
-    cdef char *act_q = base + layout.aq if int8_path else NULL    # [tile, aq_row]
-    cdef Py_ssize_t wo_row = ck_dtype_row_bytes(wo_dt, HDa) if HDa else 0
-    cdef Py_ssize_t w1_row = ck_dtype_row_bytes(w1_dt, Ea), w2_row = ck_dtype_row_bytes(w2_dt, Ia)
-    cdef Py_ssize_t t0, nt, t, j, h, e, i, blk
+    cdef Py_ssize_t t0, nt
     cdef Py_ssize_t n_be = (Ea + GEMM_ROWS - 1) // GEMM_ROWS    # blocks of output rows
-    cdef const float *h_rows        # [T, Ea]: the hidden state the MLP normalises
-    cdef const float *base_rows     # [T, Ea] or NULL: what the MLP output is added to
+    cdef Job job
+    cdef MlpJob c
 
+    c.output, c.attn_out, c.residual, c.ln2_gamma = output, attn_out, residual, ln2_gamma
     if attn_out != NULL:
-        h_rows = output            # h1 = attn @ wo.T + bo + residual lands in output first
-        base_rows = output
+        c.h_rows = output          # h1 = attn @ wo.T + bo + residual lands in output first
+        c.base_rows = output
     else:
-        h_rows = input
-        base_rows = residual
+        c.h_rows = input
+        c.base_rows = residual
+    c.wo, c.bo, c.w1, c.b1, c.w2, c.b2 = wo, bo, w1, b1, w2, b2
+    c.wo_dt, c.w1_dt, c.w2_dt = wo_dt, w1_dt, w2_dt
+    c.E, c.Ea, c.T, c.H, c.Da, c.HDa = embed_dim, Ea, T, num_heads, aligned_head_dim, HDa
+    c.I, c.Ia, c.tile, c.eps = intermediate_dim, Ia, layout.tile, eps
+    c.wo_row = ck_dtype_row_bytes(wo_dt, HDa) if HDa else 0
+    c.w1_row = ck_dtype_row_bytes(w1_dt, Ea)
+    c.w2_row = ck_dtype_row_bytes(w2_dt, Ia)
+    c.q_row, c.aq_row = layout.q_row, layout.aq_row
+    c.rows = <float *>(base + layout.f)
+    c.rows_q = base + layout.q if int8_path else NULL
+    c.act = <float *>(base + layout.a)
+    c.act_q = base + layout.aq if int8_path else NULL
 
+    job_init(&job, team, num_threads)
     t0 = 0
     while t0 < T:
-        nt = min(<Py_ssize_t>layout.tile, T - t0)
-
-        # ---- out-projection: output[t] = attn[t] @ wo.T + bo + residual[t] -------------------
+        nt = mlp_tile_tokens(&c, t0)
         if attn_out != NULL:
-            for j in prange(nt, num_threads=num_threads, schedule='static', nogil=True):
-                for h in range(H):     # gather token t0+j's row from the head-major layout
-                    memcpy(rows + j * HDa + h * Da, attn_out + (h * T + t0 + j) * Da,
-                           Da * sizeof(float))
-            quantize_rows_for(wo_dt, rows, HDa, rows_q, layout.q_row, HDa, nt, num_threads)
-            for blk in prange(n_be, num_threads=num_threads, schedule='guided', nogil=True):
-                linear_block(blk * GEMM_ROWS, <const char *>wo, wo_row, wo_dt, HDa, bo, E, Ea,
-                             rows, HDa, rows_q, layout.q_row, nt, output + t0 * Ea,
-                             residual + t0 * Ea if residual != NULL else NULL, Ea)
-
-        # ---- z = rmsnorm(h) -------------------------------------------------------------------
-        for j in prange(nt, num_threads=num_threads, schedule='static', nogil=True):
-            rmsnorm_row(h_rows + (t0 + j) * Ea, ln2_gamma, E, Ea, eps, rows + j * Ea)
-        quantize_rows_for(w1_dt, rows, Ea, rows_q, layout.q_row, Ea, nt, num_threads)
-
-        # ---- act = silu(z @ Wg.T + bg) * (z @ Wu.T + bu): gate row i and up row Ia+i together --
-        for blk in prange((Ia + GEMM_ROWS - 1) // GEMM_ROWS, num_threads=num_threads,
-                          schedule='guided', nogil=True):
-            swiglu_block(blk * GEMM_ROWS, <const char *>w1, w1_row, w1_dt, Ea, b1, rows, rows_q,
-                         layout.q_row, nt, I, Ia, act)
-        quantize_rows_for(w2_dt, act, Ia, act_q, layout.aq_row, Ia, nt, num_threads)
-
-        # ---- output[t] = base[t] + act[t] @ w2.T + b2 ------------------------------------------
-        for blk in prange(n_be, num_threads=num_threads, schedule='guided', nogil=True):
-            linear_block(blk * GEMM_ROWS, <const char *>w2, w2_row, w2_dt, Ia, b2, E, Ea, act, Ia,
-                         act_q, layout.aq_row, nt, output + t0 * Ea,
-                         base_rows + t0 * Ea if base_rows != NULL else NULL, Ea)
+            job_add(&job, mlp_gather, &c, t0, nt, 0)
+            if int8_path and uses_q8_activations(wo_dt):
+                job_add(&job, mlp_quantize_rows, &c, t0, nt, 0)
+            job_add(&job, mlp_outproj, &c, t0, n_be, 1)
+        job_add(&job, mlp_rmsnorm, &c, t0, nt, 0)
+        if int8_path and uses_q8_activations(w1_dt):
+            job_add(&job, mlp_quantize_z, &c, t0, nt, 0)
+        job_add(&job, mlp_swiglu, &c, t0, (Ia + GEMM_ROWS - 1) // GEMM_ROWS, 1)
+        if int8_path and uses_q8_activations(w2_dt):
+            job_add(&job, mlp_quantize_act, &c, t0, nt, 0)
+        job_add(&job, mlp_down, &c, t0, n_be, 1)
         t0 += nt
+    job_run(&job)
 
 
 cdef void mega_fused_outproj_mlp_prefill_kernel(
@@ -149,10 +212,10 @@ cdef void mega_fused_outproj_mlp_prefill_kernel(
         const void *w2, const float *b2, CKDataType w2_dt,
         int tokens, int embed_dim, int aligned_embed_dim, int num_heads, int aligned_head_dim,
         int intermediate_dim, int aligned_intermediate_dim, float eps, void *scratch,
-        int num_threads) noexcept nogil:
+        mf_team *team, int num_threads) noexcept nogil:
     fused_mlp(output, attn_out, NULL, residual, ln2_gamma, wo, bo, wo_dt, w1, b1, w1_dt, w2, b2,
               w2_dt, tokens, embed_dim, aligned_embed_dim, num_heads, aligned_head_dim,
-              intermediate_dim, aligned_intermediate_dim, eps, scratch, 1, num_threads)
+              intermediate_dim, aligned_intermediate_dim, eps, scratch, 1, team, num_threads)
 
 
 cdef void mega_fused_mlp_prefill_kernel(
@@ -163,10 +226,11 @@ cdef void mega_fused_mlp_prefill_kernel(
         const void *w1, const float *b1, CKDataType w1_dt,
         const void *w2, const float *b2, CKDataType w2_dt,
         int tokens, int embed_dim, int aligned_embed_dim, int intermediate_dim,
-        int aligned_intermediate_dim, float eps, void *scratch, int num_threads) noexcept nogil:
+        int aligned_intermediate_dim, float eps, void *scratch, mf_team *team,
+        int num_threads) noexcept nogil:
     fused_mlp(output, NULL, input, residual, ln2_gamma, NULL, NULL, CK_DT_FP32, w1, b1, w1_dt,
               w2, b2, w2_dt, tokens, embed_dim, aligned_embed_dim, 0, 0, intermediate_dim,
-              aligned_intermediate_dim, eps, scratch, 1, num_threads)
+              aligned_intermediate_dim, eps, scratch, 1, team, num_threads)
 
 
 cdef void mega_fused_outproj_mlp_prefill_f32_kernel(
@@ -179,10 +243,10 @@ cdef void mega_fused_outproj_mlp_prefill_f32_kernel(
         const void *w2, const float *b2, CKDataType w2_dt,
         int tokens, int embed_dim, int aligned_embed_dim, int num_heads, int aligned_head_dim,
         int intermediate_dim, int aligned_intermediate_dim, float eps, void *scratch,
-        int num_threads) noexcept nogil:
+        mf_team *team, int num_threads) noexcept nogil:
     fused_mlp(output, attn_out, NULL, residual, ln2_gamma, wo, bo, wo_dt, w1, b1, w1_dt, w2, b2,
               w2_dt, tokens, embed_dim, aligned_embed_dim, num_heads, aligned_head_dim,
-              intermediate_dim, aligned_intermediate_dim, eps, scratch, 0, num_threads)
+              intermediate_dim, aligned_intermediate_dim, eps, scratch, 0, team, num_threads)
 
 
 cdef void mega_fused_mlp_prefill_f32_kernel(
@@ -193,7 +257,8 @@ cdef void mega_fused_mlp_prefill_f32_kernel(
         const void *w1, const float *b1, CKDataType w1_dt,
         const void *w2, const float *b2, CKDataType w2_dt,
         int tokens, int embed_dim, int aligned_embed_dim, int intermediate_dim,
-        int aligned_intermediate_dim, float eps, void *scratch, int num_threads) noexcept nogil:
+        int aligned_intermediate_dim, float eps, void *scratch, mf_team *team,
+        int num_threads) noexcept nogil:
     fused_mlp(output, NULL, input, residual, ln2_gamma, NULL, NULL, CK_DT_FP32, w1, b1, w1_dt,
               w2, b2, w2_dt, tokens, embed_dim, aligned_embed_dim, 0, 0, intermediate_dim,
-              aligned_intermediate_dim, eps, scratch, 0, num_threads)
+              aligned_intermediate_dim, eps, scratch, 0, team, num_threads)

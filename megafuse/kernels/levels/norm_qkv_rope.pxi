@@ -43,7 +43,32 @@ cdef void qkv_rows_block(
             dst[row] = out4[r] * inv_rms + (b[row] if b != NULL else 0.0)
 
 
-cdef void project_qkv(
+cdef struct QkvJob:
+    # the Q/K/V projections of one token (project_qkv_phase): x [E] (a row of stride Ea), gamma
+    # [E], 1/rms(x); wq [H*Da, Ea], wk, wv [G*Da, Ea], biases or NULL; q [H*Da], k, v [G*Da] out
+    const float *x
+    const float *gamma
+    float inv_rms
+    const float *wq
+    const float *bq
+    const float *wk
+    const float *bk
+    const float *wv
+    const float *bv
+    float *q
+    float *k
+    float *v
+    Py_ssize_t E, Ea, HDa, GDa, D, Da, n_bq, n_bkv
+
+
+cdef void qkv_job_block(const void *ctx, Py_ssize_t arg, Py_ssize_t blk) noexcept nogil:
+    cdef const QkvJob *c = <const QkvJob *>ctx
+    qkv_rows_block(blk, c.n_bq, c.n_bkv, c.x, c.gamma, c.inv_rms, c.wq, c.bq, c.wk, c.bk, c.wv,
+                   c.bv, c.q, c.k, c.v, c.E, c.Ea, c.HDa, c.GDa, c.D, c.Da)
+
+
+cdef void project_qkv_phase(
+        Job *job, QkvJob *c,   # c: filled here; must live until the job has run
         const float *x,        # [E] (a row of stride Ea: only the first E columns are read)
         const float *gamma,    # [E]
         float inv_rms,
@@ -54,18 +79,19 @@ cdef void project_qkv(
         float *k,              # [G*Da] out
         float *v,              # [G*Da] out
         Py_ssize_t E, Py_ssize_t Ea, Py_ssize_t H, Py_ssize_t G,
-        Py_ssize_t D, Py_ssize_t Da, int num_threads) noexcept nogil:
-    """q = rmsnorm(x) @ wq.T + bq, likewise k and v; rows d >= D of each head are written as 0.
+        Py_ssize_t D, Py_ssize_t Da) noexcept nogil:
+    """The phase q = rmsnorm(x) @ wq.T + bq, likewise k and v; rows d >= D of each head are
+    written as 0.
 
     Blocks of 4 rows share each load of x * gamma (mf_dot3_1x4_f32); every output element is one
     fixed-order dot product, so the result does not depend on how many threads share the blocks.
     """
-    cdef Py_ssize_t HDa = H * Da, GDa = G * Da
-    cdef Py_ssize_t n_bq = (HDa + 3) // 4, n_bkv = (GDa + 3) // 4
-    cdef Py_ssize_t blk
-    for blk in prange(n_bq + 2 * n_bkv, num_threads=num_threads, schedule='static', nogil=True):
-        qkv_rows_block(blk, n_bq, n_bkv, x, gamma, inv_rms, wq, bq, wk, bk, wv, bv, q, k, v,
-                       E, Ea, HDa, GDa, D, Da)
+    c.x, c.gamma, c.inv_rms = x, gamma, inv_rms
+    c.wq, c.bq, c.wk, c.bk, c.wv, c.bv = wq, bq, wk, bk, wv, bv
+    c.q, c.k, c.v = q, k, v
+    c.E, c.Ea, c.HDa, c.GDa, c.D, c.Da = E, Ea, H * Da, G * Da, D, Da
+    c.n_bq, c.n_bkv = (c.HDa + 3) // 4, (c.GDa + 3) // 4
+    job_add(job, qkv_job_block, c, 0, c.n_bq + 2 * c.n_bkv, 0)
 
 
 cdef inline void rope_rotate_heads(
@@ -93,7 +119,7 @@ cdef void rmsnorm_qkv_rope(
         const float *b_qkv,    # [(H+2G)*D] or NULL
         const float *rope_cos, const float *rope_sin,   # [> pos rows, D/2] or NULL
         int pos, int hidden, int num_heads, int num_kv_heads, int head_dim, float eps,
-        int num_threads) noexcept nogil:
+        mf_team *team, int num_threads) noexcept nogil:
     """Both phase functions: the unaligned layout (E = Ea = hidden, Da = D)."""
     cdef Py_ssize_t E = hidden, H = num_heads, G = num_kv_heads, D = head_dim
     cdef const float *wk = W_qkv + H * D * E
@@ -104,8 +130,12 @@ cdef void rmsnorm_qkv_rope(
     if b_qkv != NULL:
         bk = b_qkv + H * D
         bv = bk + G * D
-    project_qkv(input, gamma, rms_inverse(input, E, eps), W_qkv, bq, wk, bk, wv, bv,
-                q_out, k_out, v_out, E, E, H, G, D, D, num_threads)
+    cdef Job job
+    cdef QkvJob qkv
+    job_init(&job, team, num_threads)
+    project_qkv_phase(&job, &qkv, input, gamma, rms_inverse(input, E, eps), W_qkv, bq, wk, bk,
+                      wv, bv, q_out, k_out, v_out, E, E, H, G, D, D)
+    job_run(&job)
     if rope_cos != NULL:
         rope_rotate_heads(q_out, H, D, D, rope_cos + <Py_ssize_t>pos * (D // 2),
                           rope_sin + <Py_ssize_t>pos * (D // 2))
@@ -119,9 +149,9 @@ cdef void mega_fuse_rmsnorm_qkv_kernel(
         const float *W_qkv,    # [(H+2G)*D, hidden]
         const float *b_qkv,    # [(H+2G)*D] or NULL
         int hidden, int num_heads, int num_kv_heads, int head_dim, float eps,
-        int num_threads) noexcept nogil:
+        mf_team *team, int num_threads) noexcept nogil:
     rmsnorm_qkv_rope(q_out, k_out, v_out, input, gamma, W_qkv, b_qkv, NULL, NULL, 0, hidden,
-                     num_heads, num_kv_heads, head_dim, eps, num_threads)
+                     num_heads, num_kv_heads, head_dim, eps, team, num_threads)
 
 
 cdef void mega_fuse_rmsnorm_qkv_rope_kernel(
@@ -131,6 +161,6 @@ cdef void mega_fuse_rmsnorm_qkv_rope_kernel(
         const float *b_qkv,    # [(H+2G)*D] or NULL
         const float *rope_cos, const float *rope_sin,   # [max_seq, D/2] or NULL
         int pos, int hidden, int num_heads, int num_kv_heads, int head_dim, int max_seq,
-        float eps, int num_threads) noexcept nogil:
+        float eps, mf_team *team, int num_threads) noexcept nogil:
     rmsnorm_qkv_rope(q_out, k_out, v_out, input, gamma, W_qkv, b_qkv, rope_cos, rope_sin, pos,
-                     hidden, num_heads, num_kv_heads, head_dim, eps, num_threads)
+                     hidden, num_heads, num_kv_heads, head_dim, eps, team, num_threads)

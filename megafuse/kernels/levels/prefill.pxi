@@ -179,6 +179,113 @@ cdef void one_token_queue_task(
                    scale, kv_tile, attn, NULL, NULL)
 
 
+cdef struct PrefillJob:
+    # what every phase of fused_prefill reads: its arguments, the scratch regions, the plan
+    float *output              # [T, Ea]
+    const float *input         # [T, Ea]
+    const float *residual      # [T, Ea] or NULL
+    const float *ln1_gamma     # [E]
+    const void *wq
+    const float *bq
+    const void *wk
+    const float *bk
+    const void *wv
+    const float *bv
+    const void *wo
+    const float *bo
+    int wq_dt, wk_dt, wv_dt, wo_dt
+    float *kv_cache_k          # [G, C, Da]
+    float *kv_cache_v
+    const float *rope_cos      # [>= S+T rows, D/2] or NULL
+    const float *rope_sin
+    Py_ssize_t E, Ea, H, G, D, Da, C, T, S, HDa, q_tile, kv_tile, n_bq, n_bkv, n_qt, group
+    float eps, scale
+    float *q                   # [T, H*Da]
+    float *xn                  # [T, Ea]
+    float *attn                # [T, H*Da]
+    char *attn_q8              # [T, attn_q8_row]
+    Py_ssize_t attn_q8_row
+    int attn_fmt
+    char *xq0                  # [T, q8_0_row] or NULL
+    char *xqk                  # [T, q8_k_row] or NULL
+    Py_ssize_t q8_0_row, q8_k_row, wo_row, ahead
+    OneTokenPlan plan
+    uint32_t ready[ONE_TOKEN_MAX_GROUPS]   # [G] the queue's groups projected
+
+
+cdef void pf_rmsnorm(const void *ctx, Py_ssize_t arg, Py_ssize_t t) noexcept nogil:
+    cdef const PrefillJob *c = <const PrefillJob *>ctx
+    rmsnorm_row(c.input + t * c.Ea, c.ln1_gamma, c.E, c.Ea, c.eps, c.xn + t * c.Ea)
+
+
+cdef void pf_quantize(const void *ctx, Py_ssize_t arg, Py_ssize_t t) noexcept nogil:
+    cdef const PrefillJob *c = <const PrefillJob *>ctx
+    if c.xq0 != NULL:
+        quantize_activation_row(c.xn + t * c.Ea, c.xq0 + t * c.q8_0_row, c.Ea, CK_DT_Q8_0)
+    if c.xqk != NULL:
+        quantize_activation_row(c.xn + t * c.Ea, c.xqk + t * c.q8_k_row, c.Ea, CK_DT_Q8_K)
+
+
+cdef void pf_qkv(const void *ctx, Py_ssize_t t0, Py_ssize_t blk) noexcept nogil:
+    """Block blk of the Q/K/V projections for the token tile starting at t0."""
+    cdef const PrefillJob *c = <const PrefillJob *>ctx
+    cdef Py_ssize_t nt = min(<Py_ssize_t>PREFILL_TOKEN_TILE, c.T - t0)
+    qkv_block(blk, c.n_bq, c.n_bkv, c.wq, c.bq, c.wq_dt, c.wk, c.bk, c.wk_dt, c.wv, c.bv,
+              c.wv_dt, c.q + t0 * c.HDa, c.kv_cache_k, c.kv_cache_v, c.xn + t0 * c.Ea,
+              c.xq0 + t0 * c.q8_0_row if c.xq0 != NULL else NULL, c.q8_0_row,
+              c.xqk + t0 * c.q8_k_row if c.xqk != NULL else NULL, c.q8_k_row,
+              nt, c.S + t0, c.C, c.Ea, c.H, c.G, c.D, c.Da)
+
+
+cdef void pf_rope(const void *ctx, Py_ssize_t arg, Py_ssize_t t) noexcept nogil:
+    cdef const PrefillJob *c = <const PrefillJob *>ctx
+    cdef Py_ssize_t g, half = c.D // 2
+    rope_rotate_heads(c.q + t * c.HDa, c.H, c.D, c.Da, c.rope_cos + (c.S + t) * half,
+                      c.rope_sin + (c.S + t) * half)
+    for g in range(c.G):
+        rope_rotate_heads(c.kv_cache_k + (g * c.C + c.S + t) * c.Da, 1, c.D, c.Da,
+                          c.rope_cos + (c.S + t) * half, c.rope_sin + (c.S + t) * half)
+
+
+cdef void pf_attend(const void *ctx, Py_ssize_t arg, Py_ssize_t task) noexcept nogil:
+    """Causal flash attention of one (head, query tile)."""
+    cdef const PrefillJob *c = <const PrefillJob *>ctx
+    cdef Py_ssize_t h = task // c.n_qt, qt = task % c.n_qt
+    cdef Py_ssize_t i0 = qt * c.q_tile
+    cdef Py_ssize_t nq = min(c.q_tile, c.T - i0)
+    attend_query_rows(c.q + i0 * c.HDa + h * c.Da, c.HDa,
+                      c.kv_cache_k + (h // c.group) * c.C * c.Da,
+                      c.kv_cache_v + (h // c.group) * c.C * c.Da, False, c.S + i0, nq, c.D,
+                      c.Da, c.scale, c.kv_tile, c.attn + i0 * c.HDa + h * c.Da, c.HDa, NULL)
+
+
+cdef void pf_queue(const void *ctx, Py_ssize_t arg, Py_ssize_t i) noexcept nogil:
+    cdef PrefillJob *c = <PrefillJob *>ctx
+    cdef Py_ssize_t half = c.D // 2
+    one_token_queue_task(
+        i, c.ahead, &c.plan, c.ready, c.wq, c.bq, c.wq_dt, c.wk, c.bk, c.wk_dt, c.wv, c.bv,
+        c.wv_dt, c.q, c.kv_cache_k, c.kv_cache_v, c.xn, c.xq0, c.q8_0_row, c.xqk, c.q8_k_row,
+        c.rope_cos + c.S * half if c.rope_cos != NULL else NULL,
+        c.rope_sin + c.S * half if c.rope_cos != NULL else NULL,
+        c.S, c.C, c.Ea, c.H, c.G, c.D, c.Da, c.scale, c.kv_tile, c.attn)
+
+
+cdef void pf_quantize_attn(const void *ctx, Py_ssize_t arg, Py_ssize_t t) noexcept nogil:
+    cdef const PrefillJob *c = <const PrefillJob *>ctx
+    quantize_activation_row(c.attn + t * c.HDa, c.attn_q8 + t * c.attn_q8_row, c.HDa, c.attn_fmt)
+
+
+cdef void pf_outproj(const void *ctx, Py_ssize_t t0, Py_ssize_t blk) noexcept nogil:
+    """Block blk of the out-projection (+ bias + residual) for the token tile starting at t0."""
+    cdef const PrefillJob *c = <const PrefillJob *>ctx
+    cdef Py_ssize_t nt = min(<Py_ssize_t>PREFILL_TOKEN_TILE, c.T - t0)
+    linear_block(blk * GEMM_ROWS, <const char *>c.wo, c.wo_row, c.wo_dt, c.HDa, c.bo, c.E, c.Ea,
+                 c.attn + t0 * c.HDa, c.HDa,
+                 c.attn_q8 + t0 * c.attn_q8_row if c.attn_q8_row > 0 else NULL, c.attn_q8_row,
+                 nt, c.output + t0 * c.Ea,
+                 c.residual + t0 * c.Ea if c.residual != NULL else NULL, c.Ea)
+
+
 cdef void fused_prefill(
         float *output,             # [T, Ea]: columns >= E written as 0
         const float *input,        # [T, Ea]
@@ -195,31 +302,42 @@ cdef void fused_prefill(
         int start_pos, int tokens, int cache_capacity, int embed_dim, int aligned_embed_dim,
         int num_heads, int num_kv_heads, int head_dim, int aligned_head_dim, float eps,
         void *scratch,             # mf_prefill_scratch_layout(...).total bytes
-        int int8_path, int q_tile, int kv_tile, int num_threads) noexcept nogil:
+        int int8_path, int q_tile, int kv_tile, mf_team *team, int num_threads) noexcept nogil:
     """Both prefills: int8_path = 0 keeps every activation float32 (block-format weights
     dequantized as they are read); 1 quantizes the normalised input and the attention output
-    rows for the block-format weights' integer dot products."""
-    cdef Py_ssize_t E = embed_dim, Ea = aligned_embed_dim, H = num_heads, G = num_kv_heads
-    cdef Py_ssize_t D = head_dim, Da = aligned_head_dim, C = cache_capacity
-    cdef Py_ssize_t T = tokens, S = start_pos, HDa = H * Da, GDa = G * Da, group = H // G
+    rows for the block-format weights' integer dot products.  One job of the team (a few, for
+    many token tiles): its phases below, each after the one before."""
+    cdef Py_ssize_t T = tokens, H = num_heads, G = num_kv_heads, Ea = aligned_embed_dim
+    cdef Py_ssize_t Da = aligned_head_dim, HDa = H * Da, GDa = G * Da
     cdef mf_prefill_scratch layout = mf_prefill_scratch_layout(T, Ea, H, Da, int8_path)
     cdef char *base = <char *>scratch
-    cdef float *q = <float *>(base + layout.a)        # [T, H*Da]   phases 1-2
-    cdef char *attn_q8 = base + layout.a              # [T, q8 row of H*Da]  phase 3
-    cdef float *xn = <float *>(base + layout.b)       # [T, Ea]     phase 1
-    cdef float *attn = <float *>(base + layout.b)     # [T, H*Da]   phases 2-3 (T = 1: region D)
-    cdef char *xq0 = base + layout.c_q8_0             # [T, Q8_0 row of Ea]  phase 1
-    cdef char *xqk = base + layout.c_q8_k             # [T, Q8_K row of Ea]  phase 1
-    cdef Py_ssize_t wo_row = ck_dtype_row_bytes(wo_dt, HDa)
-    cdef Py_ssize_t attn_q8_row = 0
     cdef bint need_q8_0 = False, need_q8_k = False
-    cdef float scale = 1.0 / sqrtf(<float>D)
-    cdef Py_ssize_t t, g, r, row, d, e, t0, nt, task, h, qt, n_qt, i0, nq, blk, n_bq, n_bkv
+    cdef Py_ssize_t t0
     cdef int dt, fmt
-    cdef OneTokenPlan plan
     cdef bint queue = False         # one token: phases 1-2 as one queue of kv groups
-    cdef uint32_t ready[ONE_TOKEN_MAX_GROUPS]   # [G] the queue's groups projected
-    cdef Py_ssize_t ahead, i
+    cdef Job job
+    cdef PrefillJob c
+    cdef OneTokenJob att
+
+    c.output, c.input, c.residual, c.ln1_gamma = output, input, residual, ln1_gamma
+    c.wq, c.bq, c.wk, c.bk, c.wv, c.bv, c.wo, c.bo = wq, bq, wk, bk, wv, bv, wo, bo
+    c.wq_dt, c.wk_dt, c.wv_dt, c.wo_dt = wq_dt, wk_dt, wv_dt, wo_dt
+    c.kv_cache_k, c.kv_cache_v, c.rope_cos, c.rope_sin = kv_cache_k, kv_cache_v, rope_cos, rope_sin
+    c.E, c.Ea, c.H, c.G, c.D, c.Da = embed_dim, Ea, H, G, head_dim, Da
+    c.C, c.T, c.S, c.HDa, c.group = cache_capacity, T, start_pos, HDa, H // G
+    c.q_tile, c.kv_tile, c.eps = q_tile, kv_tile, eps
+    c.scale = 1.0 / sqrtf(<float>head_dim)
+    c.q = <float *>(base + layout.a)             # [T, H*Da]   phases 1-2
+    c.attn_q8 = base + layout.a                  # [T, q8 row of H*Da]  phase 3
+    c.xn = <float *>(base + layout.b)            # [T, Ea]     phase 1
+    c.attn = <float *>(base + layout.b)          # [T, H*Da]   phases 2-3 (queue: region D)
+    c.wo_row = ck_dtype_row_bytes(wo_dt, HDa)
+    c.attn_q8_row = 0
+    c.attn_fmt = 0
+    c.q8_0_row, c.q8_k_row = layout.q8_0_row, layout.q8_k_row
+    c.n_bq = (HDa + GEMM_ROWS - 1) // GEMM_ROWS
+    c.n_bkv = (GDa + GEMM_ROWS - 1) // GEMM_ROWS
+    c.n_qt = 0
 
     if int8_path:
         for dt in range(3):                 # which activation formats do wq, wk, wv need?
@@ -229,108 +347,58 @@ cdef void fused_prefill(
                     need_q8_0 = True
                 else:
                     need_q8_k = True
+    c.xq0 = base + layout.c_q8_0 if need_q8_0 else NULL   # [T, Q8_0 row of Ea]  phase 1
+    c.xqk = base + layout.c_q8_k if need_q8_k else NULL   # [T, Q8_K row of Ea]  phase 1
     if T == 1:
-        plan = one_token_plan(S, 0, H, G, D, Da)
+        c.plan = one_token_plan(start_pos, 0, H, G, head_dim, Da)
         # (a few groups -- Qwen2's 2, SmolLM2's 3 on 2 threads -- would leave a thread idle
         # through the projections, which the phases below share row block by row block)
-        queue = (plan.kind != ONE_TOKEN_SPLIT and G >= 2 * num_threads
+        queue = (c.plan.kind != ONE_TOKEN_SPLIT and G >= 2 * num_threads
                  and G <= ONE_TOKEN_MAX_GROUPS)
+    job_init(&job, team, num_threads)
 
     if queue:
         # ---- one token, phases 1-2 as one queue of kv groups (one_token_queue_task) ----------
         # The attention of a group needs only that group's projections: while one thread
         # attends (KV rows from the caches, no weights), the others stream the next groups'
         # weight rows, where phase-by-phase the DRAM would idle through the attention.
-        attn = <float *>(base + layout.d)
-        rmsnorm_row(input, ln1_gamma, E, Ea, eps, xn)
-        if need_q8_0:
-            quantize_activation_row(xn, xq0, Ea, CK_DT_Q8_0)
-        if need_q8_k:
-            quantize_activation_row(xn, xqk, Ea, CK_DT_Q8_K)
-        memset(ready, 0, G * sizeof(uint32_t))
-        ahead = min(<Py_ssize_t>max(num_threads, 1), G)
-        for i in prange(G * (1 + plan.n_chunks), num_threads=num_threads, schedule='dynamic',
-                        nogil=True):
-            one_token_queue_task(
-                i, ahead, &plan, ready, wq, bq, wq_dt, wk, bk, wk_dt, wv, bv, wv_dt, q,
-                kv_cache_k, kv_cache_v, xn, xq0 if need_q8_0 else NULL, layout.q8_0_row,
-                xqk if need_q8_k else NULL, layout.q8_k_row,
-                rope_cos + S * (D // 2) if rope_cos != NULL else NULL,
-                rope_sin + S * (D // 2) if rope_cos != NULL else NULL,
-                S, C, Ea, H, G, D, Da, scale, kv_tile, attn)
+        c.attn = <float *>(base + layout.d)
+        pf_rmsnorm(&c, 0, 0)
+        pf_quantize(&c, 0, 0)
+        memset(c.ready, 0, G * sizeof(uint32_t))
+        c.ahead = min(<Py_ssize_t>max(num_threads, 1), G)
+        job_add(&job, pf_queue, &c, 0, G * (1 + c.plan.n_chunks), 1)
     else:
         # ---- phase 1: RMSNorm, (int8 path) quantized copies, Q/K/V, RoPE -------------------------
-        for t in prange(T, num_threads=num_threads, schedule='static', nogil=True):
-            rmsnorm_row(input + t * Ea, ln1_gamma, E, Ea, eps, xn + t * Ea)
+        job_add(&job, pf_rmsnorm, &c, 0, T, 0)
         if need_q8_0 or need_q8_k:
-            for t in prange(T, num_threads=num_threads, schedule='static', nogil=True):
-                if need_q8_0:
-                    quantize_activation_row(xn + t * Ea, xq0 + t * layout.q8_0_row, Ea,
-                                            CK_DT_Q8_0)
-                if need_q8_k:
-                    quantize_activation_row(xn + t * Ea, xqk + t * layout.q8_k_row, Ea,
-                                            CK_DT_Q8_K)
-
-        n_bq = (HDa + GEMM_ROWS - 1) // GEMM_ROWS
-        n_bkv = (GDa + GEMM_ROWS - 1) // GEMM_ROWS
+            job_add(&job, pf_quantize, &c, 0, T, 0)
         t0 = 0
         while t0 < T:   # a tile of tokens stays in L2 while every weight row streams past it
-            nt = min(<Py_ssize_t>PREFILL_TOKEN_TILE, T - t0)
-            for blk in prange(n_bq + 2 * n_bkv, num_threads=num_threads, schedule='guided',
-                              nogil=True):
-                qkv_block(blk, n_bq, n_bkv, wq, bq, wq_dt, wk, bk, wk_dt, wv, bv, wv_dt,
-                          q + t0 * HDa, kv_cache_k, kv_cache_v, xn + t0 * Ea,
-                          xq0 + t0 * layout.q8_0_row if need_q8_0 else NULL, layout.q8_0_row,
-                          xqk + t0 * layout.q8_k_row if need_q8_k else NULL, layout.q8_k_row,
-                          nt, S + t0, C, Ea, H, G, D, Da)
-            t0 += nt
-
+            job_add(&job, pf_qkv, &c, t0, c.n_bq + 2 * c.n_bkv, 1)
+            t0 += PREFILL_TOKEN_TILE
         if rope_cos != NULL:
-            for t in prange(T, num_threads=num_threads, schedule='static', nogil=True):
-                rope_rotate_heads(q + t * HDa, H, D, Da, rope_cos + (S + t) * (D // 2),
-                                  rope_sin + (S + t) * (D // 2))
-                for g in range(G):
-                    rope_rotate_heads(kv_cache_k + (g * C + S + t) * Da, 1, D, Da,
-                                      rope_cos + (S + t) * (D // 2),
-                                      rope_sin + (S + t) * (D // 2))
+            job_add(&job, pf_rope, &c, 0, T, 0)
 
         # ---- phase 2: causal flash attention, one task per (head, query tile) -------------------
         # (one token over a long context: decode's split-KV attention, attention.pxi)
         if T == 1:
-            attend_one_token(q, kv_cache_k, kv_cache_v, S, H, G, D, Da, C, scale, kv_tile, attn,
-                             num_threads)
-            n_qt = 0                   # the per-head tasks below: none
+            attend_one_token_phases(&job, &att, c.q, kv_cache_k, kv_cache_v, start_pos, H, G,
+                                    head_dim, Da, cache_capacity, c.scale, kv_tile, c.attn)
         else:
-            n_qt = (T + q_tile - 1) // q_tile
-        for task in prange(H * n_qt, num_threads=num_threads, schedule='dynamic', nogil=True):
-            h = task // n_qt
-            qt = task % n_qt
-            i0 = qt * q_tile
-            nq = min(<Py_ssize_t>q_tile, T - i0)
-            attend_query_rows(q + i0 * HDa + h * Da, HDa, kv_cache_k + (h // group) * C * Da,
-                              kv_cache_v + (h // group) * C * Da, False, S + i0, nq, D, Da,
-                              scale, kv_tile, attn + i0 * HDa + h * Da, HDa, NULL)
+            c.n_qt = (T + q_tile - 1) // q_tile
+            job_add(&job, pf_attend, &c, 0, H * c.n_qt, 1)
 
     # ---- phase 3: out-projection + bias + residual -----------------------------------------------
     if int8_path and uses_q8_activations(wo_dt):
-        fmt = activation_format(wo_dt)
-        attn_q8_row = activation_row_bytes(fmt, HDa)
-        if T == 1:              # (one row: no parallel region)
-            quantize_activation_row(attn, attn_q8, HDa, fmt)
-        else:
-            for t in prange(T, num_threads=num_threads, schedule='static', nogil=True):
-                quantize_activation_row(attn + t * HDa, attn_q8 + t * attn_q8_row, HDa, fmt)
+        c.attn_fmt = activation_format(wo_dt)
+        c.attn_q8_row = activation_row_bytes(c.attn_fmt, HDa)
+        job_add(&job, pf_quantize_attn, &c, 0, T, 0)
     t0 = 0
     while t0 < T:
-        nt = min(<Py_ssize_t>PREFILL_TOKEN_TILE, T - t0)
-        for blk in prange((Ea + GEMM_ROWS - 1) // GEMM_ROWS, num_threads=num_threads,
-                          schedule='guided', nogil=True):
-            linear_block(blk * GEMM_ROWS, <const char *>wo, wo_row, wo_dt, HDa, bo, E, Ea,
-                         attn + t0 * HDa, HDa,
-                         attn_q8 + t0 * attn_q8_row if attn_q8_row > 0 else NULL, attn_q8_row,
-                         nt, output + t0 * Ea, residual + t0 * Ea if residual != NULL else NULL,
-                         Ea)
-        t0 += nt
+        job_add(&job, pf_outproj, &c, t0, (Ea + GEMM_ROWS - 1) // GEMM_ROWS, 1)
+        t0 += PREFILL_TOKEN_TILE
+    job_run(&job)
 
 
 cdef void mega_fused_attention_prefill_kernel(
@@ -344,12 +412,12 @@ cdef void mega_fused_attention_prefill_kernel(
         const float *rope_cos, const float *rope_sin,
         int start_pos, int tokens, int cache_capacity, int embed_dim, int aligned_embed_dim,
         int num_heads, int num_kv_heads, int head_dim, int aligned_head_dim, float eps,
-        void *scratch, int q_tile, int kv_tile, int num_threads) noexcept nogil:
+        void *scratch, int q_tile, int kv_tile, mf_team *team, int num_threads) noexcept nogil:
     """Every activation float32 (fused_prefill with int8_path = 0)."""
     fused_prefill(output, input, residual, ln1_gamma, wq, bq, wq_dt, wk, bk, wk_dt, wv, bv, wv_dt,
                   wo, bo, wo_dt, kv_cache_k, kv_cache_v, rope_cos, rope_sin, start_pos, tokens,
                   cache_capacity, embed_dim, aligned_embed_dim, num_heads, num_kv_heads,
-                  head_dim, aligned_head_dim, eps, scratch, 0, q_tile, kv_tile, num_threads)
+                  head_dim, aligned_head_dim, eps, scratch, 0, q_tile, kv_tile, team, num_threads)
 
 
 cdef void mega_fused_attention_prefill_q8_0_kernel(
@@ -363,9 +431,9 @@ cdef void mega_fused_attention_prefill_q8_0_kernel(
         const float *rope_cos, const float *rope_sin,
         int start_pos, int tokens, int cache_capacity, int embed_dim, int aligned_embed_dim,
         int num_heads, int num_kv_heads, int head_dim, int aligned_head_dim, float eps,
-        void *scratch, int q_tile, int kv_tile, int num_threads) noexcept nogil:
+        void *scratch, int q_tile, int kv_tile, mf_team *team, int num_threads) noexcept nogil:
     """The int8 path (fused_prefill with int8_path = 1)."""
     fused_prefill(output, input, residual, ln1_gamma, wq, bq, wq_dt, wk, bk, wk_dt, wv, bv, wv_dt,
                   wo, bo, wo_dt, kv_cache_k, kv_cache_v, rope_cos, rope_sin, start_pos, tokens,
                   cache_capacity, embed_dim, aligned_embed_dim, num_heads, num_kv_heads,
-                  head_dim, aligned_head_dim, eps, scratch, 1, q_tile, kv_tile, num_threads)
+                  head_dim, aligned_head_dim, eps, scratch, 1, q_tile, kv_tile, team, num_threads)
