@@ -1509,20 +1509,23 @@ static inline void mf_q8_rows_tokens(int dt, const void *const *w, int nr, const
     }
 }
 
-/* ---- many tokens, avx512 with VNNI: 16 rows of Q4_K / Q5_K / Q6_K in the lanes ------------- */
+/* ---- many tokens, avx512 with VNNI: 16 rows of a 256-weight format in the lanes ------------ */
 
 #if defined(MF_SIMD_AVX512) && defined(MF_Q_VNNI)
-/* A super-block of 16 rows decoded for mf_q8_tile16_kq: every register holds one 4-weight step
- * of the 16 rows, lane r = row r, so that vpdpbusd of a register against 4 activation codes
- * broadcast from the Q8_K row ({1to16}) adds each row's 4 products to its own lane.  A lane sums
- * a whole sub-block in place (8 steps: Q4_K / Q5_K's 32 weights; 4: Q6_K's 16), which is then
- * scaled by vpmulld: no horizontal sums, no shuffles of the activations.
- *   q[k]    codes of weights 4k .. 4k + 3 (u8: Q4_K 0..15, Q5_K 0..31, Q6_K 0..63)
- *   sc[j]   sub-block j's scale as int32 (Q4_K / Q5_K: j < 8, 6 bits; Q6_K: j < 16, int8)
- *   mp[i]   int16 pairs against the dword i of bsums (bsums[2i], bsums[2i + 1]): Q4_K / Q5_K
- *           [m_i, m_i] (summ = sum_i m_i (bsums[2i] + bsums[2i + 1])); Q6_K [sc_2i, sc_2i+1]
- *           (sumo = sum_j sc_j bsums[j])
- *   d, dm   d and dmin of the 16 rows as double, rows 0..7 | 8..15 */
+/* A super-block of 16 rows of Q2_K, Q3_K, Q4_K, Q5_K, Q6_K or IQ4_XS decoded for
+ * mf_q8_tile16_kq: every register holds one 4-weight step of the 16 rows, lane r = row r, so that
+ * vpdpbusd of a register against 4 activation codes broadcast from the Q8_K row ({1to16}) adds
+ * each row's 4 products to its own lane.  A lane sums a whole sub-block in place (8 steps for 32
+ * weights, 4 for 16: mf_q_kq16_steps), which is then scaled by vpmulld: no horizontal sums, no
+ * shuffles of the activations.
+ *   q[k]    unsigned codes of weights 4k .. 4k + 3: Q2_K 0..3, Q3_K 0..7 (its value + 4), Q4_K
+ *           0..15, Q5_K 0..31, Q6_K 0..63 (value + 32), IQ4_XS kvalues + 128
+ *   sc[j]   sub-block j's scale as int32 (Q2_K's 4-bit sc, Q3_K's sc - 32, Q4_K / Q5_K's 6-bit
+ *           sc, Q6_K's int8, IQ4_XS's ls - 32)
+ *   mp[i]   int16 pairs against dword i of bsums (bsums[2i], bsums[2i + 1]): the mins [m_2i,
+ *           m_2i+1] (Q2_K) or [m_i, m_i] (Q4_K / Q5_K), whose sum is summ; or the scales [sc_2i,
+ *           sc_2i+1] (Q3_K, Q6_K) or [sc_i, sc_i] (IQ4_XS), whose sum the offset multiplies
+ *   d, dm   d and dmin of the 16 rows as double, rows 0..7 | 8..15 (dm 0 without mins) */
 #ifndef MF_Q8_TILE16_NS
 #  define MF_Q8_TILE16_NS 2     /* super-blocks of the 16 rows decoded at once (12 KiB) */
 #endif
@@ -1535,14 +1538,20 @@ typedef struct {
     __m512i mp[8];
     __m512d d[2], dm[2];
 } mf_q_kq16;
-/* mf_q_kq16_decode reads 32 bytes of each block at offset 0 (Q4_K, Q5_K: d, dmin, scales) and at
- * offsetof(scales) - 16 (Q6_K): inside the block. */
+/* mf_q_kq16_decode reads 32 bytes of each block at offset 0 (Q4_K, Q5_K: d, dmin, scales), at
+ * offsetof(scales) - 16 (Q6_K), offsetof(scales) - 20 (Q3_K) and sizeof - 32 (Q2_K): inside the
+ * block. */
 MF_STATIC_ASSERT(offsetof(block_q4_K, d) == 0 && offsetof(block_q4_K, dmin) == 2
                  && offsetof(block_q4_K, scales) == 4, q4_K_head);
 MF_STATIC_ASSERT(offsetof(block_q5_K, d) == 0 && offsetof(block_q5_K, dmin) == 2
                  && offsetof(block_q5_K, scales) == 4, q5_K_head);
 MF_STATIC_ASSERT(offsetof(block_q6_K, scales) >= 16
                  && offsetof(block_q6_K, scales) + 16 <= sizeof(block_q6_K), q6_K_scales);
+MF_STATIC_ASSERT(offsetof(block_q3_K, scales) >= 20
+                 && offsetof(block_q3_K, scales) + 12 <= sizeof(block_q3_K), q3_K_scales);
+MF_STATIC_ASSERT(offsetof(block_q2_K, d) == sizeof(block_q2_K) - 4, q2_K_d_last);
+MF_STATIC_ASSERT(offsetof(block_iq4_xs, scales_h) == 2 && offsetof(block_iq4_xs, scales_l) == 4
+                 && offsetof(block_iq4_xs, qs) == 8, iq4_xs_head);
 
 /* out[k] = [dword k of p[0] + o | ... | dword k of p[15] + o], k < 8: the 16 rows' 32 bytes at
  * byte offset o transposed in 4-byte steps (two unpack stages and a 128-bit shuffle; rows i and
@@ -1570,9 +1579,126 @@ MF_ALWAYS_INLINE void mf_q_t16x8(const char *const p[16], ptrdiff_t o, __m512i o
     }
 }
 
+/* [lo | hi << 16]: the low words of two int32 vectors as the int16 pairs of vpdpwssd */
+MF_ALWAYS_INLINE __m512i mf_q_pair16(__m512i lo, __m512i hi)
+{
+    return _mm512_or_si512(_mm512_and_si512(lo, _mm512_set1_epi32(0xFFFF)), _mm512_slli_epi32(hi, 16));
+}
+
+/* fp16 d of each row (at offset od of its block) as doubles, rows 0..7 | 8..15 */
+MF_ALWAYS_INLINE void mf_q_kq16_d(const char *const p[16], ptrdiff_t od, __m512d d[2])
+{
+    MF_ALIGNED(32) uint16_t dh[16];
+    for (int r = 0; r < 16; r++)
+        memcpy(&dh[r], p[r] + od, 2);
+    const __m512 d16 = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(const void *)dh));
+    d[0] = _mm512_cvtps_pd(_mm512_castps512_ps256(d16));
+    d[1] = _mm512_cvtps_pd(_mm512_extractf32x8_ps(d16, 1));
+}
+
+/* Q2_K / Q3_K codes of weights 128h + 32k + 4q .. + 3 (register 32h + 8k + q): bits 2k, 2k + 1
+ * of the transposed qs Q[8h + q] (and Q3_K's third bit, bit 4h + k of hmask Hm[q]) */
+MF_ALWAYS_INLINE void mf_q_kq16_codes2(const __m512i Q[16], const __m512i *Hm, __m512i q[64])
+{
+    const __m512i m3 = _mm512_set1_epi8(3);
+    for (int h = 0; h < 2; h++)
+        for (int k = 0; k < 4; k++)
+            for (int i = 0; i < 8; i++) {
+                __m512i c = _mm512_and_si512(_mm512_srli_epi16(Q[8 * h + i], 2 * k), m3);
+                if (Hm != NULL)
+                    c = _mm512_mask_add_epi8(c, _mm512_test_epi8_mask(
+                        Hm[i], _mm512_set1_epi8((char)(1 << (4 * h + k)))), c, _mm512_set1_epi8(4));
+                q[32 * h + 8 * k + i] = c;
+            }
+}
+
 MF_ALWAYS_INLINE void mf_q_kq16_decode(int dt, const char *const p[16], mf_q_kq16 *D)
 {
     const __m512i m4 = _mm512_set1_epi8(0x0F);
+    if (dt == CK_DT_Q2_K) {
+        /* scales[16] at 0 (dwords 0..3: sc = low nibble, m = high), qs[64] at 16, d, dmin at 80 */
+        __m512i S[8], Q[16];
+        mf_q_t16x8(p, (ptrdiff_t)offsetof(block_q2_K, qs), Q);
+        mf_q_t16x8(p, (ptrdiff_t)offsetof(block_q2_K, qs) + 32, Q + 8);
+        mf_q_kq16_codes2(Q, NULL, D->q);
+        mf_q_t16x8(p, 0, S);
+        const __m512i kf = _mm512_set1_epi32(0x0F);
+        for (int j = 0; j < 16; j++)
+            D->sc[j] = _mm512_and_si512(_mm512_srli_epi32(S[j / 4], 8 * (j % 4)), kf);
+        for (int i = 0; i < 8; i++) {   /* [m_2i, m_2i+1] */
+            const __m512i y = _mm512_srli_epi32(S[i / 2], 16 * (i % 2));
+            D->mp[i] = mf_q_pair16(_mm512_and_si512(_mm512_srli_epi32(y, 4), kf),
+                                   _mm512_and_si512(_mm512_srli_epi32(y, 12), kf));
+        }
+        mf_q_t16x8(p, (ptrdiff_t)sizeof(block_q2_K) - 32, S);   /* dword 7: [d | dmin] */
+        const __m512 d16 = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(S[7]));
+        const __m512 m16 = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(S[7], 16)));
+        D->d[0] = _mm512_cvtps_pd(_mm512_castps512_ps256(d16));
+        D->d[1] = _mm512_cvtps_pd(_mm512_extractf32x8_ps(d16, 1));
+        D->dm[0] = _mm512_cvtps_pd(_mm512_castps512_ps256(m16));
+        D->dm[1] = _mm512_cvtps_pd(_mm512_extractf32x8_ps(m16, 1));
+        return;
+    }
+    if (dt == CK_DT_Q3_K) {
+        /* hmask[32] at 0, qs[64] at 32, scales[12] at 96 (dwords 5..7 of the 32 bytes at 76) */
+        __m512i S[8], Q[16], Hm[8];
+        mf_q_t16x8(p, (ptrdiff_t)offsetof(block_q3_K, hmask), Hm);
+        mf_q_t16x8(p, (ptrdiff_t)offsetof(block_q3_K, qs), Q);
+        mf_q_t16x8(p, (ptrdiff_t)offsetof(block_q3_K, qs) + 32, Q + 8);
+        mf_q_kq16_codes2(Q, Hm, D->q);
+        mf_q_t16x8(p, (ptrdiff_t)offsetof(block_q3_K, scales) - 20, S);
+        const __m512i U0 = S[5], U1 = S[6], U2 = S[7];
+        const __m512i k4 = _mm512_set1_epi32(0x0f0f0f0f), k2 = _mm512_set1_epi32(0x03030303);
+        const __m512i kb = _mm512_set1_epi32(0xFF), k32 = _mm512_set1_epi32(32);
+        const __m512i V[4] = {          /* bytes: sc 0..3, 4..7, 8..11, 12..15 (mf_q3k_scales) */
+            _mm512_or_si512(_mm512_and_si512(U0, k4), _mm512_slli_epi32(_mm512_and_si512(U2, k2), 4)),
+            _mm512_or_si512(_mm512_and_si512(U1, k4),
+                            _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(U2, 2), k2), 4)),
+            _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(U0, 4), k4),
+                            _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(U2, 4), k2), 4)),
+            _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(U1, 4), k4),
+                            _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(U2, 6), k2), 4))};
+        for (int j = 0; j < 16; j++)    /* sc_j - 32 */
+            D->sc[j] = _mm512_sub_epi32(_mm512_and_si512(_mm512_srli_epi32(V[j / 4], 8 * (j % 4)), kb), k32);
+        for (int i = 0; i < 8; i++) {   /* [sc_2i - 32, sc_2i+1 - 32] */
+            const __m512i y = _mm512_srli_epi32(V[i / 2], 16 * (i % 2));
+            D->mp[i] = mf_q_pair16(_mm512_sub_epi32(_mm512_and_si512(y, kb), k32),
+                                   _mm512_sub_epi32(_mm512_and_si512(_mm512_srli_epi32(y, 8), kb), k32));
+        }
+        mf_q_kq16_d(p, (ptrdiff_t)offsetof(block_q3_K, d), D->d);
+        D->dm[0] = D->dm[1] = _mm512_setzero_pd();
+        return;
+    }
+    if (dt == CK_DT_IQ4_XS) {
+        /* d, scales_h at 0 (dword 0), scales_l (dword 1); qs[128] at 8: sub-block j's 16 bytes are
+         * dwords 4j .. 4j + 3, low nibbles weights 32j + 4i.., high 32j + 16 + 4i.. */
+        __m512i S[8], P[32];
+        mf_q_t16x8(p, 0, S);
+        for (int m = 0; m < 4; m++)
+            mf_q_t16x8(p, (ptrdiff_t)offsetof(block_iq4_xs, qs) + 32 * m, P + 8 * m);
+        /* kvalues + 128 (1 .. 241): unsigned for vpdpbusd; the 128 sum a comes off below */
+        const __m512i kv = _mm512_add_epi8(_mm512_broadcast_i32x4(_mm_loadu_si128(
+            (const __m128i *)(const void *)mf_kvalues_iq4nl)), _mm512_set1_epi8((char)0x80));
+        for (int j = 0; j < 8; j++)
+            for (int i = 0; i < 4; i++) {
+                const __m512i x = P[4 * j + i];
+                D->q[8 * j + i] = _mm512_shuffle_epi8(kv, _mm512_and_si512(x, m4));
+                D->q[8 * j + 4 + i] = _mm512_shuffle_epi8(kv, _mm512_and_si512(_mm512_srli_epi16(x, 4), m4));
+            }
+        const __m512i kf = _mm512_set1_epi32(0x0F), k3 = _mm512_set1_epi32(3);
+        for (int j = 0; j < 8; j++) {   /* ls_j - 32 (mf_iq4xs_scale), and [ls_j - 32, ls_j - 32] */
+            const __m512i ls = _mm512_or_si512(
+                _mm512_and_si512(_mm512_srli_epi32(S[1], 4 * j), kf),
+                _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(S[0], 16 + 2 * j), k3), 4));
+            D->sc[j] = _mm512_sub_epi32(ls, _mm512_set1_epi32(32));
+            D->mp[j] = mf_q_pair16(D->sc[j], D->sc[j]);
+        }
+        const __m512 d16 = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(S[0]));
+        D->d[0] = _mm512_cvtps_pd(_mm512_castps512_ps256(d16));
+        D->d[1] = _mm512_cvtps_pd(_mm512_extractf32x8_ps(d16, 1));
+        D->dm[0] = D->dm[1] = _mm512_setzero_pd();
+        return;
+    }
     if (dt == CK_DT_Q6_K) {
         __m512i L[32], H[16];
         for (int m = 0; m < 4; m++)
@@ -1597,18 +1723,9 @@ MF_ALWAYS_INLINE void mf_q_kq16_decode(int dt, const char *const p[16], mf_q_kq1
         mf_q_t16x8(p, (ptrdiff_t)offsetof(block_q6_K, scales) - 16, S);
         for (int j = 0; j < 16; j++)
             D->sc[j] = _mm512_srai_epi32(_mm512_slli_epi32(S[4 + j / 4], 24 - 8 * (j % 4)), 24);
-        for (int i = 0; i < 8; i++) {   /* [sc_2i, sc_2i+1]: the two bytes' words, sign-extended */
-            const __m512i y = _mm512_srli_epi32(S[4 + i / 2], 16 * (i % 2));
-            D->mp[i] = _mm512_or_si512(
-                _mm512_srli_epi32(_mm512_slli_epi32(_mm512_srai_epi16(_mm512_slli_epi16(y, 8), 8), 16), 16),
-                _mm512_slli_epi32(_mm512_srai_epi16(y, 8), 16));
-        }
-        MF_ALIGNED(32) uint16_t dh[16];
-        for (int r = 0; r < 16; r++)
-            dh[r] = ((const block_q6_K *)(const void *)p[r])->d;
-        const __m512 d16 = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(const void *)dh));
-        D->d[0] = _mm512_cvtps_pd(_mm512_castps512_ps256(d16));
-        D->d[1] = _mm512_cvtps_pd(_mm512_extractf32x8_ps(d16, 1));
+        for (int i = 0; i < 8; i++)     /* [sc_2i, sc_2i+1] */
+            D->mp[i] = mf_q_pair16(D->sc[2 * i], D->sc[2 * i + 1]);
+        mf_q_kq16_d(p, (ptrdiff_t)offsetof(block_q6_K, d), D->d);
         D->dm[0] = D->dm[1] = _mm512_setzero_pd();
         return;
     } else {
@@ -1670,20 +1787,35 @@ MF_ALWAYS_INLINE __m512i mf_q_bc4(const void *p)
     return _mm512_set1_epi32(v);
 }
 
+/* 4-weight steps of a sub-block: 8 for the 32-weight sub-blocks of Q4_K, Q5_K and IQ4_XS, 4 for
+ * the 16-weight ones of Q2_K, Q3_K and Q6_K */
+MF_ALWAYS_INLINE int mf_q_kq16_steps(int dt)
+{
+    return dt == CK_DT_Q4_K || dt == CK_DT_Q5_K || dt == CK_DT_IQ4_XS ? 8 : 4;
+}
+
+/* The offset term: sumi = sum_j sc_j (code . a) - 2^sh sum_j sc_j bsum_j, for the formats whose
+ * codes are their values + 2^sh (Q3_K: 4, Q6_K: 32, IQ4_XS: 128, its kvalues made unsigned);
+ * 0 for the formats with mins (Q2_K, Q4_K, Q5_K: summ on its own). */
+MF_ALWAYS_INLINE int mf_q_kq16_offset_shift(int dt)
+{
+    return dt == CK_DT_Q6_K ? 5 : dt == CK_DT_Q3_K ? 2 : dt == CK_DT_IQ4_XS ? 7 : 0;
+}
+
 /* The exact int32 sums of one super-block of the 16 rows (lanes) against nb (a constant where
- * this is inlined, <= 4) tokens' Q8_K blocks a[u]: si[u] = sumi (Q6_K: sumi - 32 sumo, as its
- * one-row dot), sm[u] = summ (Q4_K / Q5_K).  Each code register is loaded once for the nb
+ * this is inlined, <= 4) tokens' Q8_K blocks a[u]: si[u] = sumi (with the offset term, as the
+ * one-row dots), sm[u] = summ (Q2_K, Q4_K, Q5_K).  Each code register is loaded once for the nb
  * tokens. */
 MF_ALWAYS_INLINE void mf_q_kq16_sums(int dt, const mf_q_kq16 *D, const block_q8_K *const *a,
                                      int nb, __m512i *si, __m512i *sm)
 {
     const __m512i z = _mm512_setzero_si512();
-    const int k6 = dt == CK_DT_Q6_K;
-    const int L = k6 ? 4 : 8;                   /* 4-weight steps a sub-block */
+    const int L = mf_q_kq16_steps(dt);          /* 4-weight steps a sub-block */
+    const int sh = mf_q_kq16_offset_shift(dt);
     __m512i I[MF_Q8_TILE16_TB], M[MF_Q8_TILE16_TB];
     for (int u = 0; u < nb; u++)
         I[u] = M[u] = z;
-    for (int j = 0; j < (k6 ? 16 : 8); j++) {
+    for (int j = 0; j < 64 / L; j++) {
         __m512i s[MF_Q8_TILE16_TB];
         for (int u = 0; u < nb; u++)
             s[u] = z;
@@ -1698,14 +1830,14 @@ MF_ALWAYS_INLINE void mf_q_kq16_sums(int dt, const mf_q_kq16 *D, const block_q8_
     for (int u = 0; u < nb; u++) {
         for (int i = 0; i < 8; i++)
             M[u] = _mm512_dpwssd_epi32(M[u], D->mp[i], mf_q_bc4(a[u]->bsums + 2 * i));
-        si[u] = k6 ? _mm512_sub_epi32(I[u], _mm512_slli_epi32(M[u], 5)) : I[u];
-        sm[u] = k6 ? z : M[u];
+        si[u] = sh ? _mm512_sub_epi32(I[u], _mm512_slli_epi32(M[u], sh)) : I[u];
+        sm[u] = sh ? z : M[u];
     }
 }
 
 /* acc[0 / 1] (rows 0..7 / 8..15, double) + the super-block's term, the one-row dots' double
- * operations lane by lane: Q4_K / Q5_K (d_w d_a) sumi - (dmin_w d_a) summ (mf_q_kterm), Q6_K
- * (d_w d_a) sumi. */
+ * operations lane by lane: with mins (d_w d_a) sumi - (dmin_w d_a) summ (mf_q_kterm), else
+ * (d_w d_a) sumi (mf_q_kterm1). */
 MF_ALWAYS_INLINE void mf_q_kq16_term(int dt, const mf_q_kq16 *D, float da, __m512i si, __m512i sm,
                                      __m512d acc[2])
 {
@@ -1713,7 +1845,7 @@ MF_ALWAYS_INLINE void mf_q_kq16_term(int dt, const mf_q_kq16 *D, float da, __m51
     for (int h = 0; h < 2; h++) {
         const __m256i sih = h ? _mm512_extracti64x4_epi64(si, 1) : _mm512_castsi512_si256(si);
         __m512d t = _mm512_mul_pd(_mm512_mul_pd(D->d[h], dav), _mm512_cvtepi32_pd(sih));
-        if (dt != CK_DT_Q6_K) {
+        if (!mf_q_kq16_offset_shift(dt)) {
             const __m256i smh = h ? _mm512_extracti64x4_epi64(sm, 1) : _mm512_castsi512_si256(sm);
             t = _mm512_sub_pd(t, _mm512_mul_pd(_mm512_mul_pd(D->dm[h], dav), _mm512_cvtepi32_pd(smh)));
         }
@@ -1723,7 +1855,7 @@ MF_ALWAYS_INLINE void mf_q_kq16_term(int dt, const mf_q_kq16 *D, float da, __m51
 
 
 /* nt (any, <= MF_Q8_TILE_TOKENS) tokens of Q8_K rows at xq (stride xs) against the 16 rows
- * vw[0..15] of Q4_K, Q5_K or Q6_K: out[(r / 4) * os + 4 * t + r % 4].  Each (row, token)'s
+ * vw[0..15] of Q2_K, Q3_K, Q4_K, Q5_K, Q6_K or IQ4_XS: out[(r / 4) * os + 4 * t + r % 4].  Each (row, token)'s
  * integer sums are its one-row dot's, and its double steps the same operations in the same
  * order: the same bits, whichever tokens and rows share the call. */
 static inline void mf_q8_tile16_kq(int dt, const void *const *vw, const char *xq, ptrdiff_t xs,
@@ -1768,16 +1900,29 @@ static inline void mf_q8_tile16_kq(int dt, const void *const *vw, const char *xq
 }
 #endif
 
+/* The 16-row tile takes the formats of Q8_K activations at the avx512 level with VNNI. */
+static inline int mf_q8_tile16_takes(int dt)
+{
+#if defined(MF_SIMD_AVX512) && defined(MF_Q_VNNI)
+    return dt == CK_DT_Q4_K || dt == CK_DT_Q5_K || dt == CK_DT_Q6_K || dt == CK_DT_Q2_K
+        || dt == CK_DT_Q3_K || dt == CK_DT_IQ4_XS;
+#else
+    (void)dt;
+    return 0;
+#endif
+}
+
 /* 16 rows (w[0..nr-1], nr <= 16) against nt tokens: out[g * os + 4 * t + r] = the int8 dot of
  * row w[4g + r] with activation row a + t * a_stride, as mf_q8_rows_tokens gives it for 4-row
- * group g (the same bits).  At the avx512 level with VNNI, Q4_K, Q5_K and Q6_K past a few tokens
- * run the 16 rows at once (mf_q8_tile16_kq); the rest goes 4 rows at a time. */
+ * group g (the same bits).  At the avx512 level with VNNI, the formats of Q8_K activations (Q2_K,
+ * Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS) past a few tokens run the 16 rows at once (mf_q8_tile16_kq);
+ * the rest goes 4 rows at a time. */
 static inline void mf_q8_rows16_tokens(int dt, const void *const *w, int nr, const void *va,
                                        ptrdiff_t a_stride, int nt, ptrdiff_t n, float *out,
                                        ptrdiff_t os)
 {
 #if defined(MF_SIMD_AVX512) && defined(MF_Q_VNNI)
-    if ((dt == CK_DT_Q4_K || dt == CK_DT_Q5_K || dt == CK_DT_Q6_K) && nt > MF_Q8_FEW_TOKENS) {
+    if (mf_q8_tile16_takes(dt) && nt > MF_Q8_FEW_TOKENS) {
         const void *wp[16];
         for (int r = 0; r < 16; r++)
             wp[r] = w[r < nr ? r : nr - 1];   /* missing rows: the last one again (discarded) */
