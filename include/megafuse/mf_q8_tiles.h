@@ -1912,6 +1912,15 @@ static inline int mf_q8_tile16_takes(int dt)
 #endif
 }
 
+/* Tokens a caller hands mf_q8_rows16_tokens at once: mf_q8_tile_tokens, but for the formats of
+ * the 16-row tile up to 4 times the activation bytes -- their rows are read once every 16 weight
+ * rows, not 4, so as often per weight row -- which amortizes each decoded chunk of 16 rows over
+ * more tokens. */
+static inline int mf_q8_rows16_tile_tokens(int dt, size_t row_bytes)
+{
+    return mf_q8_tile_tokens(mf_q8_tile16_takes(dt) ? row_bytes / 4 : row_bytes);
+}
+
 /* 16 rows (w[0..nr-1], nr <= 16) against nt tokens: out[g * os + 4 * t + r] = the int8 dot of
  * row w[4g + r] with activation row a + t * a_stride, as mf_q8_rows_tokens gives it for 4-row
  * group g (the same bits).  At the avx512 level with VNNI, the formats of Q8_K activations (Q2_K,

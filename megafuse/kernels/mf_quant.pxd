@@ -32,6 +32,7 @@ cdef extern from "megafuse/mf_quant.h" nogil:
     mf_dot4_q8_fn mf_dot4_q8_for(int dt)
     enum: MF_Q8_TILE_TOKENS             # tokens worth a call of mf_q8_rows_tokens
     int mf_q8_tile_tokens(size_t row_bytes)     # tokens a call, for activation rows that long
+    int mf_q8_rows16_tile_tokens(int dt, size_t row_bytes)   # the same for mf_q8_rows16_tokens
     # out[r] = the float dot of weight row w[r] (r < 4) with x, bit for bit weight_row_dot_f32's;
     # NULL for FP32 (mf_dot_1x4_f32) and non-formats
     ctypedef void (*mf_dot4_f32_fn)(const void **w, const float *x, Py_ssize_t n, float *out)

@@ -320,7 +320,7 @@ cdef void block_dot_tokens_q8(
     if one_token != NULL:
         one_token_rows(b, K, one_token, xq, NULL, NULL)
         return
-    tile = mf_q8_tile_tokens(<size_t>xq_row_bytes)
+    tile = mf_q8_rows16_tile_tokens(dt, <size_t>xq_row_bytes)
     t0 = 0
     while t0 < T:
         nt = min(tile, T - t0)
