@@ -39,7 +39,9 @@
 #  define MF_Q_NO_UNROLL
 #endif
 #define MF_Q8_TILE_TOKENS 64     /* tokens one tile call accumulates (its stack accumulators) */
-#define MF_Q8_TILE_ACT_BYTES (192 * 1024)   /* activation rows a pass of the tiles keeps in L2 */
+#ifndef MF_Q8_TILE_ACT_BYTES
+#  define MF_Q8_TILE_ACT_BYTES (192 * 1024)
+#endif   /* activation rows a pass of the tiles keeps in L2 */
 #define MF_Q8_CHUNK 1024         /* weights of each row decoded at once: 8 groups, 4 super-blocks */
 #ifndef MF_Q8_FEW_TOKENS
 #  define MF_Q8_FEW_TOKENS 4     /* up to this many tokens, one-token dots a token (rows in L1) */
@@ -1505,6 +1507,441 @@ static inline void mf_q8_rows_tokens(int dt, const void *const *w, int nr, const
             for (int r = 0; r < 4; r++)
                 out[4 * t + r] = (r < nr && f != NULL) ? f(wp[r], a + t * a_stride, n) : 0.0f;
     }
+}
+
+/* ---- many tokens, avx512 with VNNI: 16 rows of a 256-weight format in the lanes ------------ */
+
+#if defined(MF_SIMD_AVX512) && defined(MF_Q_VNNI)
+/* A super-block of 16 rows of Q2_K, Q3_K, Q4_K, Q5_K, Q6_K or IQ4_XS decoded for
+ * mf_q8_tile16_kq: every register holds one 4-weight step of the 16 rows, lane r = row r, so that
+ * vpdpbusd of a register against 4 activation codes broadcast from the Q8_K row ({1to16}) adds
+ * each row's 4 products to its own lane.  A lane sums a whole sub-block in place (8 steps for 32
+ * weights, 4 for 16: mf_q_kq16_steps), which is then scaled by vpmulld: no horizontal sums, no
+ * shuffles of the activations.
+ *   q[k]    unsigned codes of weights 4k .. 4k + 3: Q2_K 0..3, Q3_K 0..7 (its value + 4), Q4_K
+ *           0..15, Q5_K 0..31, Q6_K 0..63 (value + 32), IQ4_XS kvalues + 128
+ *   sc[j]   sub-block j's scale as int32 (Q2_K's 4-bit sc, Q3_K's sc - 32, Q4_K / Q5_K's 6-bit
+ *           sc, Q6_K's int8, IQ4_XS's ls - 32)
+ *   mp[i]   int16 pairs against dword i of bsums (bsums[2i], bsums[2i + 1]): the mins [m_2i,
+ *           m_2i+1] (Q2_K) or [m_i, m_i] (Q4_K / Q5_K), whose sum is summ; or the scales [sc_2i,
+ *           sc_2i+1] (Q3_K, Q6_K) or [sc_i, sc_i] (IQ4_XS), whose sum the offset multiplies
+ *   d, dm   d and dmin of the 16 rows as double, rows 0..7 | 8..15 (dm 0 without mins) */
+#ifndef MF_Q8_TILE16_NS
+#  define MF_Q8_TILE16_NS 2     /* super-blocks of the 16 rows decoded at once (12 KiB) */
+#endif
+#ifndef MF_Q8_TILE16_TB
+#  define MF_Q8_TILE16_TB 4     /* tokens that share each load of a code register */
+#endif
+typedef struct {
+    __m512i q[64];
+    __m512i sc[16];
+    __m512i mp[8];
+    __m512d d[2], dm[2];
+} mf_q_kq16;
+/* mf_q_kq16_decode reads 32 bytes of each block at offset 0 (Q4_K, Q5_K: d, dmin, scales), at
+ * offsetof(scales) - 16 (Q6_K), offsetof(scales) - 20 (Q3_K) and sizeof - 32 (Q2_K): inside the
+ * block. */
+MF_STATIC_ASSERT(offsetof(block_q4_K, d) == 0 && offsetof(block_q4_K, dmin) == 2
+                 && offsetof(block_q4_K, scales) == 4, q4_K_head);
+MF_STATIC_ASSERT(offsetof(block_q5_K, d) == 0 && offsetof(block_q5_K, dmin) == 2
+                 && offsetof(block_q5_K, scales) == 4, q5_K_head);
+MF_STATIC_ASSERT(offsetof(block_q6_K, scales) >= 16
+                 && offsetof(block_q6_K, scales) + 16 <= sizeof(block_q6_K), q6_K_scales);
+MF_STATIC_ASSERT(offsetof(block_q3_K, scales) >= 20
+                 && offsetof(block_q3_K, scales) + 12 <= sizeof(block_q3_K), q3_K_scales);
+MF_STATIC_ASSERT(offsetof(block_q2_K, d) == sizeof(block_q2_K) - 4, q2_K_d_last);
+MF_STATIC_ASSERT(offsetof(block_iq4_xs, scales_h) == 2 && offsetof(block_iq4_xs, scales_l) == 4
+                 && offsetof(block_iq4_xs, qs) == 8, iq4_xs_head);
+
+/* out[k] = [dword k of p[0] + o | ... | dword k of p[15] + o], k < 8: the 16 rows' 32 bytes at
+ * byte offset o transposed in 4-byte steps (two unpack stages and a 128-bit shuffle; rows i and
+ * i + 4 share a load, so that the lanes come out in row order). */
+MF_ALWAYS_INLINE void mf_q_t16x8(const char *const p[16], ptrdiff_t o, __m512i out[8])
+{
+    __m512i X[8], T[8];
+    for (int i = 0; i < 4; i++) {
+        X[i] = mf_q_loadu2x256(p[i] + o, p[i + 4] + o);
+        X[i + 4] = mf_q_loadu2x256(p[i + 8] + o, p[i + 12] + o);
+    }
+    for (int i = 0; i < 8; i += 2) {
+        T[i] = _mm512_unpacklo_epi32(X[i], X[i + 1]);
+        T[i + 1] = _mm512_unpackhi_epi32(X[i], X[i + 1]);
+    }
+    for (int h = 0; h < 2; h++) {           /* h = 0: X[0..3], h = 1: X[4..7] */
+        const __m512i *t = T + 4 * h;
+        const __m512i u0 = _mm512_unpacklo_epi64(t[0], t[2]), u1 = _mm512_unpackhi_epi64(t[0], t[2]);
+        const __m512i u2 = _mm512_unpacklo_epi64(t[1], t[3]), u3 = _mm512_unpackhi_epi64(t[1], t[3]);
+        X[4 * h + 0] = u0; X[4 * h + 1] = u1; X[4 * h + 2] = u2; X[4 * h + 3] = u3;
+    }
+    for (int k = 0; k < 4; k++) {           /* 128-bit lanes: [rows 0-3 | 4-7 | 8-11 | 12-15] */
+        out[k] = _mm512_shuffle_i32x4(X[k], X[k + 4], _MM_SHUFFLE(2, 0, 2, 0));
+        out[k + 4] = _mm512_shuffle_i32x4(X[k], X[k + 4], _MM_SHUFFLE(3, 1, 3, 1));
+    }
+}
+
+/* [lo | hi << 16]: the low words of two int32 vectors as the int16 pairs of vpdpwssd */
+MF_ALWAYS_INLINE __m512i mf_q_pair16(__m512i lo, __m512i hi)
+{
+    return _mm512_or_si512(_mm512_and_si512(lo, _mm512_set1_epi32(0xFFFF)), _mm512_slli_epi32(hi, 16));
+}
+
+/* fp16 d of each row (at offset od of its block) as doubles, rows 0..7 | 8..15 */
+MF_ALWAYS_INLINE void mf_q_kq16_d(const char *const p[16], ptrdiff_t od, __m512d d[2])
+{
+    MF_ALIGNED(32) uint16_t dh[16];
+    for (int r = 0; r < 16; r++)
+        memcpy(&dh[r], p[r] + od, 2);
+    const __m512 d16 = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(const void *)dh));
+    d[0] = _mm512_cvtps_pd(_mm512_castps512_ps256(d16));
+    d[1] = _mm512_cvtps_pd(_mm512_extractf32x8_ps(d16, 1));
+}
+
+/* Q2_K / Q3_K codes of weights 128h + 32k + 4q .. + 3 (register 32h + 8k + q): bits 2k, 2k + 1
+ * of the transposed qs Q[8h + q] (and Q3_K's third bit, bit 4h + k of hmask Hm[q]) */
+MF_ALWAYS_INLINE void mf_q_kq16_codes2(const __m512i Q[16], const __m512i *Hm, __m512i q[64])
+{
+    const __m512i m3 = _mm512_set1_epi8(3);
+    for (int h = 0; h < 2; h++)
+        for (int k = 0; k < 4; k++)
+            for (int i = 0; i < 8; i++) {
+                __m512i c = _mm512_and_si512(_mm512_srli_epi16(Q[8 * h + i], 2 * k), m3);
+                if (Hm != NULL)
+                    c = _mm512_mask_add_epi8(c, _mm512_test_epi8_mask(
+                        Hm[i], _mm512_set1_epi8((char)(1 << (4 * h + k)))), c, _mm512_set1_epi8(4));
+                q[32 * h + 8 * k + i] = c;
+            }
+}
+
+MF_ALWAYS_INLINE void mf_q_kq16_decode(int dt, const char *const p[16], mf_q_kq16 *D)
+{
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    if (dt == CK_DT_Q2_K) {
+        /* scales[16] at 0 (dwords 0..3: sc = low nibble, m = high), qs[64] at 16, d, dmin at 80 */
+        __m512i S[8], Q[16];
+        mf_q_t16x8(p, (ptrdiff_t)offsetof(block_q2_K, qs), Q);
+        mf_q_t16x8(p, (ptrdiff_t)offsetof(block_q2_K, qs) + 32, Q + 8);
+        mf_q_kq16_codes2(Q, NULL, D->q);
+        mf_q_t16x8(p, 0, S);
+        const __m512i kf = _mm512_set1_epi32(0x0F);
+        for (int j = 0; j < 16; j++)
+            D->sc[j] = _mm512_and_si512(_mm512_srli_epi32(S[j / 4], 8 * (j % 4)), kf);
+        for (int i = 0; i < 8; i++) {   /* [m_2i, m_2i+1] */
+            const __m512i y = _mm512_srli_epi32(S[i / 2], 16 * (i % 2));
+            D->mp[i] = mf_q_pair16(_mm512_and_si512(_mm512_srli_epi32(y, 4), kf),
+                                   _mm512_and_si512(_mm512_srli_epi32(y, 12), kf));
+        }
+        mf_q_t16x8(p, (ptrdiff_t)sizeof(block_q2_K) - 32, S);   /* dword 7: [d | dmin] */
+        const __m512 d16 = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(S[7]));
+        const __m512 m16 = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(S[7], 16)));
+        D->d[0] = _mm512_cvtps_pd(_mm512_castps512_ps256(d16));
+        D->d[1] = _mm512_cvtps_pd(_mm512_extractf32x8_ps(d16, 1));
+        D->dm[0] = _mm512_cvtps_pd(_mm512_castps512_ps256(m16));
+        D->dm[1] = _mm512_cvtps_pd(_mm512_extractf32x8_ps(m16, 1));
+        return;
+    }
+    if (dt == CK_DT_Q3_K) {
+        /* hmask[32] at 0, qs[64] at 32, scales[12] at 96 (dwords 5..7 of the 32 bytes at 76) */
+        __m512i S[8], Q[16], Hm[8];
+        mf_q_t16x8(p, (ptrdiff_t)offsetof(block_q3_K, hmask), Hm);
+        mf_q_t16x8(p, (ptrdiff_t)offsetof(block_q3_K, qs), Q);
+        mf_q_t16x8(p, (ptrdiff_t)offsetof(block_q3_K, qs) + 32, Q + 8);
+        mf_q_kq16_codes2(Q, Hm, D->q);
+        mf_q_t16x8(p, (ptrdiff_t)offsetof(block_q3_K, scales) - 20, S);
+        const __m512i U0 = S[5], U1 = S[6], U2 = S[7];
+        const __m512i k4 = _mm512_set1_epi32(0x0f0f0f0f), k2 = _mm512_set1_epi32(0x03030303);
+        const __m512i kb = _mm512_set1_epi32(0xFF), k32 = _mm512_set1_epi32(32);
+        const __m512i V[4] = {          /* bytes: sc 0..3, 4..7, 8..11, 12..15 (mf_q3k_scales) */
+            _mm512_or_si512(_mm512_and_si512(U0, k4), _mm512_slli_epi32(_mm512_and_si512(U2, k2), 4)),
+            _mm512_or_si512(_mm512_and_si512(U1, k4),
+                            _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(U2, 2), k2), 4)),
+            _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(U0, 4), k4),
+                            _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(U2, 4), k2), 4)),
+            _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(U1, 4), k4),
+                            _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(U2, 6), k2), 4))};
+        for (int j = 0; j < 16; j++)    /* sc_j - 32 */
+            D->sc[j] = _mm512_sub_epi32(_mm512_and_si512(_mm512_srli_epi32(V[j / 4], 8 * (j % 4)), kb), k32);
+        for (int i = 0; i < 8; i++) {   /* [sc_2i - 32, sc_2i+1 - 32] */
+            const __m512i y = _mm512_srli_epi32(V[i / 2], 16 * (i % 2));
+            D->mp[i] = mf_q_pair16(_mm512_sub_epi32(_mm512_and_si512(y, kb), k32),
+                                   _mm512_sub_epi32(_mm512_and_si512(_mm512_srli_epi32(y, 8), kb), k32));
+        }
+        mf_q_kq16_d(p, (ptrdiff_t)offsetof(block_q3_K, d), D->d);
+        D->dm[0] = D->dm[1] = _mm512_setzero_pd();
+        return;
+    }
+    if (dt == CK_DT_IQ4_XS) {
+        /* d, scales_h at 0 (dword 0), scales_l (dword 1); qs[128] at 8: sub-block j's 16 bytes are
+         * dwords 4j .. 4j + 3, low nibbles weights 32j + 4i.., high 32j + 16 + 4i.. */
+        __m512i S[8], P[32];
+        mf_q_t16x8(p, 0, S);
+        for (int m = 0; m < 4; m++)
+            mf_q_t16x8(p, (ptrdiff_t)offsetof(block_iq4_xs, qs) + 32 * m, P + 8 * m);
+        /* kvalues + 128 (1 .. 241): unsigned for vpdpbusd; the 128 sum a comes off below */
+        const __m512i kv = _mm512_add_epi8(_mm512_broadcast_i32x4(_mm_loadu_si128(
+            (const __m128i *)(const void *)mf_kvalues_iq4nl)), _mm512_set1_epi8((char)0x80));
+        for (int j = 0; j < 8; j++)
+            for (int i = 0; i < 4; i++) {
+                const __m512i x = P[4 * j + i];
+                D->q[8 * j + i] = _mm512_shuffle_epi8(kv, _mm512_and_si512(x, m4));
+                D->q[8 * j + 4 + i] = _mm512_shuffle_epi8(kv, _mm512_and_si512(_mm512_srli_epi16(x, 4), m4));
+            }
+        const __m512i kf = _mm512_set1_epi32(0x0F), k3 = _mm512_set1_epi32(3);
+        for (int j = 0; j < 8; j++) {   /* ls_j - 32 (mf_iq4xs_scale), and [ls_j - 32, ls_j - 32] */
+            const __m512i ls = _mm512_or_si512(
+                _mm512_and_si512(_mm512_srli_epi32(S[1], 4 * j), kf),
+                _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(S[0], 16 + 2 * j), k3), 4));
+            D->sc[j] = _mm512_sub_epi32(ls, _mm512_set1_epi32(32));
+            D->mp[j] = mf_q_pair16(D->sc[j], D->sc[j]);
+        }
+        const __m512 d16 = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(S[0]));
+        D->d[0] = _mm512_cvtps_pd(_mm512_castps512_ps256(d16));
+        D->d[1] = _mm512_cvtps_pd(_mm512_extractf32x8_ps(d16, 1));
+        D->dm[0] = D->dm[1] = _mm512_setzero_pd();
+        return;
+    }
+    if (dt == CK_DT_Q6_K) {
+        __m512i L[32], H[16];
+        for (int m = 0; m < 4; m++)
+            mf_q_t16x8(p, (ptrdiff_t)offsetof(block_q6_K, ql) + 32 * m, L + 8 * m);
+        for (int h = 0; h < 2; h++)
+            mf_q_t16x8(p, (ptrdiff_t)offsetof(block_q6_K, qh) + 32 * h, H + 8 * h);
+        const __m512i m2 = _mm512_set1_epi8(0x30);
+        /* weight 128h + 32k + l: low 4 bits from ql[64h + 32(k & 1) + l] (k < 2: low nibble),
+         * high 2 from bits 2k, 2k + 1 of qh[32h + l] */
+        for (int h = 0; h < 2; h++)
+            for (int k = 0; k < 4; k++)
+                for (int q = 0; q < 8; q++) {
+                    const __m512i l = L[8 * (2 * h + (k & 1)) + q], hb = H[8 * h + q];
+                    const __m512i lo = k < 2 ? _mm512_and_si512(l, m4)
+                                             : _mm512_and_si512(_mm512_srli_epi16(l, 4), m4);
+                    const __m512i hi = k == 3 ? _mm512_srli_epi16(hb, 2)
+                                              : _mm512_slli_epi16(hb, 4 - 2 * k);
+                    D->q[32 * h + 8 * k + q] = _mm512_or_si512(lo, _mm512_and_si512(hi, m2));
+                }
+        /* the scales: bytes 16..31 of the 32 at 176 (dwords 4..7), sign-extended */
+        __m512i S[8];
+        mf_q_t16x8(p, (ptrdiff_t)offsetof(block_q6_K, scales) - 16, S);
+        for (int j = 0; j < 16; j++)
+            D->sc[j] = _mm512_srai_epi32(_mm512_slli_epi32(S[4 + j / 4], 24 - 8 * (j % 4)), 24);
+        for (int i = 0; i < 8; i++)     /* [sc_2i, sc_2i+1] */
+            D->mp[i] = mf_q_pair16(D->sc[2 * i], D->sc[2 * i + 1]);
+        mf_q_kq16_d(p, (ptrdiff_t)offsetof(block_q6_K, d), D->d);
+        D->dm[0] = D->dm[1] = _mm512_setzero_pd();
+        return;
+    } else {
+        const ptrdiff_t oqs = dt == CK_DT_Q4_K ? (ptrdiff_t)offsetof(block_q4_K, qs)
+                                               : (ptrdiff_t)offsetof(block_q5_K, qs);
+        __m512i H[8];
+        if (dt == CK_DT_Q5_K)
+            mf_q_t16x8(p, (ptrdiff_t)offsetof(block_q5_K, qh), H);
+        for (int c = 0; c < 4; c++) {       /* qs[32c + l]: sub-block 2c (low nibble), 2c + 1 */
+            __m512i P[8];
+            mf_q_t16x8(p, oqs + 32 * c, P);
+            for (int q = 0; q < 8; q++) {
+                __m512i lo = _mm512_and_si512(P[q], m4);
+                __m512i hi = _mm512_and_si512(_mm512_srli_epi16(P[q], 4), m4);
+                if (dt == CK_DT_Q5_K) {     /* bit j of qh[l]: 5th bit of weight l of sub-block j */
+                    const __m512i x10 = _mm512_set1_epi8(0x10);
+                    lo = _mm512_mask_add_epi8(lo, _mm512_test_epi8_mask(
+                        H[q], _mm512_set1_epi8((char)(1 << (2 * c)))), lo, x10);
+                    hi = _mm512_mask_add_epi8(hi, _mm512_test_epi8_mask(
+                        H[q], _mm512_set1_epi8((char)(1 << (2 * c + 1)))), hi, x10);
+                }
+                D->q[8 * (2 * c) + q] = lo;
+                D->q[8 * (2 * c + 1) + q] = hi;
+            }
+        }
+        /* d, dmin, scales (the same in Q5_K): dword 0 = [d | dmin], dwords 1..3 = the 12 bytes
+         * of scales, u0 u1 u2; sc and m unpacked as mf_q_k4_scale_bytes4 does, per lane */
+        __m512i S[8];
+        mf_q_t16x8(p, 0, S);
+        const __m512i k1 = _mm512_set1_epi32(0x3f3f3f3f), k2 = _mm512_set1_epi32(0x0f0f0f0f);
+        const __m512i k3 = _mm512_set1_epi32(0x03030303), kb = _mm512_set1_epi32(0xFF);
+        const __m512i U0 = S[1], U1 = S[2], U2 = S[3];
+        const __m512i V[4] = {          /* bytes: sc 0..3, sc 4..7, m 0..3, m 4..7 */
+            _mm512_and_si512(U0, k1),
+            _mm512_or_si512(_mm512_and_si512(U2, k2),
+                            _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(U0, 6), k3), 4)),
+            _mm512_and_si512(U1, k1),
+            _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(U2, 4), k2),
+                            _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(U1, 6), k3), 4))};
+        for (int j = 0; j < 8; j++) {
+            D->sc[j] = _mm512_and_si512(_mm512_srli_epi32(V[j / 4], 8 * (j % 4)), kb);
+            const __m512i m = _mm512_and_si512(_mm512_srli_epi32(V[2 + j / 4], 8 * (j % 4)), kb);
+            D->mp[j] = _mm512_or_si512(m, _mm512_slli_epi32(m, 16));
+        }
+        const __m512 d16 = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(S[0]));
+        const __m512 m16 = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(S[0], 16)));
+        D->d[0] = _mm512_cvtps_pd(_mm512_castps512_ps256(d16));
+        D->d[1] = _mm512_cvtps_pd(_mm512_extractf32x8_ps(d16, 1));
+        D->dm[0] = _mm512_cvtps_pd(_mm512_castps512_ps256(m16));
+        D->dm[1] = _mm512_cvtps_pd(_mm512_extractf32x8_ps(m16, 1));
+    }
+}
+
+/* 4 activation codes at p, as the broadcast operand of vpdpbusd / vpdpwssd */
+MF_ALWAYS_INLINE __m512i mf_q_bc4(const void *p)
+{
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm512_set1_epi32(v);
+}
+
+/* 4-weight steps of a sub-block: 8 for the 32-weight sub-blocks of Q4_K, Q5_K and IQ4_XS, 4 for
+ * the 16-weight ones of Q2_K, Q3_K and Q6_K */
+MF_ALWAYS_INLINE int mf_q_kq16_steps(int dt)
+{
+    return dt == CK_DT_Q4_K || dt == CK_DT_Q5_K || dt == CK_DT_IQ4_XS ? 8 : 4;
+}
+
+/* The offset term: sumi = sum_j sc_j (code . a) - 2^sh sum_j sc_j bsum_j, for the formats whose
+ * codes are their values + 2^sh (Q3_K: 4, Q6_K: 32, IQ4_XS: 128, its kvalues made unsigned);
+ * 0 for the formats with mins (Q2_K, Q4_K, Q5_K: summ on its own). */
+MF_ALWAYS_INLINE int mf_q_kq16_offset_shift(int dt)
+{
+    return dt == CK_DT_Q6_K ? 5 : dt == CK_DT_Q3_K ? 2 : dt == CK_DT_IQ4_XS ? 7 : 0;
+}
+
+/* The exact int32 sums of one super-block of the 16 rows (lanes) against nb (a constant where
+ * this is inlined, <= 4) tokens' Q8_K blocks a[u]: si[u] = sumi (with the offset term, as the
+ * one-row dots), sm[u] = summ (Q2_K, Q4_K, Q5_K).  Each code register is loaded once for the nb
+ * tokens. */
+MF_ALWAYS_INLINE void mf_q_kq16_sums(int dt, const mf_q_kq16 *D, const block_q8_K *const *a,
+                                     int nb, __m512i *si, __m512i *sm)
+{
+    const __m512i z = _mm512_setzero_si512();
+    const int L = mf_q_kq16_steps(dt);          /* 4-weight steps a sub-block */
+    const int sh = mf_q_kq16_offset_shift(dt);
+    __m512i I[MF_Q8_TILE16_TB], M[MF_Q8_TILE16_TB];
+    for (int u = 0; u < nb; u++)
+        I[u] = M[u] = z;
+    for (int j = 0; j < 64 / L; j++) {
+        __m512i s[MF_Q8_TILE16_TB];
+        for (int u = 0; u < nb; u++)
+            s[u] = z;
+        for (int i = 0; i < L; i++) {
+            const __m512i q = D->q[L * j + i];
+            for (int u = 0; u < nb; u++)
+                s[u] = _mm512_dpbusd_epi32(s[u], q, mf_q_bc4(a[u]->qs + 4 * (L * j + i)));
+        }
+        for (int u = 0; u < nb; u++)
+            I[u] = _mm512_add_epi32(I[u], _mm512_mullo_epi32(s[u], D->sc[j]));
+    }
+    for (int u = 0; u < nb; u++) {
+        for (int i = 0; i < 8; i++)
+            M[u] = _mm512_dpwssd_epi32(M[u], D->mp[i], mf_q_bc4(a[u]->bsums + 2 * i));
+        si[u] = sh ? _mm512_sub_epi32(I[u], _mm512_slli_epi32(M[u], sh)) : I[u];
+        sm[u] = sh ? z : M[u];
+    }
+}
+
+/* acc[0 / 1] (rows 0..7 / 8..15, double) + the super-block's term, the one-row dots' double
+ * operations lane by lane: with mins (d_w d_a) sumi - (dmin_w d_a) summ (mf_q_kterm), else
+ * (d_w d_a) sumi (mf_q_kterm1). */
+MF_ALWAYS_INLINE void mf_q_kq16_term(int dt, const mf_q_kq16 *D, float da, __m512i si, __m512i sm,
+                                     __m512d acc[2])
+{
+    const __m512d dav = _mm512_set1_pd((double)da);
+    for (int h = 0; h < 2; h++) {
+        const __m256i sih = h ? _mm512_extracti64x4_epi64(si, 1) : _mm512_castsi512_si256(si);
+        __m512d t = _mm512_mul_pd(_mm512_mul_pd(D->d[h], dav), _mm512_cvtepi32_pd(sih));
+        if (!mf_q_kq16_offset_shift(dt)) {
+            const __m256i smh = h ? _mm512_extracti64x4_epi64(sm, 1) : _mm512_castsi512_si256(sm);
+            t = _mm512_sub_pd(t, _mm512_mul_pd(_mm512_mul_pd(D->dm[h], dav), _mm512_cvtepi32_pd(smh)));
+        }
+        acc[h] = _mm512_add_pd(acc[h], t);
+    }
+}
+
+
+/* nt (any, <= MF_Q8_TILE_TOKENS) tokens of Q8_K rows at xq (stride xs) against the 16 rows
+ * vw[0..15] of Q2_K, Q3_K, Q4_K, Q5_K, Q6_K or IQ4_XS: out[(r / 4) * os + 4 * t + r % 4].  Each (row, token)'s
+ * integer sums are its one-row dot's, and its double steps the same operations in the same
+ * order: the same bits, whichever tokens and rows share the call. */
+static inline void mf_q8_tile16_kq(int dt, const void *const *vw, const char *xq, ptrdiff_t xs,
+                                   int nt, ptrdiff_t n, float *out, ptrdiff_t os)
+{
+    mf_q_kq16 D[MF_Q8_TILE16_NS];
+    MF_ALIGNED(64) double acc[MF_Q8_TILE_TOKENS][16];
+    const ptrdiff_t bsz = (ptrdiff_t)ck_dtype_block_bytes((CKDataType)dt), nsb = n / QK_K;
+    const char *p[16];
+    memset(acc, 0, (size_t)nt * sizeof acc[0]);
+    for (ptrdiff_t s0 = 0; s0 < nsb; s0 += MF_Q8_TILE16_NS) {
+        const int ns = (int)(nsb - s0 < MF_Q8_TILE16_NS ? nsb - s0 : MF_Q8_TILE16_NS);
+        for (int s = 0; s < ns; s++) {
+            for (int r = 0; r < 16; r++)
+                p[r] = (const char *)vw[r] + (s0 + s) * bsz;
+            mf_q_kq16_decode(dt, p, &D[s]);
+        }
+        for (int t = 0; t < nt; t += MF_Q8_TILE16_TB) {
+            const int nb = nt - t < MF_Q8_TILE16_TB ? nt - t : MF_Q8_TILE16_TB;
+            for (int s = 0; s < ns; s++) {
+                const block_q8_K *a[MF_Q8_TILE16_TB];
+                __m512i si[MF_Q8_TILE16_TB], sm[MF_Q8_TILE16_TB];
+                for (int u = 0; u < MF_Q8_TILE16_TB; u++)
+                    a[u] = (const block_q8_K *)(const void *)(xq + (t + (u < nb ? u : 0)) * xs) + s0 + s;
+                if (nb == MF_Q8_TILE16_TB)
+                    mf_q_kq16_sums(dt, &D[s], a, MF_Q8_TILE16_TB, si, sm);
+                else
+                    for (int u = 0; u < nb; u++)
+                        mf_q_kq16_sums(dt, &D[s], a + u, 1, si + u, sm + u);
+                for (int u = 0; u < nb; u++) {
+                    __m512d A[2] = {_mm512_load_pd(acc[t + u]), _mm512_load_pd(acc[t + u] + 8)};
+                    mf_q_kq16_term(dt, &D[s], a[u]->d, si[u], sm[u], A);
+                    _mm512_store_pd(acc[t + u], A[0]);
+                    _mm512_store_pd(acc[t + u] + 8, A[1]);
+                }
+            }
+        }
+    }
+    for (int t = 0; t < nt; t++)
+        for (int r = 0; r < 16; r++)
+            out[(r / 4) * os + 4 * t + r % 4] = (float)acc[t][r];
+}
+#endif
+
+/* The 16-row tile takes the formats of Q8_K activations at the avx512 level with VNNI. */
+static inline int mf_q8_tile16_takes(int dt)
+{
+#if defined(MF_SIMD_AVX512) && defined(MF_Q_VNNI)
+    return dt == CK_DT_Q4_K || dt == CK_DT_Q5_K || dt == CK_DT_Q6_K || dt == CK_DT_Q2_K
+        || dt == CK_DT_Q3_K || dt == CK_DT_IQ4_XS;
+#else
+    (void)dt;
+    return 0;
+#endif
+}
+
+/* Tokens a caller hands mf_q8_rows16_tokens at once: mf_q8_tile_tokens, but for the formats of
+ * the 16-row tile up to 4 times the activation bytes -- their rows are read once every 16 weight
+ * rows, not 4, so as often per weight row -- which amortizes each decoded chunk of 16 rows over
+ * more tokens. */
+static inline int mf_q8_rows16_tile_tokens(int dt, size_t row_bytes)
+{
+    return mf_q8_tile_tokens(mf_q8_tile16_takes(dt) ? row_bytes / 4 : row_bytes);
+}
+
+/* 16 rows (w[0..nr-1], nr <= 16) against nt tokens: out[g * os + 4 * t + r] = the int8 dot of
+ * row w[4g + r] with activation row a + t * a_stride, as mf_q8_rows_tokens gives it for 4-row
+ * group g (the same bits).  At the avx512 level with VNNI, the formats of Q8_K activations (Q2_K,
+ * Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS) past a few tokens run the 16 rows at once (mf_q8_tile16_kq);
+ * the rest goes 4 rows at a time. */
+static inline void mf_q8_rows16_tokens(int dt, const void *const *w, int nr, const void *va,
+                                       ptrdiff_t a_stride, int nt, ptrdiff_t n, float *out,
+                                       ptrdiff_t os)
+{
+#if defined(MF_SIMD_AVX512) && defined(MF_Q_VNNI)
+    if (mf_q8_tile16_takes(dt) && nt > MF_Q8_FEW_TOKENS) {
+        const void *wp[16];
+        for (int r = 0; r < 16; r++)
+            wp[r] = w[r < nr ? r : nr - 1];   /* missing rows: the last one again (discarded) */
+        mf_q8_tile16_kq(dt, wp, (const char *)va, a_stride, nt, n, out, os);
+        return;
+    }
+#endif
+    for (int g = 0; 4 * g < nr; g++)
+        mf_q8_rows_tokens(dt, w + 4 * g, nr - 4 * g < 4 ? nr - 4 * g : 4, va, a_stride, nt, n,
+                          out + g * os);
 }
 
 #endif /* MEGAFUSE_MF_Q8_TILES_H */

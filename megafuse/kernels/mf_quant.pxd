@@ -21,6 +21,10 @@ cdef extern from "megafuse/mf_quant.h" nogil:
     # a + t * a_stride (t < nt), bit for bit weight_row_dot_q8's; rows decoded once for all tokens
     void mf_q8_rows_tokens(int dt, const void **w, int nr, const void *a, Py_ssize_t a_stride,
                            int nt, Py_ssize_t n, float *out)
+    # the same for up to 16 rows: out[g * os + 4 * t + r] for row w[4 * g + r] (r + 4 * g < nr
+    # <= 16), the bits of mf_q8_rows_tokens for each 4-row group g
+    void mf_q8_rows16_tokens(int dt, const void **w, int nr, const void *a, Py_ssize_t a_stride,
+                             int nt, Py_ssize_t n, float *out, Py_ssize_t os)
     # out[r] = the int8 dot of weight row w[r] (r < 4) with one activation row a, bit for bit
     # weight_row_dot_q8's; NULL for non-block formats and at the generic level
     ctypedef void (*mf_dot4_q8_fn "mf_dot4_fn")(const void **w, const void *a, Py_ssize_t n,
@@ -28,6 +32,7 @@ cdef extern from "megafuse/mf_quant.h" nogil:
     mf_dot4_q8_fn mf_dot4_q8_for(int dt)
     enum: MF_Q8_TILE_TOKENS             # tokens worth a call of mf_q8_rows_tokens
     int mf_q8_tile_tokens(size_t row_bytes)     # tokens a call, for activation rows that long
+    int mf_q8_rows16_tile_tokens(int dt, size_t row_bytes)   # the same for mf_q8_rows16_tokens
     # out[r] = the float dot of weight row w[r] (r < 4) with x, bit for bit weight_row_dot_f32's;
     # NULL for FP32 (mf_dot_1x4_f32) and non-formats
     ctypedef void (*mf_dot4_f32_fn)(const void **w, const float *x, Py_ssize_t n, float *out)

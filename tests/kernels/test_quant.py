@@ -1254,6 +1254,36 @@ def test_mlp_token_results_do_not_depend_on_tokens(simd_level, dt, padded):
     assert same_bits(run([4, 5, 6])[1], full[5])
 
 
+@pytest.mark.parametrize("T", [6, 7, 70, 71])
+@pytest.mark.parametrize("dt", BLOCK_FORMATS)
+def test_mlp_tile_tails_do_not_depend_on_tokens(simd_level, dt, T):
+    """The int8 tiles' tails: calls of 6 and 7 tokens (and 64 + 6, 64 + 7), so a tile's last
+    tokens do not fill a group sharing the code loads (the 16-row K-quant tile takes 4 tokens at a
+    time); embed_dim 1265, so w2's last 64-row block has 49 rows (a last 16-row group of one
+    row), and the K-quants' w1 rows have 5 super-blocks (decoded 2, 2, then 1): each token == its
+    own call, bit for bit."""
+    rng = np.random.default_rng(67 + int(dt) + T)
+    E, I = _proj_dims(dt)
+    E_used = E - 15
+    w1 = _proj_weight(rng, dt, 2 * I, E)
+    w2 = _proj_weight(rng, dt, E, I)
+    gamma = (1 + 0.1 * rng.standard_normal(E)).astype(np.float32)
+    x = rng.standard_normal((T, E)).astype(np.float32)
+
+    def run(rows):
+        n = len(rows)
+        out = np.zeros((n, E), np.float32)
+        scratch = np.zeros(mf.mega_fused_mlp_prefill_scratch_size(n, E, I), np.uint8)
+        mf.mega_fused_mlp_prefill(out, np.ascontiguousarray(x[rows]), None, gamma[:E_used], w1,
+                                  None, dt, w2, None, dt, n, E_used, E, I, I, 1e-5, scratch)
+        return out
+
+    full = run(list(range(T)))
+    assert np.isfinite(full).all()
+    for t in sorted({0, T - 7, T - 3, T - 2, T - 1}):
+        assert same_bits(run([t])[0], full[t]), t
+
+
 @pytest.mark.parametrize("dt", BLOCK_FORMATS)
 def test_prefill_q8_projections_do_not_depend_on_tokens(simd_level, dt):
     """The int8 prefill's v projection (written straight to the cache) over T = 67 tokens

@@ -33,6 +33,7 @@ cdef extern from "megafuse/mf_gemm.h" nogil:
 cdef enum:
     GEMM_ROWS = 64            # weight rows a block (one task of a parallel loop): 4 panels
     DOT_ROWS = 4              # weight rows of the dot-product and int8 register blocks
+    Q8_GROUP_ROWS = 16        # weight rows of one int8 tile call (rows16_tokens_dot_q8)
     GEMM_TOKENS = 3           # token rows of the dot-product register block
     PROJ_CHUNK = 512          # columns dequantized at once (dot path): a multiple of every block
     PROJ_TOKEN_TILE = 48      # tokens sharing one pass of the dot path over a block's rows
@@ -307,10 +308,11 @@ cdef void block_dot_tokens_q8(
         Py_ssize_t xq_row_bytes, Py_ssize_t T, Py_ssize_t ld) noexcept nogil:
     """b.out[r][t * ld] = int8 dot(w_r, xq[t]) + b.bias[r] (+ b.add[r][t * ld]).
 
-    4 rows x up to MF_Q8_TILE_TOKENS tokens at a time (fewer for long rows: the tokens' rows stay
+    16 rows x up to MF_Q8_TILE_TOKENS tokens at a time (fewer for long rows: the tokens' rows stay
     in L2 while the block's rows go past them), the rows decoded once for all of them
-    (rows_tokens_dot_q8: the bits of one weight_row_dot_q8 per pair); a tile's results are
-    stored when all the block's rows have them (store_tile)."""
+    (rows16_tokens_dot_q8: 16 rows in the lanes for the K-quants at avx512, else 4-row groups;
+    the bits of one weight_row_dot_q8 per pair); a tile's results are stored when all the
+    block's rows have them (store_tile)."""
     cdef float res[GEMM_ROWS * MF_Q8_TILE_TOKENS]   # [4-row group, token, 4]: a tile of the block
     cdef Py_ssize_t r0, nr, t0, nt
     cdef Py_ssize_t tile
@@ -318,17 +320,18 @@ cdef void block_dot_tokens_q8(
     if one_token != NULL:
         one_token_rows(b, K, one_token, xq, NULL, NULL)
         return
-    tile = mf_q8_tile_tokens(<size_t>xq_row_bytes)
+    tile = mf_q8_rows16_tile_tokens(dt, <size_t>xq_row_bytes)
     t0 = 0
     while t0 < T:
         nt = min(tile, T - t0)
         r0 = 0
         while r0 < b.n:
-            nr = min(<Py_ssize_t>DOT_ROWS, b.n - r0)
-            rows_tokens_dot_q8(<const void **>(b.w + r0), <int>nr, dt,
-                               xq + t0 * xq_row_bytes, xq_row_bytes, <int>nt, K,
-                               res + (r0 // DOT_ROWS) * (MF_Q8_TILE_TOKENS * DOT_ROWS))
-            r0 += DOT_ROWS
+            nr = min(<Py_ssize_t>Q8_GROUP_ROWS, b.n - r0)
+            rows16_tokens_dot_q8(<const void **>(b.w + r0), <int>nr, dt,
+                                 xq + t0 * xq_row_bytes, xq_row_bytes, <int>nt, K,
+                                 res + (r0 // DOT_ROWS) * (MF_Q8_TILE_TOKENS * DOT_ROWS),
+                                 MF_Q8_TILE_TOKENS * DOT_ROWS)
+            r0 += Q8_GROUP_ROWS
         store_tile(b, res, t0, nt, ld)
         t0 += nt
 

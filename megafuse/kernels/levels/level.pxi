@@ -25,9 +25,9 @@ from megafuse._ckernel_dtype cimport (
 from megafuse.kernels.mf_quant cimport (
     mf_dequantize_row, mf_quantize_row, mf_weight_row_dot_f32, mf_weight_row_dot_q8,
     mf_quantize_activation_row, mf_quantize_blocks_q8_0_act, mf_q8_0_act_pad,
-    mf_activation_row_bytes, mf_activation_dtype, mf_q8_rows_tokens,
-    MF_Q8_TILE_TOKENS, mf_q8_tile_tokens, mf_dot4_f32_fn, mf_dot4_f32_for, mf_dot4x2_f32_fn,
-    mf_dot4x2_f32_for, mf_dot4_q8_fn,
+    mf_activation_row_bytes, mf_activation_dtype, mf_q8_rows_tokens, mf_q8_rows16_tokens,
+    MF_Q8_TILE_TOKENS, mf_q8_tile_tokens, mf_q8_rows16_tile_tokens, mf_dot4_f32_fn,
+    mf_dot4_f32_for, mf_dot4x2_f32_fn, mf_dot4x2_f32_for, mf_dot4_q8_fn,
     mf_dot4_q8_for, mf_q_fp16_table_init)
 from megafuse.kernels.mf_scratch cimport (
     mf_prefill_scratch, mf_prefill_scratch_layout, mf_mlp_scratch, mf_mlp_scratch_layout,
