@@ -4,10 +4,10 @@
   compiled once with the baseline flags.
 - `megafuse.kernels.levels.<level>`: the kernels, one module per SIMD level, each the same
   sources (`megafuse/kernels/levels/level.pxi` and the family files it includes) compiled with
-  its own flags.  On x86-64:
-  generic (baseline x86-64), avx2 (AVX2 + FMA + F16C) and avx512 (F/BW/DQ/VL/VNNI + FMA + F16C);
-  elsewhere only generic.  `megafuse/kernels/simd.py` picks one at import from the CPU's
-  features.
+  its own flags.  On x86-64: generic (baseline x86-64), avx2 (AVX2 + FMA + F16C) and avx512
+  (F/BW/DQ/VL/VNNI + FMA + F16C); on aarch64: generic (the portable C), neon (ARMv8.0 Advanced
+  SIMD), neon_dotprod (ARMv8.2 sdot / udot) and i8mm (sdot + smmla); elsewhere only generic.
+  `megafuse/kernels/simd.py` picks one at import from the CPU's features.
 - `megafuse.llm._runner`: the boundary of the whole-model step (ModelRunner), compiled once with
   the baseline flags; it runs the step of the level `megafuse._kernels` has chosen.
 - `megafuse._build_info`: the build configuration (flags, OpenMP, debug, levels) compiled in, for
@@ -17,6 +17,7 @@
 Environment switches:
   MEGAFUSE_DEBUG=1     bounds/wraparound/initialized checks on, -O0 -g (for chasing a crash)
   MEGAFUSE_NO_OPENMP=1 build without OpenMP even where the compiler has it (kernels run serially)
+  MEGAFUSE_BUILD_JOBS=N compile N extension modules at once (build_ext --parallel N)
 Neither native-CPU tuning (march=native) nor fast-math (online softmax relies on real
 infinities): a wheel runs on any CPU of its architecture.
 """
@@ -39,6 +40,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 DEBUG = os.environ.get("MEGAFUSE_DEBUG", "") not in ("", "0")
 IS_X86_64 = platform.machine().lower() in ("x86_64", "amd64", "x64")
 IS_MSVC = sys.platform == "win32"
+IS_AARCH64 = platform.machine().lower() in ("aarch64", "arm64") and not IS_MSVC
 
 SIMD_LEVELS = {
     "generic": [],
@@ -48,7 +50,17 @@ SIMD_LEVELS = {
 }
 if IS_MSVC:
     SIMD_LEVELS = {"generic": [], "avx2": ["/arch:AVX2"], "avx512": ["/arch:AVX512"]}
-if not IS_X86_64:
+if IS_AARCH64:
+    # MF_NEON selects the NEON bodies of the headers (Advanced SIMD is in every aarch64 build, the
+    # generic level included, so the flag, not the compiler, tells the levels apart); -march
+    # says which instructions each level may use.
+    SIMD_LEVELS = {
+        "generic": [],
+        "neon": ["-march=armv8-a", "-DMF_NEON=1"],
+        "neon_dotprod": ["-march=armv8.2-a+dotprod", "-DMF_NEON=1"],
+        "i8mm": ["-march=armv8.2-a+dotprod+i8mm", "-DMF_NEON=1"],
+    }
+elif not IS_X86_64:
     SIMD_LEVELS = {"generic": []}
 
 
@@ -189,6 +201,12 @@ class BuildExtWithConfig(build_ext):
     """Compile the build configuration into megafuse._build_info: the header goes to the build
     directory (build_temp), not the source tree, and is rewritten only when it changes (so an
     unchanged configuration rebuilds nothing)."""
+
+    def finalize_options(self):
+        super().finalize_options()
+        jobs = os.environ.get("MEGAFUSE_BUILD_JOBS", "").strip()
+        if jobs and not self.parallel:
+            self.parallel = int(jobs)
 
     def build_extensions(self):
         folder = os.path.join(os.path.abspath(self.build_temp), "megafuse_config")

@@ -62,6 +62,10 @@ def _load_level(str level):
     if table.version != KERNEL_TABLE_VERSION:
         raise ImportError(f"megafuse.kernels.levels.{level}: kernel table version {table.version}, "
                           f"expected {KERNEL_TABLE_VERSION} (a stale build: reinstall megafuse)")
+    compiled = (<bytes>table.simd_level).decode()
+    if compiled != level:       # the level's flags did not reach the compiler (mf_simd.h's ladder)
+        raise ImportError(f"megafuse.kernels.levels.{level}: its kernels were compiled as the "
+                          f"{compiled!r} level (a broken build: check setup.py's flags)")
     _K = table
     _level_module = module
 
@@ -73,7 +77,8 @@ _load_level("generic")
 
 
 def simd_level():
-    """The SIMD level whose kernels run: 'generic', 'avx2' or 'avx512'."""
+    """The SIMD level whose kernels run: 'generic', 'avx2' or 'avx512' (x86-64), 'neon',
+    'neon_dotprod' or 'i8mm' (aarch64)."""
     return (<bytes>_K.simd_level).decode()
 
 

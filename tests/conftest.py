@@ -9,6 +9,11 @@ from megafuse import _kernels
 from megafuse.kernels import simd as _simd
 
 SUPPORTED_LEVELS = _simd.supported_levels()
+# MEGAFUSE_TEST_LEVELS=neon,neon_dotprod: the simd_level fixture runs these levels only (the
+# others skip, saying so) -- for runs that split the levels between them, as
+# tools/aarch64-emulated.sh does under emulation.
+TEST_LEVELS = [lv.strip() for lv in os.environ.get("MEGAFUSE_TEST_LEVELS", "").split(",")
+               if lv.strip()]
 
 
 @pytest.fixture(params=_simd.LEVELS)
@@ -17,6 +22,8 @@ def simd_level(request):
     level = request.param
     if level not in SUPPORTED_LEVELS:
         pytest.skip(f"this CPU or build does not support the {level} kernels")
+    if TEST_LEVELS and level not in TEST_LEVELS:
+        pytest.skip(f"MEGAFUSE_TEST_LEVELS={','.join(TEST_LEVELS)} leaves out {level}")
     before = megafuse.simd_level()
     _kernels._load_level(level)
     try:

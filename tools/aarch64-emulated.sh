@@ -3,6 +3,7 @@
 #
 #   nice -n 19 tools/aarch64-emulated.sh [PYTEST ARGS...]
 #   nice -n 19 tools/aarch64-emulated.sh tests/kernels -x -q -p no:cacheprovider
+#   nice -n 19 tools/aarch64-emulated.sh --levels [PYTEST ARGS...]    each ARM level in turn
 #   tools/aarch64-emulated.sh --shell          a shell inside the root, in the copy of the tree
 #
 # Each step is skipped when already done, so a second run only copies the changed files and
@@ -18,8 +19,18 @@
 #      left out), built in place (`setup.py build_ext --inplace`; 6-12 min from scratch);
 #   4. `python -m pytest ARGS` in the copy (no ARGS: the default suite).  The exit status is
 #      pytest's.
-# Only megafuse's generic level is built on aarch64.  QEMU_CPU (cortex-a53, neoverse-n1, max, ...)
-# and MEGAFUSE_SIMD, OMP_NUM_THREADS are passed through to the emulated processes.
+# megafuse builds its four aarch64 levels (generic, neon, neon_dotprod, i8mm).  QEMU_CPU
+# (cortex-a53, neoverse-n1, max, ...), MEGAFUSE_SIMD, MEGAFUSE_TEST_LEVELS and OMP_NUM_THREADS are
+# passed through to the emulated processes.
+#
+# --levels: three runs, each on the emulated CPU whose best level is the one it tests:
+#   QEMU_CPU=cortex-a53  (ARMv8.0: no dotprod)  -> neon          (kernel tests at generic and neon)
+#   QEMU_CPU=neoverse-n1 (dotprod, no i8mm)     -> neon_dotprod  (kernel tests at neon_dotprod)
+#   QEMU_CPU=max         (dotprod, i8mm)        -> i8mm          (kernel tests at i8mm)
+# Each first checks that megafuse chooses that level by itself (`megafuse info` is printed: the
+# level above it shows as not supported, naming the feature the CPU lacks), then runs pytest ARGS
+# with MEGAFUSE_TEST_LEVELS set as above, so every kernel test runs once at each level and every
+# other test (models, serving) at the run's level.  The exit status is 1 if any run failed.
 #
 # Environment:
 #   MF_A64_ROOT    the root (default /var/cache/megafuse/arm64-bookworm; ~1.3 GB with the venv)
@@ -96,6 +107,7 @@ in_root() {
         PYTHONPATH="$SRC" \
         ${QEMU_CPU:+QEMU_CPU="$QEMU_CPU"} ${MEGAFUSE_SIMD:+MEGAFUSE_SIMD="$MEGAFUSE_SIMD"} \
         ${OMP_NUM_THREADS:+OMP_NUM_THREADS="$OMP_NUM_THREADS"} \
+        ${MEGAFUSE_TEST_LEVELS:+MEGAFUSE_TEST_LEVELS="$MEGAFUSE_TEST_LEVELS"} \
         /bin/bash -c "$1"
 }
 
@@ -158,6 +170,34 @@ build() {
     log "built in $((SECONDS - t0)) s"
 }
 
+# QEMU_CPU, the level megafuse must choose on it, MEGAFUSE_TEST_LEVELS (see the top)
+LEVEL_RUNS=("cortex-a53 neon generic,neon" "neoverse-n1 neon_dotprod neon_dotprod" "max i8mm i8mm")
+
+run_levels() {
+    local status=0 run cpu level tested chosen t0 args=""
+    [ "$#" -gt 0 ] && args="$(printf '%q ' "$@")"
+    for run in "${LEVEL_RUNS[@]}"; do
+        read -r cpu level tested <<<"$run"
+        log "QEMU_CPU=$cpu: megafuse info (inside)"
+        QEMU_CPU=$cpu in_root "cd $SRC && python -m megafuse info" | grep -A8 '^simd_level ' >&2 || true
+        chosen="$(QEMU_CPU=$cpu in_root "cd $SRC && python -c 'import megafuse; print(megafuse.simd_level())'" || true)"
+        if [ "$chosen" != "$level" ]; then
+            log "FAILED: on QEMU_CPU=$cpu megafuse chose '$chosen', not $level"
+            status=1
+            continue
+        fi
+        t0=$SECONDS
+        log "QEMU_CPU=$cpu MEGAFUSE_TEST_LEVELS=$tested python -m pytest $args(inside)"
+        if QEMU_CPU=$cpu MEGAFUSE_TEST_LEVELS=$tested in_root "cd $SRC && python -m pytest $args"; then
+            log "$level on $cpu: pytest passed in $((SECONDS - t0)) s"
+        else
+            log "$level on $cpu: pytest FAILED after $((SECONDS - t0)) s"
+            status=1
+        fi
+    done
+    return "$status"
+}
+
 main() {
     host_setup
     trap umount_root EXIT
@@ -165,6 +205,11 @@ main() {
     build
     if [ "${1:-}" = --shell ]; then
         in_root "cd $SRC && exec bash -i"
+        return
+    fi
+    if [ "${1:-}" = --levels ]; then
+        shift
+        run_levels "$@"
         return
     fi
     local t0=$SECONDS status=0 args=""

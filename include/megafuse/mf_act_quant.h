@@ -201,7 +201,7 @@ static inline void mf_quantize_row_q8_K(const float *MF_RESTRICT x, void *MF_RES
                     const __m256 a = _mm256_andnot_ps(_mm256_set1_ps(-0.0f), _mm256_loadu_ps(xb + 8 * k));
                     const int hit = _mm256_movemask_ps(_mm256_cmp_ps(a, am, _CMP_EQ_OQ));
                     if (hit) {
-                        max = xb[8 * k + __builtin_ctz((unsigned)hit)];
+                        max = xb[8 * k + mf_ctz32((uint32_t)hit)];
                         break;
                     }
                 }

@@ -51,6 +51,12 @@ MF_ALWAYS_INLINE void mf__exp_sub_acc(const int W, float *s, const float *m, flo
         _mm256_storeu_ps(s + h, p);
         _mm256_storeu_ps(sum + h, _mm256_add_ps(_mm256_loadu_ps(sum + h), p));
     }
+#elif defined(MF_SIMD_NEON)
+    for (int h = 0; h < W; h += 4) {
+        const float32x4_t p = mf_neon_exp(vsubq_f32(vld1q_f32(s + h), vld1q_f32(m + h)));
+        vst1q_f32(s + h, p);
+        vst1q_f32(sum + h, vaddq_f32(vld1q_f32(sum + h), p));
+    }
 #else
     for (int i = 0; i < W; i++) {
         s[i] = expf(s[i] - m[i]);
@@ -214,6 +220,9 @@ static inline void mf__f16_to_f32(const uint16_t *h, float *y, ptrdiff_t n)
 #if defined(__F16C__) && defined(__AVX__)
     for (; i + 8 <= n; i += 8)
         _mm256_storeu_ps(y + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(h + i))));
+#elif defined(MF_SIMD_NEON)       /* fcvtl: a signalling NaN comes out quiet, as with F16C */
+    for (; i + 4 <= n; i += 4)
+        vst1q_f32(y + i, vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(h + i))));
 #endif
     for (; i < n; i++) {
         const uint32_t sign = (uint32_t)(h[i] & 0x8000u) << 16, e = (h[i] >> 10) & 0x1fu;

@@ -20,6 +20,9 @@
 #include "ggml_blocks.h"
 #include "mf_simd.h"
 #include "mf_quant_common.h"
+#if defined(MF_Q_NEON)
+#  include "mf_neon_dot_f32.h"
+#endif
 
 /* ============================================================================================ */
 /* Dot of a weight row with float32 activations: sum_i w_i x_i, the weights decoded in          */
@@ -180,6 +183,9 @@ static inline float mf_dot_fp16_f32(const void *MF_RESTRICT vw, const float *MF_
     for (; i < n; i++)
         r += mf_fp16_to_fp32(w[i]) * x[i];
     return r;
+#elif defined(MF_Q_NEON)
+    (void)i;
+    return mf_neon_dot_fp16_f32(w, x, n);
 #else
     float s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     for (; i + 8 <= n; i += 8)
@@ -221,6 +227,9 @@ static inline float mf_dot_bf16_f32(const void *MF_RESTRICT vw, const float *MF_
     for (; i < n; i++)
         r += mf_bf16_to_fp32(w[i]) * x[i];
     return r;
+#elif defined(MF_Q_NEON)
+    (void)i;
+    return mf_neon_dot_bf16_f32(w, x, n);
 #else
     float s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     for (; i + 8 <= n; i += 8)
@@ -609,6 +618,8 @@ static inline float mf_dot_q4_0_f32(const void *MF_RESTRICT vw, const float *MF_
     MF_Q_FDOT16(mf_q_fblk16_q4_0, mf_q_ftab16(8.0f))
 #elif defined(MF_Q_AVX2)
     MF_Q_FDOT_LOOP(mf_q_fblk_q4_0, QK4_0)
+#elif defined(MF_Q_NEON)
+    return mf_neon_dot_q4_0_f32(w, x, nb * QK4_0);
 #else
     float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     for (ptrdiff_t ib = 0; ib < nb; ib++) {
@@ -636,6 +647,8 @@ static inline float mf_dot_q4_1_f32(const void *MF_RESTRICT vw, const float *MF_
     MF_Q_FDOT16(mf_q_fblk16_q4_1, mf_q_ftab16(0.0f))
 #elif defined(MF_Q_AVX2)
     MF_Q_FDOT_LOOP(mf_q_fblk_q4_1, QK4_1)
+#elif defined(MF_Q_NEON)
+    return mf_neon_dot_q4_1_f32(w, x, nb * QK4_1);
 #else
     float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     for (ptrdiff_t ib = 0; ib < nb; ib++) {
@@ -664,6 +677,8 @@ static inline float mf_dot_q5_0_f32(const void *MF_RESTRICT vw, const float *MF_
     MF_Q_FDOT16(mf_q_fblk16_q5_0, mf_q_ftab16(16.0f))
 #elif defined(MF_Q_AVX2)
     MF_Q_FDOT_LOOP(mf_q_fblk_q5_0, QK5_0)
+#elif defined(MF_Q_NEON)
+    return mf_neon_dot_q5_0_f32(w, x, nb * QK5_0);
 #else
     float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     for (ptrdiff_t ib = 0; ib < nb; ib++) {
@@ -692,6 +707,8 @@ static inline float mf_dot_q5_1_f32(const void *MF_RESTRICT vw, const float *MF_
     MF_Q_FDOT16(mf_q_fblk16_q5_1, mf_q_ftab16(0.0f))
 #elif defined(MF_Q_AVX2)
     MF_Q_FDOT_LOOP(mf_q_fblk_q5_1, QK5_1)
+#elif defined(MF_Q_NEON)
+    return mf_neon_dot_q5_1_f32(w, x, nb * QK5_1);
 #else
     float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     for (ptrdiff_t ib = 0; ib < nb; ib++) {
@@ -721,6 +738,8 @@ static inline float mf_dot_q8_0_f32(const void *MF_RESTRICT vw, const float *MF_
     MF_Q_FDOT16(mf_q_fblk16_q8_0, mf_q_ftab16(0.0f))
 #elif defined(MF_Q_AVX2)
     MF_Q_FDOT_LOOP(mf_q_fblk_q8_0, QK8_0)
+#elif defined(MF_Q_NEON)
+    return mf_neon_dot_q8_0_f32(w, x, nb * QK8_0);
 #else
     float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     for (ptrdiff_t ib = 0; ib < nb; ib++) {
@@ -869,6 +888,8 @@ static inline float mf_dot_q4_K_f32(const void *MF_RESTRICT vw, const float *MF_
         mf_q_fsb_q4_K(&w[ib], x + ib * QK_K, sx, acc);
     }
     return mf_q_hsum_ps(_mm256_add_ps(acc[0], acc[1]));
+#elif defined(MF_Q_NEON)
+    return mf_neon_dot_q4_K_f32(w, x, nb * QK_K);
 #else
     float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     for (ptrdiff_t ib = 0; ib < nb; ib++)
@@ -893,6 +914,8 @@ static inline float mf_dot_q5_K_f32(const void *MF_RESTRICT vw, const float *MF_
         mf_q_fsb_q5_K(&w[ib], x + ib * QK_K, sx, acc);
     }
     return mf_q_hsum_ps(_mm256_add_ps(acc[0], acc[1]));
+#elif defined(MF_Q_NEON)
+    return mf_neon_dot_q5_K_f32(w, x, nb * QK_K);
 #else
     float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     for (ptrdiff_t ib = 0; ib < nb; ib++)
@@ -914,6 +937,8 @@ static inline float mf_dot_q6_K_f32(const void *MF_RESTRICT vw, const float *MF_
     for (ptrdiff_t ib = 0; ib < nb; ib++)
         mf_q_fsb_q6_K(&w[ib], x + ib * QK_K, acc);
     return mf_q_hsum_ps(_mm256_add_ps(acc[0], acc[1]));
+#elif defined(MF_Q_NEON)
+    return mf_neon_dot_q6_K_f32(w, x, nb * QK_K);
 #else
     float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     for (ptrdiff_t ib = 0; ib < nb; ib++) {
@@ -1487,6 +1512,37 @@ MF_DOT4_F32_K(mf_dot4_q6_K_f32, block_q6_K, mf_q_fsb_q6_K, mf_q_fsb16_q6_K)
 MF_DOT4_F32_K(mf_dot4_q2_K_f32, block_q2_K, mf_q_fsb_q2_K, mf_q_fsb16_q2_K)
 MF_DOT4_F32_K(mf_dot4_q3_K_f32, block_q3_K, mf_q_fsb_q3_K, mf_q_fsb16_q3_K)
 MF_DOT4_F32_K(mf_dot4_iq4_xs_f32, block_iq4_xs, mf_q_fsb_iq4_xs, mf_q_fsb16_iq4_xs)
+
+#elif defined(MF_Q_NEON)     /* mf_neon_dot_f32.h: each row's one-row sequence, x shared */
+
+#define MF_DOT4_F32_NEON(NAME, NEON4)                                                          \
+static inline void NAME(const void *const *vw, const float *MF_RESTRICT x, ptrdiff_t n,       \
+                        float *out)                                                            \
+{                                                                                              \
+    NEON4(vw, x, n, out);                                                                      \
+}
+MF_DOT4_F32_NEON(mf_dot4_q4_0_f32, mf_neon_dot4_q4_0_f32)
+MF_DOT4_F32_NEON(mf_dot4_q4_1_f32, mf_neon_dot4_q4_1_f32)
+MF_DOT4_F32_NEON(mf_dot4_q5_0_f32, mf_neon_dot4_q5_0_f32)
+MF_DOT4_F32_NEON(mf_dot4_q5_1_f32, mf_neon_dot4_q5_1_f32)
+MF_DOT4_F32_NEON(mf_dot4_q8_0_f32, mf_neon_dot4_q8_0_f32)
+MF_DOT4_F32_NEON(mf_dot4_q4_K_f32, mf_neon_dot4_q4_K_f32)
+MF_DOT4_F32_NEON(mf_dot4_q5_K_f32, mf_neon_dot4_q5_K_f32)
+MF_DOT4_F32_NEON(mf_dot4_q6_K_f32, mf_neon_dot4_q6_K_f32)
+#undef MF_DOT4_F32_NEON
+/* Q2_K, Q3_K, IQ4_NL, IQ4_XS: four one-row dots (their one-row bodies are the portable C) */
+#define MF_DOT4_F32_ROWS(NAME, ONE)                                                            \
+static inline void NAME(const void *const *vw, const float *MF_RESTRICT x, ptrdiff_t n,       \
+                        float *out)                                                            \
+{                                                                                              \
+    for (int r = 0; r < 4; r++)                                                                \
+        out[r] = ONE(vw[r], x, n);                                                             \
+}
+MF_DOT4_F32_ROWS(mf_dot4_q2_K_f32, mf_dot_q2_K_f32)
+MF_DOT4_F32_ROWS(mf_dot4_q3_K_f32, mf_dot_q3_K_f32)
+MF_DOT4_F32_ROWS(mf_dot4_iq4_nl_f32, mf_dot_iq4_nl_f32)
+MF_DOT4_F32_ROWS(mf_dot4_iq4_xs_f32, mf_dot_iq4_xs_f32)
+#undef MF_DOT4_F32_ROWS
 
 #else /* generic: four one-row dots */
 

@@ -31,6 +31,9 @@
  *   - the result is the sum of acc's 8 lanes in mf_hsum256's order.
  * acc starts at +0, so it never holds -0 and adding a zero lane never changes it.
  *
+ * 32-weight formats, NEON levels (neon, neon_dotprod, i8mm): exact integer sums of 4 blocks, then
+ * one fused step a group into 4 float lanes (mf_neon_dot_q8.h says how).
+ *
  * 32-weight formats, generic level: per block the integer sum, its contribution d_w * d_a * isum
  * (+ m_w * s_a) formed in double, where it is exact, added to one of 4 double accumulators (block
  * b -> accumulator b % 4), combined as (a0 + a1) + (a2 + a3) and rounded once to float.
@@ -55,6 +58,9 @@
 #include "mf_act_layout.h"
 #include "mf_quant_common.h"
 #include "mf_simd.h"
+#if defined(MF_Q_NEON)
+#  include "mf_neon_dot_q8.h"
+#endif
 
 #if defined(MF_Q_AVX2)
 static inline int32_t mf_q_hsum_epi32(__m256i v)
@@ -474,6 +480,21 @@ MF_DOT_Q8_0(mf_dot_q5_1_q8_0, CK_DT_Q5_1)
 MF_DOT_Q8_0(mf_dot_q8_0_q8_0, CK_DT_Q8_0)
 MF_DOT_Q8_0(mf_dot_iq4_nl_q8_0, CK_DT_IQ4_NL)
 
+#elif defined(MF_Q_NEON)      /* mf_neon_dot_q8.h: the NEON levels' canonical sequence */
+
+#define MF_DOT_Q8_0_NEON(NAME, DT)                                                             \
+static inline float NAME(const void *MF_RESTRICT vw, const void *MF_RESTRICT va, ptrdiff_t n)  \
+{                                                                                              \
+    return mf_neon_dot_row_q8_0(DT, vw, va, n);                                                \
+}
+MF_DOT_Q8_0_NEON(mf_dot_q4_0_q8_0, CK_DT_Q4_0)
+MF_DOT_Q8_0_NEON(mf_dot_q4_1_q8_0, CK_DT_Q4_1)
+MF_DOT_Q8_0_NEON(mf_dot_q5_0_q8_0, CK_DT_Q5_0)
+MF_DOT_Q8_0_NEON(mf_dot_q5_1_q8_0, CK_DT_Q5_1)
+MF_DOT_Q8_0_NEON(mf_dot_q8_0_q8_0, CK_DT_Q8_0)
+MF_DOT_Q8_0_NEON(mf_dot_iq4_nl_q8_0, CK_DT_IQ4_NL)
+#undef MF_DOT_Q8_0_NEON
+
 #else /* generic */
 
 /* Integer sums of one block against activation block ib (generic): 4-bit codes (Q4_0 / Q4_1)
@@ -622,6 +643,8 @@ MF_ALWAYS_INLINE void mf_q_k45_sums(const uint8_t *scales, const uint8_t *qs, co
         s = _mm256_add_epi32(s, _mm256_madd_epi16(p2, _mm256_set1_epi16((short)sc[2 * c + 1])));
     }
     sumi = mf_q_hsum_epi32(s);
+#elif defined(MF_Q_NEON)
+    sumi = mf_neon_sumi_k45(sc, qs, qh, a->qs);
 #else
     for (int j = 0; j < 8; j++) {
         const uint8_t *q = qs + 32 * (j / 2);
@@ -692,6 +715,8 @@ static inline float mf_dot_q6_K_q8_K(const void *MF_RESTRICT vw, const void *MF_
             }
         }
         sumi = mf_q_hsum_epi32(s);
+#elif defined(MF_Q_NEON)
+        sumi = mf_neon_sumi_q6_K(&w[ib], a[ib].qs);
 #else
         uint8_t codes[256];
         mf_q6k_codes_all(&w[ib], codes);

@@ -14,10 +14,12 @@
  * activations (tokens x 256 columns) stay in L2.
  *
  * Order of every sum, fixed whatever the threads, the tile or the other rows: for each panel of
- * columns in turn, a chain over k (fused multiply-adds on AVX2, multiply then add elsewhere) from
- * 0, then added to the total of the earlier panels.  (Chains of at most 256 terms plus K/256 of
- * those: float32 error ~ (256 + K/256) ulp at worst, less than a single long chain.)
+ * columns in turn, a chain over k (fused multiply-adds on AVX2 and NEON, multiply then add in
+ * the generic C) from 0, then added to the total of the earlier panels.  (Chains of at most 256
+ * terms plus K/256 of those: float32 error ~ (256 + K/256) ulp at worst, less than a single long
+ * chain.)
  *
+ * The NEON levels run the same block on 4-lane registers (mf_neon_gemm.h): the same chains.
  * The avx512 level runs the 16-column blocks on 512-bit registers (one a token; P.V also 32
  * columns, two a query): the same chain per element, so the same bits as AVX2, at up to twice
  * its FMA width on cores with 512-bit pipes.  The projections run two panels through each
@@ -188,6 +190,8 @@ MF_ALWAYS_INLINE void mf__gemm_block(
         }
     }
 }
+#elif defined(MF_SIMD_NEON)
+#include "mf_neon_gemm.h"
 #else
 static inline void mf__gemm_block(
     const int MR, const int NV, const float *x, ptrdiff_t xi, ptrdiff_t xk, const float *p,

@@ -12,8 +12,9 @@
  *    floats -- and every token runs against them.
  *
  * A token's results therefore depend neither on the other tokens or rows of the call nor on the
- * thread count.  The generic build (and the float formats) go pair by pair through the one-row
- * dots.  Rows r >= nr of out are unspecified.
+ * thread count.  The NEON levels do the same in mf_neon_q8_tiles.h (with smmla at i8mm).  The
+ * generic build (and the float formats) go pair by pair through the one-row dots.  Rows r >= nr
+ * of out are unspecified.
  *
  * Depends on: mf_dot_q8.h (the canonical steps and one-row dots), mf_format_dispatch.h
  * (mf_dot_q8_for), mf_quant_common.h (levels, AVX2 building blocks, fp16 scales, Q6_K codes),
@@ -1427,6 +1428,10 @@ typedef void (*mf_dot4_fn)(const void *const *w, const void *a, ptrdiff_t n, flo
 typedef void (*mf_q8_tile_fn)(const void *const *w, const char *xq, ptrdiff_t xs, int nt,
                               ptrdiff_t n, float *out);
 
+#if defined(MF_Q_NEON)
+#  include "mf_neon_q8_tiles.h"
+#endif
+
 /* The one-token dot of 4 rows of format dt (out[r] = mf_weight_row_dot_q8(w[r], dt, a, n), bit
  * for bit), or NULL: not a block format, or the generic level (mf_q8_rows_tokens goes row by
  * row there). */
@@ -1448,6 +1453,8 @@ static inline mf_dot4_fn mf_dot4_q8_for(int dt)
     case CK_DT_IQ4_XS: return mf_dot4_iq4_xs_q8_K;
     default: return NULL;
     }
+#elif defined(MF_Q_NEON)
+    return mf_neon_dot4_q8_for(dt);
 #else
     (void)dt;
     return NULL;
@@ -1500,6 +1507,9 @@ static inline void mf_q8_rows_tokens(int dt, const void *const *w, int nr, const
             one(wp, a + t * a_stride, n, out + 4 * t);
         return;
     }
+#elif defined(MF_Q_NEON)
+    if (mf_neon_rows_tokens(dt, wp, a, a_stride, nt, n, out))
+        return;
 #endif
     {
         mf_dot_q8_fn f = mf_dot_q8_for(dt);

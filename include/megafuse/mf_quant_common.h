@@ -7,10 +7,13 @@
  * role's header.
  *
  * SIMD levels.  One source, compiled once per level with the #if ladder of mf_simd.h
- * (MF_SIMD_AVX512 / MF_SIMD_AVX2 / generic).  MF_Q_AVX2 selects the 256-bit integer + FMA bodies
- * of every quant header; the AVX-512 level uses them too (its flags include AVX2, FMA and F16C),
- * with AVX-512 VNNI (vpdpbusd, MF_Q_VNNI) for the 8-bit products.  MF_Q_F16C: fp16 scales through
- * F16C.  Each function keeps its scalar and SIMD bodies side by side under one #if.
+ * (MF_SIMD_AVX512 / MF_SIMD_AVX2 / MF_SIMD_NEON / generic).  MF_Q_AVX2 selects the 256-bit integer
+ * + FMA bodies of every quant header; the AVX-512 level uses them too (its flags include AVX2, FMA
+ * and F16C), with AVX-512 VNNI (vpdpbusd, MF_Q_VNNI) for the 8-bit products.  MF_Q_F16C: fp16
+ * scales through F16C.  Each function keeps its scalar and SIMD bodies side by side under one #if.
+ * MF_Q_NEON (the neon, neon_dotprod and i8mm levels of aarch64): the NEON bodies live in files of
+ * their own (mf_neon_quant.h, mf_neon_dot_f32.h, mf_neon_dot_q8.h, mf_neon_q8_tiles.h), which the
+ * #if ladders here and in the role headers call.
  *
  * Depends on: ckernel_dtype.h (the format ids), mf_simd.h (the level, immintrin.h, mf_hsum256),
  * ggml_blocks.h (block structs, fp16 / bf16 conversions, mf_get_scale_min_k4).
@@ -34,6 +37,9 @@
 #endif
 #if defined(MF_SIMD_AVX512) && defined(__AVX512VNNI__) && defined(__AVX512VL__)
 #  define MF_Q_VNNI 1
+#endif
+#if defined(MF_SIMD_NEON)
+#  define MF_Q_NEON 1                      /* AArch64 Advanced SIMD bodies: mf_neon_*.h */
 #endif
 
 #if defined(__cplusplus)
@@ -64,6 +70,19 @@
 /* ============================================================================================ */
 /* Scalar helpers                                                                               */
 /* ============================================================================================ */
+
+/* The index of the lowest set bit of v (v != 0). */
+#if defined(_MSC_VER) && !defined(__clang__)
+#  include <intrin.h>
+static inline int mf_ctz32(uint32_t v)
+{
+    unsigned long i;
+    _BitScanForward(&i, v);
+    return (int)i;
+}
+#else
+static inline int mf_ctz32(uint32_t v) { return __builtin_ctz(v); }
+#endif
 
 /* a * b rounded to float, never fused with a following add. */
 static inline float mf_mul_nc(float a, float b)
@@ -104,6 +123,10 @@ static inline uint32_t mf_le32(const uint8_t *qh)
     return (uint32_t)qh[0] | ((uint32_t)qh[1] << 8) | ((uint32_t)qh[2] << 16) |
            ((uint32_t)qh[3] << 24);
 }
+
+#if defined(MF_Q_NEON)
+#  include "mf_neon_quant.h"
+#endif
 
 /* ============================================================================================ */
 /* Prefetch of the weight rows ahead                                                            */
@@ -300,6 +323,8 @@ static inline float mf_q_fp16(mf_fp16_t h)
 {
 #if defined(MF_Q_F16C)
     return _cvtsh_ss(h);
+#elif defined(MF_Q_NEON)
+    return mf_neon_fp16(h);
 #else
     return mf_fp16_to_fp32(h);
 #endif

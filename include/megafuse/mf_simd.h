@@ -2,8 +2,8 @@
  * mf_simd.h -- the float32 vector primitives every megafuse kernel is built on.
  *
  * One source, compiled once per SIMD level: the extension module of each level is built with its
- * own flags (baseline / -mavx2 -mfma -mf16c / -mavx512f ...), and the #if ladder below picks the
- * matching body.  Every reduction has a fixed order that depends only on n -- never on threads --
+ * own flags (baseline / -mavx2 -mfma -mf16c / -mavx512f ... / -DMF_NEON -march=armv8...), and the
+ * #if ladder below picks the matching body (the NEON ones live in mf_neon_simd.h).  Every reduction has a fixed order that depends only on n -- never on threads --
  * so a kernel that gives each output element to one call is bitwise deterministic.
  *
  * No -ffast-math anywhere: GCC will not reassociate a float sum by itself, so the reductions here
@@ -21,6 +21,9 @@
 #elif defined(__AVX2__) && defined(__FMA__)
 #  define MF_SIMD_AVX2 1
 #  include <immintrin.h>
+#elif defined(MF_NEON) && defined(__aarch64__) && defined(__ARM_NEON)
+#  define MF_SIMD_NEON 1                   /* the neon, neon_dotprod and i8mm levels */
+#  include <arm_neon.h>
 #endif
 
 /* Compiler spellings: forced inlining (register blocks whose loops must unroll into registers)
@@ -40,8 +43,18 @@
 #  define MF_SIMD_NAME "avx512"
 #elif defined(MF_SIMD_AVX2)
 #  define MF_SIMD_NAME "avx2"
+#elif defined(MF_SIMD_NEON) && defined(__ARM_FEATURE_DOTPROD) && defined(__ARM_FEATURE_MATMUL_INT8)
+#  define MF_SIMD_NAME "i8mm"
+#elif defined(MF_SIMD_NEON) && defined(__ARM_FEATURE_DOTPROD)
+#  define MF_SIMD_NAME "neon_dotprod"
+#elif defined(MF_SIMD_NEON)
+#  define MF_SIMD_NAME "neon"
 #else
 #  define MF_SIMD_NAME "generic"
+#endif
+
+#if defined(MF_SIMD_NEON)
+#  include "mf_neon_simd.h"
 #endif
 
 /* Sum of 8 partial sums in the generic bodies' fixed order. */
@@ -97,6 +110,9 @@ static inline float mf_dot_f32(const float *a, const float *b, ptrdiff_t n)
     for (; i < n; i++)
         s += a[i] * b[i];
     return s;
+#elif defined(MF_SIMD_NEON)
+    (void)i;
+    return mf_neon_dot_f32(a, b, n);
 #else
     float s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     for (; i + 8 <= n; i += 8)
@@ -149,6 +165,9 @@ static inline float mf_dot3_f32(const float *w, const float *x, const float *g, 
     for (; i < n; i++)
         s += w[i] * (x[i] * g[i]);
     return s;
+#elif defined(MF_SIMD_NEON)
+    (void)i;
+    return mf_neon_dot3_f32(w, x, g, n);
 #else
     float s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     for (; i + 8 <= n; i += 8)
@@ -180,6 +199,9 @@ static inline void mf_axpy_f32(float *y, float a, const float *x, ptrdiff_t n)
         _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
     for (; i < n; i++)
         y[i] = fmaf(a, x[i], y[i]);
+#elif defined(MF_SIMD_NEON)
+    (void)i;
+    mf_neon_axpy_f32(y, a, x, n);
 #else
     for (; i < n; i++)
         y[i] += a * x[i];
@@ -196,7 +218,8 @@ static inline void mf_scale_f32(float *y, float a, ptrdiff_t n)
 /*
  * The softmax step of a row of scores: s[j] = exp(s[j] - m) in place, returning the sum of the
  * new s[j] (in a fixed order).  exp is Cephes' expf polynomial (max relative error ~1e-7) on
- * AVX2 -- also at the avx512 level, whose builds include AVX2 -- and libm's expf elsewhere.
+ * AVX2 -- also at the avx512 level, whose builds include AVX2 -- and on NEON (mf_neon_exp, the
+ * same operations 4 lanes wide), libm's expf elsewhere.
  * NaN stays NaN; arguments below -87.3 give exactly 0 (so a score of -inf weighs nothing).
  */
 #if defined(__AVX2__) && defined(__FMA__)
@@ -246,6 +269,9 @@ static inline float mf_exp_shift_sum_f32(float *s, float m, ptrdiff_t n)
             total += s[k];
         }
     }
+#elif defined(MF_SIMD_NEON)
+    (void)j;
+    total = mf_neon_exp_shift_sum_f32(s, m, n);
 #else
     float part[4] = {0, 0, 0, 0};
     for (; j < n; j++) {
@@ -272,6 +298,8 @@ static inline void mf_silu_mul_f32(const float *g, const float *u, float *out, p
         _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_div_ps(x, _mm256_add_ps(one, e)),
                                                 _mm256_loadu_ps(u + i)));
     }
+#elif defined(MF_SIMD_NEON)
+    i = mf_neon_silu_mul_f32(g, u, out, n);
 #endif
     for (; i < n; i++)
         out[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
@@ -296,6 +324,8 @@ static inline void mf_gelu_tanh_mul_f32(const float *g, const float *u, float *o
         _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_div_ps(x, _mm256_add_ps(one, e)),
                                                 _mm256_loadu_ps(u + i)));
     }
+#elif defined(MF_SIMD_NEON)
+    i = mf_neon_gelu_tanh_mul_f32(g, u, out, n, c2);
 #endif
     for (; i < n; i++) {
         float x = g[i];
@@ -341,6 +371,8 @@ static inline void mf_dot_1x4_f32(const float *x, const float *const w[4], ptrdi
             v = fmaf(x[j], w[r][j], v);
         out[r] = v;
     }
+#elif defined(MF_SIMD_NEON)
+    mf_neon_dot_1x4_f32(x, NULL, w, n, out, ahead);
 #else
     (void)ahead;
     for (int r = 0; r < 4; r++)
@@ -372,6 +404,8 @@ static inline void mf_dot3_1x4_f32(const float *x, const float *g, const float *
             v = fmaf(x[j] * g[j], w[r][j], v);
         out[r] = v;
     }
+#elif defined(MF_SIMD_NEON)
+    mf_neon_dot_1x4_f32(x, g, w, n, out, ahead);
 #else
     (void)ahead;
     for (int r = 0; r < 4; r++)
@@ -444,6 +478,9 @@ static inline void mf_dot_3x4_f32(const float *const x[3], const float *const w[
                 s = fmaf(x[t][j], w[r][j], s);
             out[t][r] = s;
         }
+#elif defined(MF_SIMD_NEON)
+    (void)k;
+    mf_neon_dot_3x4_f32(x, w, n, out);
 #else
     float a[3][4][4];
     for (int t = 0; t < 3; t++)

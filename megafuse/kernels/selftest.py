@@ -138,7 +138,9 @@ def select_level(*, stand_in=None):
         if level not in built:
             RESULTS[level] = LevelResult(level, "not built")
         elif level not in supported:
-            RESULTS[level] = LevelResult(level, "not supported by this CPU")
+            lacks = ", ".join(_simd.missing_features(level))
+            RESULTS[level] = LevelResult(level, "not supported by this CPU",
+                                         note=f"it lacks {lacks}" if lacks else "")
         else:
             RESULTS[level] = LevelResult(level, "not run")
     threads = _kernels.get_num_threads()

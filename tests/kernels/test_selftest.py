@@ -1,7 +1,9 @@
 """The SIMD self-test (megafuse/kernels/selftest.py): a level above generic is proven against the
 generic kernels at import, and a level that disagrees is replaced by the next one down.
 
-On a CPU without AVX-512 the avx512 path runs with another level's kernels standing in
+The levels are this architecture's (x86-64: generic, avx2, avx512; aarch64: generic, neon,
+neon_dotprod, i8mm): TOP is the best, NEXT the one below it, FIRST the lowest above generic.  On a
+CPU without TOP its path runs with another level's kernels standing in
 (select_level(stand_in=...)); the fault hook (MEGAFUSE_SELFTEST_FAULT, or faults=) perturbs one
 family's results as a broken kernel would."""
 import os
@@ -19,6 +21,7 @@ from megafuse.kernels import selftest as _selftest, simd as _simd
 
 SUPPORTED = _simd.supported_levels()
 ABOVE_GENERIC = [lv for lv in SUPPORTED if lv != "generic"]
+TOP, NEXT, FIRST = _simd.LEVELS[-1], _simd.LEVELS[-2], _simd.LEVELS[1]
 
 
 def fresh_env(**env):
@@ -64,7 +67,7 @@ def pretend_every_level_is_supported(monkeypatch):
 # ---- the self-test passes where it should ---------------------------------------------------
 
 @pytest.mark.parametrize("level", ABOVE_GENERIC or [pytest.param(
-    "avx2", marks=pytest.mark.skip(reason="no level above generic on this CPU"))])
+    FIRST, marks=pytest.mark.skip(reason="no level above generic on this CPU"))])
 def test_every_supported_level_passes(level):
     result = _selftest.run_level(level)
     assert result.status == "passed", result.summary()
@@ -103,7 +106,7 @@ def test_tolerances_are_the_test_suites():
 
 @pytest.mark.parametrize("family", _selftest.FAMILIES)
 def test_a_fault_in_one_family_fails_that_family_only(family):
-    level = ABOVE_GENERIC[-1] if ABOVE_GENERIC else "avx2"
+    level = ABOVE_GENERIC[-1] if ABOVE_GENERIC else FIRST
     result = _selftest.run_level(level, faults={(level, family)},
                                  kernels=level if ABOVE_GENERIC else "generic")
     assert result.status == "failed"
@@ -115,83 +118,87 @@ def test_a_kernel_that_raises_fails_its_family(monkeypatch):
     def broken(*args, **kwargs):
         raise MemoryError("a kernel that raises")
     monkeypatch.setattr(_kernels, "mega_fused_mlp_prefill", broken)
-    result = _selftest.run_level("avx2", kernels="generic")
+    result = _selftest.run_level(FIRST, kernels="generic")
     assert [f for f, _ in result.failures] == ["mlp"]
     assert "MemoryError" in result.summary()
 
 
 # ---- the fallback ---------------------------------------------------------------------------
 
-@pytest.mark.skipif("avx2" not in SUPPORTED, reason="this CPU cannot run the avx2 kernels")
-def test_import_falls_back_when_avx2_fails():
-    """At import, in a fresh process: avx2's attention decode perturbed -> generic, with a
-    RuntimeWarning naming the level and the family; megafuse info shows it."""
+@pytest.mark.skipif(not ABOVE_GENERIC, reason="no level above generic on this CPU")
+def test_import_falls_back_when_every_level_above_generic_fails():
+    """At import, in a fresh process: the attention decode of every supported level above
+    generic perturbed -> generic, with a RuntimeWarning naming the level and the family; megafuse
+    info shows it."""
     code = ("import megafuse; print('LEVEL', megafuse.simd_level()); megafuse.show_config()")
-    faults = "avx2:attention_decode"
-    if "avx512" in SUPPORTED:                          # the best level would pass first
-        faults += ",avx512:attention_decode"
+    faults = ",".join(f"{level}:attention_decode" for level in ABOVE_GENERIC)
     out = run_python(code, **{_selftest.FAULT_ENV: faults})
     assert out.returncode == 0, out.stderr
     assert "LEVEL generic" in out.stdout
     assert "RuntimeWarning" in out.stderr
-    assert "the avx2 kernels fail their self-test" in out.stderr
+    for level in ABOVE_GENERIC:
+        assert f"the {level} kernels fail their self-test" in out.stderr
+        assert f"{level}: failed in" in out.stdout
     assert "attention_decode" in out.stderr and "using generic instead" in out.stderr
-    assert "avx2: failed in" in out.stdout and "generic used instead" in out.stdout
+    assert "generic used instead" in out.stdout
 
 
-def test_avx512_falls_back_to_avx2(monkeypatch, restore_selection):
+def test_the_best_level_falls_back_to_the_next(monkeypatch, restore_selection):
     pretend_every_level_is_supported(monkeypatch)
     monkeypatch.delenv("MEGAFUSE_SIMD", raising=False)
-    monkeypatch.setenv(_selftest.FAULT_ENV, "avx512:int8_dot")
+    monkeypatch.setenv(_selftest.FAULT_ENV, f"{TOP}:int8_dot")
     with pytest.warns(RuntimeWarning) as record:
         chosen = _selftest.select_level(stand_in=stand_ins())
-    assert chosen == "avx2"
+    assert chosen == NEXT
     assert len(record) == 1
     message = str(record[0].message)
-    assert "avx512" in message and "int8_dot" in message and "using avx2 instead" in message
-    assert _selftest.RESULTS["avx512"].status == "failed"
-    assert _selftest.RESULTS["avx2"].status == "passed"
-    assert megafuse.simd_level() == stand_ins()["avx2"]
+    assert TOP in message and "int8_dot" in message and f"using {NEXT} instead" in message
+    assert _selftest.RESULTS[TOP].status == "failed"
+    assert _selftest.RESULTS[NEXT].status == "passed"
+    assert megafuse.simd_level() == stand_ins()[NEXT]
 
 
-def test_avx512_then_avx2_fail_down_to_generic(monkeypatch, restore_selection):
+def test_every_level_failing_in_turn_ends_at_generic(monkeypatch, restore_selection):
     pretend_every_level_is_supported(monkeypatch)
     monkeypatch.delenv("MEGAFUSE_SIMD", raising=False)
-    monkeypatch.setenv(_selftest.FAULT_ENV, "avx512:mlp,avx2:model_step")
+    above = list(reversed(_simd.LEVELS[1:]))              # TOP first, FIRST last
+    families = ("mlp", "model_step", "int8_tiles")
+    monkeypatch.setenv(_selftest.FAULT_ENV, ",".join(
+        f"{level}:{families[i % 3]}" for i, level in enumerate(above)))
     with pytest.warns(RuntimeWarning) as record:
         chosen = _selftest.select_level(stand_in=stand_ins())
     assert chosen == "generic" and megafuse.simd_level() == "generic"
     messages = [str(r.message) for r in record]
-    assert len(messages) == 2
-    assert "avx512" in messages[0] and "mlp" in messages[0] and "using avx2" in messages[0]
-    assert "avx2" in messages[1] and "model_step" in messages[1] and "using generic" in \
-        messages[1]
+    assert len(messages) == len(above)
+    for i, (level, message) in enumerate(zip(above, messages)):
+        below = above[i + 1] if i + 1 < len(above) else "generic"
+        assert level in message and families[i % 3] in message and f"using {below}" in message
     summary = _selftest.summary()
-    assert summary["avx512"].startswith("failed") and summary["avx2"].startswith("failed")
+    assert all(summary[level].startswith("failed") for level in above)
 
 
 def test_a_forced_level_that_fails_is_kept_with_a_warning(monkeypatch, restore_selection):
     pretend_every_level_is_supported(monkeypatch)
-    monkeypatch.setenv("MEGAFUSE_SIMD", "avx512")
-    monkeypatch.setenv(_selftest.FAULT_ENV, "avx512:attention_prefill")
-    with pytest.warns(RuntimeWarning, match="MEGAFUSE_SIMD=avx512 keeps them") as record:
+    monkeypatch.setenv("MEGAFUSE_SIMD", TOP)
+    monkeypatch.setenv(_selftest.FAULT_ENV, f"{TOP}:attention_prefill")
+    with pytest.warns(RuntimeWarning, match=f"MEGAFUSE_SIMD={TOP} keeps them") as record:
         chosen = _selftest.select_level(stand_in=stand_ins())
-    assert chosen == "avx512"
+    assert chosen == TOP
     assert "attention_prefill" in str(record[0].message)
-    assert _selftest.RESULTS["avx512"].status == "failed"
-    assert _selftest.RESULTS["avx2"].status == "not run"      # a forced level: no other tried
+    assert _selftest.RESULTS[TOP].status == "failed"
+    assert _selftest.RESULTS[NEXT].status == "not run"      # a forced level: no other tried
 
 
-@pytest.mark.skipif("avx2" not in SUPPORTED, reason="this CPU cannot run the avx2 kernels")
+@pytest.mark.skipif(FIRST not in SUPPORTED, reason=f"this CPU cannot run the {FIRST} kernels")
 def test_forced_level_runs_its_self_test_at_import():
     code = "import megafuse; print('LEVEL', megafuse.simd_level()); megafuse.show_config()"
-    out = run_python(code, MEGAFUSE_SIMD="avx2")
+    out = run_python(code, MEGAFUSE_SIMD=FIRST)
     assert out.returncode == 0 and "RuntimeWarning" not in out.stderr, out.stderr
-    assert "LEVEL avx2" in out.stdout and "avx2: passed in" in out.stdout
-    out = run_python(code, MEGAFUSE_SIMD="avx2", **{_selftest.FAULT_ENV: "avx2:float_dot"})
+    assert f"LEVEL {FIRST}" in out.stdout and f"{FIRST}: passed in" in out.stdout
+    out = run_python(code, MEGAFUSE_SIMD=FIRST, **{_selftest.FAULT_ENV: f"{FIRST}:float_dot"})
     assert out.returncode == 0, out.stderr
-    assert "LEVEL avx2" in out.stdout
-    assert "MEGAFUSE_SIMD=avx2 keeps them" in out.stderr and "float_dot" in out.stderr
+    assert f"LEVEL {FIRST}" in out.stdout
+    assert f"MEGAFUSE_SIMD={FIRST} keeps them" in out.stderr and "float_dot" in out.stderr
 
 
 def test_forcing_generic_runs_only_its_known_answer(monkeypatch, restore_selection):
@@ -213,9 +220,10 @@ def test_generic_known_answer_can_fail(monkeypatch, restore_selection):
 
 
 def test_fault_hook_rejects_what_it_does_not_know():
-    assert _selftest.parse_faults(" avx2:mlp, avx512:int8_dot ,") == {
-        ("avx2", "mlp"), ("avx512", "int8_dot")}
-    for bad in ("avx2", "sse:mlp", "avx2:everything"):
+    assert _selftest.parse_faults(f" {FIRST}:mlp, {TOP}:int8_dot ,") == {
+        (FIRST, "mlp"), (TOP, "int8_dot")}
+    other = "neon" if FIRST == "avx2" else "avx2"         # a level of the other architecture
+    for bad in (FIRST, "sse:mlp", f"{FIRST}:everything", f"{other}:mlp"):
         with pytest.raises(ImportError, match=_selftest.FAULT_ENV):
             _selftest.parse_faults(bad)
 
@@ -228,7 +236,7 @@ def test_thread_count_and_level_are_left_alone(threads, restore_selection):
     _selftest.select_level()
     assert megafuse.get_num_threads() == 3
     assert megafuse.simd_level() == before
-    _selftest.run_level(ABOVE_GENERIC[-1] if ABOVE_GENERIC else "avx2",
+    _selftest.run_level(ABOVE_GENERIC[-1] if ABOVE_GENERIC else FIRST,
                         kernels=None if ABOVE_GENERIC else "generic")
     assert megafuse.get_num_threads() == 3 and megafuse.simd_level() == before
 

@@ -61,7 +61,11 @@ def test_cython_lint_is_clean():
     files = sorted(f for pattern in CYTHON_PATTERNS
                    for f in glob.glob(os.path.join(PACKAGE, "**", pattern), recursive=True))
     assert any(f.endswith(".pyx") for f in files), f"no Cython sources under {PACKAGE}"
-    # the configuration is pyproject's: cython-lint looks in the files' common folder and up
+    # the configuration is pyproject's: cython-lint looks in the files' common folder and up.
+    # It runs `pycodestyle` by name: this interpreter's scripts folder goes first on PATH, for a
+    # venv whose pytest runs without the venv activated.
+    scripts = os.path.dirname(sys.executable)
+    env = dict(os.environ, PATH=os.pathsep.join([scripts, os.environ.get("PATH", "")]))
     done = subprocess.run(command + files, cwd=ROOT, capture_output=True, text=True,
-                          timeout=120)
+                          timeout=120, env=env)
     assert done.returncode == 0, _findings(done)
