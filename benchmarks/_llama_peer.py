@@ -4,7 +4,9 @@ then answers commands on stdin, one a line, with seconds on stdout:
     pp N      a prefill of N tokens from an empty cache (llm.eval of N ids)
     tg N      N single-token steps from an empty cache
     fill D    an empty cache, then a prefill of D tokens: the untimed setup of `tg N D`
-    tg N D    N single-token steps after the D tokens `fill D` left in the cache
+    tg N D    N single-token steps after the first D tokens of the cache (`fill D` put them
+              there; steps a former `tg N D` added after them are dropped first, as llama.cpp's
+              eval drops every cached position from n_tokens on)
     quit
 
 `--quantize SRC DST FTYPE THREADS` instead writes DST, SRC requantized by llama.cpp (quantize()).
@@ -34,6 +36,8 @@ def main(path, threads, n_ctx):
         depth = int(words[2]) if len(words) > 2 else 0
         if not (words[0] == "tg" and depth):     # only `tg N D` continues a cache
             llm.reset()
+        elif llm.n_tokens > depth:               # keep the first D tokens (the fill)
+            llm.n_tokens = depth
         t = time.perf_counter()
         if words[0] in ("pp", "fill"):
             llm.eval(ids[:n])

@@ -12,7 +12,7 @@ from _buffers import decode_copy_count, page_mode, weight_set
 from _cases import PEERS, format_note, megafuse_variants
 from _config import (DECODE_MIN_BYTES, L3_BYTES, MAX_WAIT, NEAR_PROBE_BYTES, PEER_TOL, QUIET,
                      THREADS)
-from _roofline import MACHINE, dram_fraction, roofline
+from _roofline import MACHINE, best, dram_fraction, roofline
 from _timing import WAITED
 
 RESULTS = []        # layer rows: see record()
@@ -64,22 +64,37 @@ def record_contention(benchmark, *, shape, label, mode, median, other, competito
     return row
 
 
-def record_model(benchmark, *, file, test, mode, impl, tokens, median, other, competitor):
+def record_model(benchmark, *, file, test, mode, impl, tokens, median, other, competitor,
+                 ops=None, nbytes=None, int8=True):
     """One whole-model row (bench_model.py): file = the model file's label ("Q4_1", or
-    "Q4_K_M*" for a requantization), test "pp128" / "tg64" / "tg64@1024", mode "quiet" /
-    "busy"."""
+    "Q4_K_M*" for a requantization, "1B-Q4_K_M" for a Llama-1B-shaped file), test "pp128" /
+    "tg64" / "tg64@1024", mode "quiet" / "busy".  ops / nbytes: the integer (or float) operations
+    and the bytes read from DRAM of the timed call, for the roofline columns (None: not shown)."""
     row = dict(file=file, test=test, mode=mode, impl=impl, tokens=tokens, median=median,
-               other=other, competitor=competitor)
+               other=other, competitor=competitor, ops=ops, nbytes=nbytes, int8=int8)
     MODEL.append(row)
+    peak, dram = _model_roof(row)
     benchmark.extra_info.update(file=file, test=test, mode=mode, impl=impl, median_s=median,
                                 tokens_per_s=tokens / median if median else None,
-                                competitor_cpu_share=competitor)
+                                competitor_cpu_share=competitor, ops=ops, bytes=nbytes,
+                                peak_fraction=peak, dram_fraction=dram)
     return row
 
 
+def _model_roof(r):
+    """(ops / median / the int8 peak (fp32 where there is none, or in float mode), bytes /
+    median / the DRAM read bandwidth) of a whole-model row; None where unknown."""
+    if not r["median"]:
+        return None, None
+    peak = (best("int8_peak") if r["int8"] else None) or best("fp32_peak")
+    bw = best("dram_bw")
+    return (r["ops"] / r["median"] / (peak * 1e9) if r["ops"] and peak else None,
+            r["nbytes"] / r["median"] / bw if r["nbytes"] and bw else None)
+
+
 def _model_lines():
-    head = (f"{'file':<7} {'model':<9} {'mode':<6} {'impl':<19} {'t/s':>9} {'ms':>9} "
-            f"{'/llama.cpp':>10} {'busy/quiet':>10} {'other':>5}")
+    head = (f"{'file':<10} {'model':<9} {'mode':<6} {'impl':<19} {'t/s':>9} {'ms':>9} "
+            f"{'/llama.cpp':>10} {'busy/quiet':>10} {'%peak':>5} {'%dram':>5} {'other':>5}")
     lines = [head, "-" * len(head)]
     def find(file, test, mode, impl):
         return next((r for r in MODEL
@@ -90,11 +105,14 @@ def _model_lines():
         quiet = find(r["file"], r["test"], "quiet", r["impl"])
         ratio = peer["median"] / r["median"] if peer and r is not peer else None
         slow = r["median"] / quiet["median"] if r["mode"] == "busy" and quiet else None
+        peak, dram = _model_roof(r)
         lines.append(
-            f"{r['file']:<7} {r['test']:<9} {r['mode']:<6} {r['impl']:<19} "
+            f"{r['file']:<10} {r['test']:<9} {r['mode']:<6} {r['impl']:<19} "
             f"{_cell(r['tokens'] / r['median'], '9.1f', 9)} {_cell(r['median'] * 1e3, '9.1f', 9)} "
             f"{_cell(ratio, '9.2f', 9)}{'x' if ratio else ' '} "
             f"{_cell(slow, '9.2f', 9)}{'x' if slow else ' '} "
+            f"{_cell(None if peak is None else 100 * peak, '4.0f', 4)}{'%' if peak else ' '} "
+            f"{_cell(None if dram is None else 100 * dram, '4.0f', 4)}{'%' if dram else ' '} "
             f"{_cell(None if r['other'] is None else 100 * r['other'], '4.0f', 4)}%")
     return lines
 
@@ -270,7 +288,11 @@ def table_lines():
             lines.append("")
         lines.append("whole model (bench_model.py): pp128 = prefill of 128 tokens, tg64 = 64 "
                      "single-token steps, both from an empty cache; tg64@1024 = 64 steps after "
-                     "1024 cached tokens; t/s = tokens / median; "
+                     "1024 cached tokens (@4096: 4096); pp512 = 512 tokens; t/s = tokens / "
+                     "median; %peak = operations (2 x multiply-adds + attention) / median / the "
+                     "int8 peak (float mode: fp32); %dram = bytes read (every weight once a step "
+                     "+ the KV cache) / median / the DRAM read bandwidth; 1B-<type> = the "
+                     "Llama-3.2-1B-shaped file (_llama1b.py); "
                      "/llama.cpp = llama.cpp's median / this row's (>1: faster); busy = a "
                      "spinning process pinned to one core; busy/quiet = slowdown; file = the "
                      "model file's format (*: that file requantized to this format by "
@@ -313,7 +335,9 @@ def report_dict():
     model = [dict(file=r["file"], test=r["test"], mode=r["mode"], impl=r["impl"],
                   median_s=r["median"],
                   tokens_per_s=r["tokens"] / r["median"], other_cpu_share=r["other"],
-                  competitor_cpu_share=r["competitor"]) for r in MODEL]
+                  competitor_cpu_share=r["competitor"], ops=r["ops"], bytes=r["nbytes"],
+                  peak_fraction=_model_roof(r)[0], dram_fraction=_model_roof(r)[1])
+             for r in MODEL]
     return dict(versions=_versions(), cpu=platform.processor() or platform.machine(),
                 cores=os.cpu_count(), machine=MACHINE, rows=rows, contention=contention,
                 model=model)

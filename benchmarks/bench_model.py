@@ -25,6 +25,13 @@ The same file requantized by llama.cpp's own quantizer (llama_model_quantize, in
 interpreter; cached beside the model) to Q4_K_M, Q6_K and Q8_0 -- the files users download most,
 with llama.cpp's per-tensor choices and fallbacks -- gives pp128 and tg64 rows (both modes, and
 llama.cpp): the whole model's K-quant and Q8_0 paths.  They skip without llama_cpp.
+
+Llama-3.2-1B-shaped files (benchmarks/_llama1b.py: random weights, written once as F16 and
+quantized by llama.cpp's quantizer when the peer is there, else by megafuse's) in Q4_K_M, Q8_0
+and Q4_0 give pp128, pp512, tg64 and tg64@4096 rows (int8 mode, and llama.cpp) with the roofline
+columns: the real-size model, where prefill is bound by arithmetic and decode by memory.  Their
+tg64@4096 fills the cache once (untimed) and rewinds it to 4096 tokens before each round (both
+sides: Model's position, llama.cpp's n_tokens), where a fill per round would take minutes.
 """
 import os
 import re
@@ -39,6 +46,7 @@ import pytest
 
 import megafuse as mf
 
+import _llama1b
 import _report
 import _timing
 from _config import PAUSE, THREADS
@@ -46,6 +54,8 @@ from _timing import measure, wait_quiet
 from bench_contention import Spinner
 
 MODEL_ROWS = (("pp", 128, 0), ("tg", 64, 0), ("tg", 64, 1024))   # (kind, tokens, cached keys)
+LLAMA1B_ROWS = (("pp", 128, 0), ("pp", 512, 0), ("tg", 64, 0), ("tg", 64, 4096))
+LLAMA1B_IMPLS = ("megafuse-int8", "llama.cpp")
 REQUANTIZED = ("Q4_K_M", "Q6_K", "Q8_0")    # llama.cpp file types the model is requantized to
 REQUANT_ROWS = (("pp", 128, 0), ("tg", 64, 0))
 PEER_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_llama_peer.py")
@@ -111,7 +121,20 @@ def row_file(ftype):
         path = model_path()
         label = os.path.splitext(os.path.basename(path))[0].rsplit(".", 1)[-1]
         return path, label if re.fullmatch(r"(B?F|Q|IQ)[0-9A-Z_]+", label) else "file"
+    if ftype.startswith("1B-"):
+        try:
+            python = llama_python()
+        except pytest.skip.Exception:
+            python = None
+        return _llama1b.path(ftype[3:], python)[0], ftype
     return requantized_path(ftype), f"{ftype}*"
+
+
+def capacity(path):
+    """Cache positions of a row's model (and the peer's n_ctx): the deepest row's and a step."""
+    depth = max(d for _, _, d in LLAMA1B_ROWS) if "llama1b-" in os.path.basename(path) \
+        else DEPTH_MAX
+    return depth + 128
 
 
 _MODELS = {}
@@ -121,7 +144,7 @@ def megafuse_model(activations, path, kv_dtype="float32"):
     key = (activations, path, kv_dtype)
     if key not in _MODELS:
         _MODELS.clear()
-        _MODELS[key] = mf.Model.from_gguf(path, cache_capacity=DEPTH_MAX + 128,
+        _MODELS[key] = mf.Model.from_gguf(path, cache_capacity=capacity(path),
                                           activations=activations, kv_dtype=kv_dtype)
     return _MODELS[key]
 
@@ -132,8 +155,9 @@ class LlamaPeer:
     def __init__(self, path):
         python = llama_python()
         env = dict(os.environ, OMP_NUM_THREADS=str(THREADS))
+        self.filled = 0                # tokens the last `fill` left in its cache
         self.proc = subprocess.Popen([python, PEER_SCRIPT, path, str(THREADS),
-                                      str(DEPTH_MAX + 128)],
+                                      str(capacity(path))],
                                      stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, text=True, env=env)
         _timing.OWN_HELPERS.add(self.proc.pid)     # its CPU time is the row's, not "other"
@@ -150,6 +174,10 @@ class LlamaPeer:
             line = ""
         if not line:            # the process is gone: say how, not "could not convert ''"
             raise RuntimeError(f"llama.cpp peer: died running '{command}' ({self._death()})")
+        if kind == "fill":
+            self.filled = n
+        elif not (kind == "tg" and depth):       # pp and tg from 0 empty the cache
+            self.filled = 0
         return float(line)
 
     def _death(self):
@@ -201,9 +229,11 @@ def llama_peers():
     peers.close()
 
 
-def _work(model, kind, n, depth, ids):
+def _work(model, kind, n, depth, ids, rewind=False):
     """(the timed call, its untimed setup): pp: a prefill of n tokens; tg: n single-token steps
-    after a prefill of `depth` tokens, from an empty cache."""
+    after a prefill of `depth` tokens, from an empty cache (rewind: the prefill once, then the
+    cache rewound to `depth` tokens before each round: the rows past a model's position are
+    always written before they are read)."""
     def fn():
         if kind == "pp":
             model.forward(ids[:n])
@@ -211,11 +241,41 @@ def _work(model, kind, n, depth, ids):
             for j in range(depth, depth + n):
                 model.forward(ids[j:j + 1])
 
+    filled = []
+
     def setup():
+        if rewind and filled:
+            model.rewind(depth)
+            return
         model.reset()
         if depth:
             model.forward(ids[:depth])
+            filled.append(depth)
     return fn, setup
+
+
+def _roof_work(model, kind, n, depth):
+    """(operations, bytes read from DRAM) of a timed call: 2 x multiply-adds of every layer's
+    projections a token and of the head a logit row (pp: the last token's; tg: every step's),
+    plus attention's 4 x head_dim x heads a (query, key) pair and layer; bytes: every weight once
+    a step of at most 128 tokens (the head once a call for pp, once a step for tg) plus, for tg,
+    the float32 K/V rows each step's attention reads."""
+    c = model.config
+    E, H, G, D, F, L, V = (c.embed_dim, c.num_heads, c.num_kv_heads, c.head_dim,
+                           c.intermediate_dim, c.n_layers, c.vocab_size)
+    layer_macs = E * (H + 2 * G) * D + H * D * E + 3 * E * F
+    head_bytes = model._embedding.nbytes if c.tied_embedding else model._head.nbytes
+    layer_bytes = model.weight_bytes - head_bytes
+    kv_row = 2 * G * D * 4 * L                # K and V of one position, every layer (float32)
+    if kind == "pp":
+        pairs = n * (n + 1) // 2
+        ops = 2 * (n * L * layer_macs + V * E) + 4 * D * H * L * pairs
+        nbytes = -(-n // 128) * layer_bytes + head_bytes
+    else:
+        keys = sum(p + 1 for p in range(depth, depth + n))
+        ops = 2 * n * (L * layer_macs + V * E) + 4 * D * H * L * keys
+        nbytes = n * (layer_bytes + head_bytes) + kv_row * keys
+    return ops, nbytes
 
 
 def _test_name(kind, n, depth):
@@ -239,6 +299,12 @@ def _params():
                 out.append(pytest.param(ftype, kind, n, depth, "quiet", impl,
                                         id=f"smollm2-{ftype}-model-{_test_name(kind, n, depth)}-"
                                            f"quiet-{impl}"))
+    for ftype in _llama1b.FTYPES:
+        for kind, n, depth in LLAMA1B_ROWS:
+            for impl in LLAMA1B_IMPLS:
+                out.append(pytest.param(f"1B-{ftype}", kind, n, depth, "quiet", impl,
+                                        id=f"llama1b-{ftype}-model-{_test_name(kind, n, depth)}-"
+                                           f"quiet-{impl}"))
     return out
 
 
@@ -248,18 +314,26 @@ def test_model(benchmark, request, ftype, kind, n, depth, mode, impl):
     test = _test_name(kind, n, depth)
     path, label = row_file(ftype)
     benchmark.group = f"model {label} {test} {mode}"
-    ids = np.random.default_rng(2).integers(0, 49152, DEPTH_MAX + 128)
+    big = label.startswith("1B-")     # the Llama-1B-shaped files: roofline columns, one fill
+    ids = np.random.default_rng(2).integers(0, 49152, capacity(path))
     setup = None
+    ops = nbytes = None
+    if big:
+        request.getfixturevalue("machine")       # the roofline's peaks and DRAM bandwidth
     if impl == "llama.cpp":           # (one call: a command to the peer process and its reply;
         peer = request.getfixturevalue("llama_peers").get(path)   # the pipe adds ~0.1 ms)
         fn = lambda: peer.run(kind, n, depth)                # noqa: E731
         if depth:
             def setup():                  # (returns None: pytest-benchmark would take a value
-                peer.run("fill", depth)   # for the arguments of fn)
+                if big and peer.filled == depth:     # for the arguments of fn)
+                    return                # `tg N D` rewinds to the fill itself
+                peer.run("fill", depth)
     else:
         model = megafuse_model(impl.split("-")[1], path,
                                "float16" if impl.endswith("-f16kv") else "float32")
-        fn, setup = _work(model, kind, n, depth, ids)
+        fn, setup = _work(model, kind, n, depth, ids, rewind=big)
+        if big:
+            ops, nbytes = _roof_work(model, kind, n, depth)
     spin = None
     if mode == "busy":
         wait_quiet()
@@ -273,4 +347,5 @@ def test_model(benchmark, request, ftype, kind, n, depth, mode, impl):
             spin.stop()
     time.sleep(PAUSE)
     _report.record_model(benchmark, file=label, test=test, mode=mode, impl=impl, tokens=n,
-                         median=med, other=other, competitor=competitor)
+                         median=med, other=other, competitor=competitor, ops=ops, nbytes=nbytes,
+                         int8=impl != "megafuse-float")
