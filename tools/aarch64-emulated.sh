@@ -13,7 +13,7 @@
 #   2. an arm64 Debian bookworm root (debootstrap --variant=buildd, from the Debian mirror apt
 #      uses; 3-10 min) with the host's resolv.conf and CA bundle (pip inside trusts what the
 #      host's pip trusts); python3, python3-venv, python3-dev, build-essential from Debian; a venv
-#      with numpy>=2, cython>=3, setuptools>=77, pytest, hypothesis, gguf from PyPI (arm64 wheels;
+#      with numpy>=2, cython>=3, setuptools>=77, pytest, hypothesis, gguf, pytest-benchmark from PyPI (arm64 wheels;
 #      Debian's numpy 1.24 and Cython 0.29 cannot build megafuse);
 #   3. the working tree copied into the root (rsync; git-ignored files such as build products are
 #      left out), built in place (`setup.py build_ext --inplace`; 6-12 min from scratch);
@@ -50,7 +50,7 @@ VENV=/opt/venv               # the venv, inside the root
 # the host's CA bundle, kept apart from the root's own (Debian's ca-certificates rewrites that one)
 CA_IN_ROOT=/etc/ssl/host-ca-bundle.crt
 DEBS=(python3 python3-venv python3-dev build-essential)
-PYPI=("numpy>=2" "cython>=3" "setuptools>=77" "wheel" "pytest" "hypothesis" "gguf")
+PYPI=("numpy>=2" "cython>=3" "setuptools>=77" "wheel" "pytest" "hypothesis" "gguf" "pytest-benchmark")
 
 log() { printf '[aarch64-emulated %(%H:%M:%S)T] %s\n' -1 "$*" >&2; }
 die() { log "error: $*"; exit 1; }
