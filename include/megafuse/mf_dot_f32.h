@@ -1336,6 +1336,16 @@ static inline float mf_dot_iq4_xs_f32(const void *MF_RESTRICT vw, const float *M
 
 typedef void (*mf_dot4_f32_fn)(const void *const *w, const float *x, ptrdiff_t n, float *out);
 
+/* Four one-row dots: the generic level's 4-row dots, and the NEON levels' for the formats whose
+ * one-row bodies are the portable C. */
+#define MF_DOT4_F32_ROWS(NAME, ONE)                                                            \
+static inline void NAME(const void *const *vw, const float *MF_RESTRICT x, ptrdiff_t n,       \
+                        float *out)                                                            \
+{                                                                                              \
+    for (int r = 0; r < 4; r++)                                                                \
+        out[r] = ONE(vw[r], x, n);                                                             \
+}
+
 #if defined(MF_Q_AVX2) && defined(MF_SIMD_AVX512)
 /* 32-weight formats at avx512: each row's blocks as in its one-row dot (MF_Q_FDOT16: BLOCK_FN16,
  * its code table TAB), x's block loaded once for the four rows. */
@@ -1531,42 +1541,28 @@ MF_DOT4_F32_NEON(mf_dot4_q5_K_f32, mf_neon_dot4_q5_K_f32)
 MF_DOT4_F32_NEON(mf_dot4_q6_K_f32, mf_neon_dot4_q6_K_f32)
 #undef MF_DOT4_F32_NEON
 /* Q2_K, Q3_K, IQ4_NL, IQ4_XS: four one-row dots (their one-row bodies are the portable C) */
-#define MF_DOT4_F32_ROWS(NAME, ONE)                                                            \
-static inline void NAME(const void *const *vw, const float *MF_RESTRICT x, ptrdiff_t n,       \
-                        float *out)                                                            \
-{                                                                                              \
-    for (int r = 0; r < 4; r++)                                                                \
-        out[r] = ONE(vw[r], x, n);                                                             \
-}
 MF_DOT4_F32_ROWS(mf_dot4_q2_K_f32, mf_dot_q2_K_f32)
 MF_DOT4_F32_ROWS(mf_dot4_q3_K_f32, mf_dot_q3_K_f32)
 MF_DOT4_F32_ROWS(mf_dot4_iq4_nl_f32, mf_dot_iq4_nl_f32)
 MF_DOT4_F32_ROWS(mf_dot4_iq4_xs_f32, mf_dot_iq4_xs_f32)
-#undef MF_DOT4_F32_ROWS
 
 #else /* generic: four one-row dots */
 
-#define MF_DOT4_F32_GENERIC(NAME, ONE)                                                         \
-static inline void NAME(const void *const *vw, const float *MF_RESTRICT x, ptrdiff_t n,       \
-                        float *out)                                                            \
-{                                                                                              \
-    for (int r = 0; r < 4; r++)                                                                \
-        out[r] = ONE(vw[r], x, n);                                                             \
-}
-MF_DOT4_F32_GENERIC(mf_dot4_q4_0_f32, mf_dot_q4_0_f32)
-MF_DOT4_F32_GENERIC(mf_dot4_q4_1_f32, mf_dot_q4_1_f32)
-MF_DOT4_F32_GENERIC(mf_dot4_q5_0_f32, mf_dot_q5_0_f32)
-MF_DOT4_F32_GENERIC(mf_dot4_q5_1_f32, mf_dot_q5_1_f32)
-MF_DOT4_F32_GENERIC(mf_dot4_q8_0_f32, mf_dot_q8_0_f32)
-MF_DOT4_F32_GENERIC(mf_dot4_q4_K_f32, mf_dot_q4_K_f32)
-MF_DOT4_F32_GENERIC(mf_dot4_q5_K_f32, mf_dot_q5_K_f32)
-MF_DOT4_F32_GENERIC(mf_dot4_q6_K_f32, mf_dot_q6_K_f32)
-MF_DOT4_F32_GENERIC(mf_dot4_q2_K_f32, mf_dot_q2_K_f32)
-MF_DOT4_F32_GENERIC(mf_dot4_q3_K_f32, mf_dot_q3_K_f32)
-MF_DOT4_F32_GENERIC(mf_dot4_iq4_nl_f32, mf_dot_iq4_nl_f32)
-MF_DOT4_F32_GENERIC(mf_dot4_iq4_xs_f32, mf_dot_iq4_xs_f32)
+MF_DOT4_F32_ROWS(mf_dot4_q4_0_f32, mf_dot_q4_0_f32)
+MF_DOT4_F32_ROWS(mf_dot4_q4_1_f32, mf_dot_q4_1_f32)
+MF_DOT4_F32_ROWS(mf_dot4_q5_0_f32, mf_dot_q5_0_f32)
+MF_DOT4_F32_ROWS(mf_dot4_q5_1_f32, mf_dot_q5_1_f32)
+MF_DOT4_F32_ROWS(mf_dot4_q8_0_f32, mf_dot_q8_0_f32)
+MF_DOT4_F32_ROWS(mf_dot4_q4_K_f32, mf_dot_q4_K_f32)
+MF_DOT4_F32_ROWS(mf_dot4_q5_K_f32, mf_dot_q5_K_f32)
+MF_DOT4_F32_ROWS(mf_dot4_q6_K_f32, mf_dot_q6_K_f32)
+MF_DOT4_F32_ROWS(mf_dot4_q2_K_f32, mf_dot_q2_K_f32)
+MF_DOT4_F32_ROWS(mf_dot4_q3_K_f32, mf_dot_q3_K_f32)
+MF_DOT4_F32_ROWS(mf_dot4_iq4_nl_f32, mf_dot_iq4_nl_f32)
+MF_DOT4_F32_ROWS(mf_dot4_iq4_xs_f32, mf_dot_iq4_xs_f32)
 
 #endif /* MF_Q_AVX2 */
+#undef MF_DOT4_F32_ROWS
 
 /* FP16 / BF16 rows.  256-bit levels: the four rows side by side, each row's two accumulators
  * and tail exactly as in its one-row dot (so the same bits), x loaded once for the four, and the
