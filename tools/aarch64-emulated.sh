@@ -159,6 +159,16 @@ build() {
     # as at least one folder deep, hence the generated C files' own exclude.
     rsync -a --delete --exclude=.git --exclude='/megafuse/**.c' --filter=':- .gitignore' \
         "$HERE/" "$ROOT$SRC/"
+    # the project's test extra (tokenizers, jinja2, the serving stack, ...), as `pip install -e
+    # ".[test]"` would give it, installed again only when pyproject.toml's list changes
+    local extra
+    extra="$(in_root "cd $SRC && python -c 'import tomllib; print(\" \".join(repr(r) for r in \
+             tomllib.load(open(\"pyproject.toml\", \"rb\"))[\"project\"][\"optional-dependencies\"][\"test\"]))'")"
+    if [ "$(cat "$ROOT/opt/.megafuse-test-extra" 2>/dev/null)" != "$extra" ]; then
+        log "pip install the test extra (inside): $extra"
+        in_root "pip install -q $extra" || die "the test extra did not install inside the root"
+        echo "$extra" >"$ROOT/opt/.megafuse-test-extra"
+    fi
     local t0=$SECONDS
     log "setup.py build_ext --inplace -j $JOBS (inside; 6-12 min from scratch)"
     # the compiler's output to a log beside the copy; its end shown if the build fails
