@@ -229,4 +229,4 @@ main() {
     log "pytest exited $status after $((SECONDS - t0)) s"
     return "$status"
 }
-main "$@"
+main "$@"; exit  # one line: bash reads no further, even if this file changed while it ran
