@@ -2,6 +2,9 @@
 of layer cases.  Every test file takes these from here (one vocabulary, one definition each)."""
 import dataclasses
 import os
+import subprocess
+import sys
+import textwrap
 
 import numpy as np
 
@@ -348,3 +351,29 @@ def mlp_case(shape, T, formats=None, **kw):
 
 def copy_args(args):
     return {k: (v.copy() if isinstance(v, np.ndarray) else v) for k, v in args.items()}
+
+
+def fork_child_status(parent, child, env=None):
+    """Run `parent` (code) in a fresh interpreter that can import these helpers, then fork: the
+    child runs `child` and exits 0; the parent waits up to 60 s.  Returns the process, whose
+    stdout says "CHILD <wait status>" or "CHILD HUNG" (a child killed after 60 s)."""
+    code = textwrap.dedent(parent) + "\n" + textwrap.dedent("""
+        import os as _os, sys as _sys, time as _time
+        _pid = _os.fork()
+        if _pid == 0:
+        %s
+            _os._exit(0)
+        _deadline = _time.time() + 60
+        while _time.time() < _deadline:
+            _done, _status = _os.waitpid(_pid, _os.WNOHANG)
+            if _done:
+                print("CHILD", _status)
+                _sys.exit(0)
+            _time.sleep(0.02)
+        _os.kill(_pid, 9)
+        print("CHILD HUNG")
+    """) % textwrap.indent(textwrap.dedent(child).strip(), "    ")
+    path = os.path.dirname(os.path.abspath(__file__))
+    code = f"import sys; sys.path.insert(0, {path!r})\n" + code
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, env=env)

@@ -19,6 +19,8 @@ import megafuse
 from megafuse import _kernels
 from megafuse.kernels import selftest as _selftest, simd as _simd
 
+from helpers import fork_child_status
+
 SUPPORTED = _simd.supported_levels()
 ABOVE_GENERIC = [lv for lv in SUPPORTED if lv != "generic"]
 TOP, NEXT, FIRST = _simd.LEVELS[-1], _simd.LEVELS[-2], _simd.LEVELS[1]
@@ -250,26 +252,10 @@ def test_import_leaves_a_forked_child_able_to_run_threads():
     """The self-test runs on one thread, so import starts no OpenMP team: a fork()ed child can
     still run a kernel on two threads (after a parallel kernel in the parent it would hang:
     the libgomp caveat of the README)."""
-    code = """if True:
-        import os, sys, time
-        import numpy as np
-        import megafuse
-        pid = os.fork()
-        if pid == 0:
-            megafuse.set_num_threads(2)
-            megafuse.quantize(np.ones((64, 4096), np.float32), megafuse.CKDataType.Q8_0)
-            os._exit(0)
-        deadline = time.time() + 60
-        while time.time() < deadline:
-            done, status = os.waitpid(pid, os.WNOHANG)
-            if done:
-                print("CHILD", status)
-                sys.exit(0)
-            time.sleep(0.02)
-        os.kill(pid, 9)
-        print("CHILD HUNG")
-    """
-    out = run_python(code)
+    out = fork_child_status("import numpy as np\nimport megafuse\n", """
+        megafuse.set_num_threads(2)
+        megafuse.quantize(np.ones((64, 4096), np.float32), megafuse.CKDataType.Q8_0)
+    """, env=fresh_env())
     assert "CHILD 0" in out.stdout, (out.stdout, out.stderr)
 
 

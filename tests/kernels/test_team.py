@@ -2,17 +2,14 @@
 kernels/levels/team_job.pxi): one team for the process, sized by megafuse.set_num_threads; a call
 that finds it taken runs the same job on threads of no team, with the same bits; a forked child
 starts the team anew."""
-import os
-import subprocess
-import sys
-import textwrap
 
 import numpy as np
 import pytest
 
 import megafuse
 from megafuse import _kernels
-from helpers import LLAMA_STYLE, QWEN2_05B, decode_case, mlp_case, prefill_case
+from helpers import (LLAMA_STYLE, QWEN2_05B, decode_case, fork_child_status, mlp_case,
+                     prefill_case)
 
 
 @pytest.fixture
@@ -71,27 +68,10 @@ def test_a_forked_child_runs_header_calls_on_two_threads():
     """After a two-thread header call in the parent, a fork()ed child's two-thread header call
     finishes: the team's threads are started anew in the child (an OpenMP region run by the
     parent would make it hang)."""
-    code = textwrap.dedent("""
-        import os, sys, time
-        sys.path.insert(0, %r)
+    out = fork_child_status("""
         import megafuse
         from helpers import LLAMA_STYLE, decode_case
         megafuse.set_num_threads(2)
         megafuse.mega_fused_attention_decode(**decode_case(LLAMA_STYLE).args)
-        pid = os.fork()
-        if pid == 0:
-            megafuse.mega_fused_attention_decode(**decode_case(LLAMA_STYLE).args)
-            os._exit(0)
-        deadline = time.time() + 60
-        while time.time() < deadline:
-            done, status = os.waitpid(pid, os.WNOHANG)
-            if done:
-                print("CHILD", status)
-                sys.exit(0)
-            time.sleep(0.02)
-        os.kill(pid, 9)
-        print("CHILD HUNG")
-    """) % os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=120)
+    """, "megafuse.mega_fused_attention_decode(**decode_case(LLAMA_STYLE).args)")
     assert "CHILD 0" in out.stdout, (out.stdout, out.stderr)
