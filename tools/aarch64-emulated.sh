@@ -38,6 +38,8 @@
 #   MF_A64_JOBS    parallel compiles inside the root (default 2)
 #   MF_A64_SRC     the copy of the tree inside the root (default /opt/megafuse); two runs at once
 #                  need two copies
+#   MF_A64_CPUS    --levels: only the runs on these emulated CPUs (default: all three), e.g.
+#                  "cortex-a53", so that the three can run at once, each with its own MF_A64_SRC
 # proc, sys and dev are mounted into the root while the script runs; a run unmounts at exit what
 # it mounted.  Delete the root with `rm -rf --one-file-system` when no run is left.
 set -euo pipefail
@@ -188,6 +190,7 @@ run_levels() {
     [ "$#" -gt 0 ] && args="$(printf '%q ' "$@")"
     for run in "${LEVEL_RUNS[@]}"; do
         read -r cpu level tested <<<"$run"
+        [[ " ${MF_A64_CPUS:-$cpu} " == *" $cpu "* ]] || continue
         log "QEMU_CPU=$cpu: megafuse info (inside)"
         QEMU_CPU=$cpu in_root "cd $SRC && python -m megafuse info" | grep -A8 '^simd_level ' >&2 || true
         chosen="$(QEMU_CPU=$cpu in_root "cd $SRC && python -c 'import megafuse; print(megafuse.simd_level())'" || true)"
