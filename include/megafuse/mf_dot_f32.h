@@ -1217,6 +1217,8 @@ static inline float mf_dot_q2_K_f32(const void *MF_RESTRICT vw, const float *MF_
         mf_q_fsb_q2_K(&w[ib], x + ib * QK_K, sx, acc);
     }
     return mf_q_hsum_ps(_mm256_add_ps(acc[0], acc[1]));
+#elif defined(MF_Q_NEON)
+    return mf_neon_dot_q2_K_f32(w, x, nb * QK_K);
 #else
     float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     for (ptrdiff_t ib = 0; ib < nb; ib++) {
@@ -1248,6 +1250,8 @@ static inline float mf_dot_q3_K_f32(const void *MF_RESTRICT vw, const float *MF_
     for (ptrdiff_t ib = 0; ib < nb; ib++)
         mf_q_fsb_q3_K(&w[ib], x + ib * QK_K, acc);
     return mf_q_hsum_ps(_mm256_add_ps(acc[0], acc[1]));
+#elif defined(MF_Q_NEON)
+    return mf_neon_dot_q3_K_f32(w, x, nb * QK_K);
 #else
     float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     for (ptrdiff_t ib = 0; ib < nb; ib++) {
@@ -1277,6 +1281,8 @@ static inline float mf_dot_iq4_nl_f32(const void *MF_RESTRICT vw, const float *M
     MF_Q_FDOT16(mf_q_fblk16_iq4_nl, mf_q_ftab16_iq4())
 #elif defined(MF_Q_AVX2)
     MF_Q_FDOT_LOOP(mf_q_fblk_iq4_nl, QK4_NL)
+#elif defined(MF_Q_NEON)
+    return mf_neon_dot_iq4_nl_f32(w, x, nb * QK4_NL);
 #else
     float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     for (ptrdiff_t ib = 0; ib < nb; ib++) {
@@ -1307,6 +1313,8 @@ static inline float mf_dot_iq4_xs_f32(const void *MF_RESTRICT vw, const float *M
     for (ptrdiff_t ib = 0; ib < nb; ib++)
         mf_q_fsb_iq4_xs(&w[ib], x + ib * QK_K, acc);
     return mf_q_hsum_ps(_mm256_add_ps(acc[0], acc[1]));
+#elif defined(MF_Q_NEON)
+    return mf_neon_dot_iq4_xs_f32(w, x, nb * QK_K);
 #else
     float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     for (ptrdiff_t ib = 0; ib < nb; ib++) {
@@ -1336,8 +1344,7 @@ static inline float mf_dot_iq4_xs_f32(const void *MF_RESTRICT vw, const float *M
 
 typedef void (*mf_dot4_f32_fn)(const void *const *w, const float *x, ptrdiff_t n, float *out);
 
-/* Four one-row dots: the generic level's 4-row dots, and the NEON levels' for the formats whose
- * one-row bodies are the portable C. */
+/* Four one-row dots: the generic level's 4-row dots. */
 #define MF_DOT4_F32_ROWS(NAME, ONE)                                                            \
 static inline void NAME(const void *const *vw, const float *MF_RESTRICT x, ptrdiff_t n,       \
                         float *out)                                                            \
@@ -1539,12 +1546,11 @@ MF_DOT4_F32_NEON(mf_dot4_q8_0_f32, mf_neon_dot4_q8_0_f32)
 MF_DOT4_F32_NEON(mf_dot4_q4_K_f32, mf_neon_dot4_q4_K_f32)
 MF_DOT4_F32_NEON(mf_dot4_q5_K_f32, mf_neon_dot4_q5_K_f32)
 MF_DOT4_F32_NEON(mf_dot4_q6_K_f32, mf_neon_dot4_q6_K_f32)
+MF_DOT4_F32_NEON(mf_dot4_q2_K_f32, mf_neon_dot4_q2_K_f32)
+MF_DOT4_F32_NEON(mf_dot4_q3_K_f32, mf_neon_dot4_q3_K_f32)
+MF_DOT4_F32_NEON(mf_dot4_iq4_nl_f32, mf_neon_dot4_iq4_nl_f32)
+MF_DOT4_F32_NEON(mf_dot4_iq4_xs_f32, mf_neon_dot4_iq4_xs_f32)
 #undef MF_DOT4_F32_NEON
-/* Q2_K, Q3_K, IQ4_NL, IQ4_XS: four one-row dots (their one-row bodies are the portable C) */
-MF_DOT4_F32_ROWS(mf_dot4_q2_K_f32, mf_dot_q2_K_f32)
-MF_DOT4_F32_ROWS(mf_dot4_q3_K_f32, mf_dot_q3_K_f32)
-MF_DOT4_F32_ROWS(mf_dot4_iq4_nl_f32, mf_dot_iq4_nl_f32)
-MF_DOT4_F32_ROWS(mf_dot4_iq4_xs_f32, mf_dot_iq4_xs_f32)
 
 #else /* generic: four one-row dots */
 

@@ -745,7 +745,8 @@ static inline float mf_dot_q6_K_q8_K(const void *MF_RESTRICT vw, const void *MF_
  * super-block's activation registers are loaded once (mf_q_kxact) for every row that meets them,
  * and each row leaves 8 int32 lanes of partial sums (mf_q_row_<fmt>) whose total is sumi (and
  * summ): the one-row dot, the 4-row one-token dot and the tiles form the same integers, so
- * the same double steps give the same bits. */
+ * the same double steps give the same bits.  The NEON levels form the same integers from their
+ * own registers (mf_neon_dot_q8.h). */
 
 #if defined(MF_Q_AVX2)
 /* The int16 scale pairs of pmaddwd for register k (0..3) of a half of 128 weights whose 8 scales
@@ -1009,6 +1010,10 @@ static inline void mf_q_sums_q2_K(const block_q2_K *b, const block_q8_K *a, int3
     mf_q_row_q2_K(b, &A, &si, &sm);
     *sumi = mf_q_hsum_epi32(si);
     *summ = mf_q_hsum_epi32(sm);
+#elif defined(MF_Q_NEON)
+    int sc[16], m[16];
+    *summ = mf_neon_q2_K_scales(b, a->bsums, sc, m);
+    *sumi = mf_neon_sumi_q2_K(b, sc, a->qs);
 #else
     int32_t si = 0, sm = 0;
     for (int j = 0; j < 16; j++) {
@@ -1031,6 +1036,10 @@ static inline int32_t mf_q_sums_q3_K(const block_q3_K *b, const block_q8_K *a)
     mf_q_kxact A;
     mf_q_kxact_load(CK_DT_Q3_K, a, &A);
     return mf_q_hsum_epi32(mf_q_row_q3_K(b, &A));
+#elif defined(MF_Q_NEON)
+    int sc[16];
+    mf_neon_q3_K_scales(b, sc);
+    return mf_neon_sumi_q3_K(b, sc, a->qs);
 #else
     uint8_t sc[16];
     mf_q3k_scales(b->scales, sc);
@@ -1053,6 +1062,10 @@ static inline int32_t mf_q_sums_iq4_xs(const block_iq4_xs *b, const block_q8_K *
     mf_q_kxact A;
     mf_q_kxact_load(CK_DT_IQ4_XS, a, &A);
     return mf_q_hsum_epi32(mf_q_row_iq4_xs(b, &A));
+#elif defined(MF_Q_NEON)
+    int sc[8];
+    mf_neon_iq4_xs_scales(b, sc);
+    return mf_neon_sumi_iq4_xs(b, sc, a->qs);
 #else
     int32_t si = 0;
     for (int j = 0; j < 8; j++) {

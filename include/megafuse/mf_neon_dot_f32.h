@@ -2,12 +2,14 @@
  * mf_neon_dot_f32.h -- the float-activation dots of mf_dot_f32.h on AArch64 Advanced SIMD (the
  * neon, neon_dotprod and i8mm levels: the same float bodies), one weight row or four.
  *
- * Per block of a 32-weight format: its 32 codes as int8 lanes (mf_neon_codes_*, offsets applied),
- * widened to floats (exact), s = sum c_j x_j in two chains of 4 lanes (weights 0..15 and 16..31)
- * added, then acc + d * s (fused) -- and acc + m * sum x for Q4_1 / Q5_1; blocks alternate between
- * two accumulators (block parity), whose lanes are summed at the end in a fixed order.  The
- * K-quants go sub-block by sub-block the same way: acc + (d sc) s - (dmin m) sum x (Q4_K, Q5_K),
- * acc + (d sc) s (Q6_K, sub-blocks of 16), sub-blocks alternating between the two accumulators.
+ * Per block of a 32-weight format: its 32 codes as int8 lanes (mf_neon_codes_*, offsets applied;
+ * IQ4_NL's table values), widened to floats (exact), s = sum c_j x_j in two chains of 4 lanes
+ * (weights 0..15 and 16..31) added, then acc + d * s (fused) -- and acc + m * sum x for Q4_1 /
+ * Q5_1; blocks alternate between two accumulators (block parity), whose lanes are summed at the
+ * end in a fixed order.  The K-quants and IQ4_XS go sub-block by sub-block the same way: acc +
+ * (d sc) s - (dmin m) sum x (Q4_K, Q5_K; Q2_K in sub-blocks of 16), acc + (d sc) s (IQ4_XS; Q6_K
+ * and Q3_K in sub-blocks of 16, sc their signed factor), sub-blocks alternating between the two
+ * accumulators; d sc and dmin m are exact floats.
  * The 4-row dots run each row's exact sequence, the activations loaded once for the four: each
  * row's result is its one-row dot's bits.  Included by mf_dot_f32.h only.
  */
@@ -65,6 +67,7 @@ MF_NEON_FBLK_ASYM(mf_neon_fblk_q4_1, block_q4_1, mf_neon_codes_q4_1)
 MF_NEON_FBLK_SYM(mf_neon_fblk_q5_0, block_q5_0, mf_neon_codes_q5_0)
 MF_NEON_FBLK_ASYM(mf_neon_fblk_q5_1, block_q5_1, mf_neon_codes_q5_1)
 MF_NEON_FBLK_SYM(mf_neon_fblk_q8_0, block_q8_0, mf_neon_codes_q8_0)
+MF_NEON_FBLK_SYM(mf_neon_fblk_iq4_nl, block_iq4_nl, mf_neon_codes_iq4_nl)
 #undef MF_NEON_FBLK_SYM
 #undef MF_NEON_FBLK_ASYM
 
@@ -113,6 +116,8 @@ MF_NEON_DOT_F32_32(mf_neon_dot_q4_1_f32, mf_neon_dot4_q4_1_f32, block_q4_1, mf_n
 MF_NEON_DOT_F32_32(mf_neon_dot_q5_0_f32, mf_neon_dot4_q5_0_f32, block_q5_0, mf_neon_fblk_q5_0)
 MF_NEON_DOT_F32_32(mf_neon_dot_q5_1_f32, mf_neon_dot4_q5_1_f32, block_q5_1, mf_neon_fblk_q5_1)
 MF_NEON_DOT_F32_32(mf_neon_dot_q8_0_f32, mf_neon_dot4_q8_0_f32, block_q8_0, mf_neon_fblk_q8_0)
+MF_NEON_DOT_F32_32(mf_neon_dot_iq4_nl_f32, mf_neon_dot4_iq4_nl_f32, block_iq4_nl,
+                   mf_neon_fblk_iq4_nl)
 #undef MF_NEON_DOT_F32_32
 
 /* Q4_K (qh = NULL) / Q5_K: super-block b against xb[0..255] into acc[0] (sub-blocks 2c) and
@@ -163,6 +168,63 @@ MF_ALWAYS_INLINE void mf_neon_fsb_q6_K(const block_q6_K *b, const float *xb, flo
     }
 }
 
+/* x[0..15] summed into 4 lanes: (x0..3 + x8..11) + (x4..7 + x12..15). */
+MF_ALWAYS_INLINE float32x4_t mf_neon_sum16(const float *x)
+{
+    return vaddq_f32(vaddq_f32(vld1q_f32(x), vld1q_f32(x + 8)),
+                     vaddq_f32(vld1q_f32(x + 4), vld1q_f32(x + 12)));
+}
+
+/* Q2_K: acc[0] / acc[1] take the even / odd sub-blocks of 16: acc + (d sc_j) (c . x) - (dmin m_j)
+ * sum x, c the 2-bit codes. */
+MF_ALWAYS_INLINE void mf_neon_fsb_q2_K(const block_q2_K *b, const float *xb, float32x4_t acc[2])
+{
+    const float d = mf_neon_fp16(b->d), dmin = mf_neon_fp16(b->dmin);
+    for (int h = 0; h < 2; h++) {
+        int8x16_t q[4][2];
+        mf_neon_codes_q2_K(b, h, q);
+        for (int k = 0; k < 4; k++)
+            for (int i = 0; i < 2; i++) {
+                const int j = 8 * h + 2 * k + i;             /* weights 16 j .. 16 j + 15 */
+                const float *xs = xb + 16 * j;
+                acc[i] = vfmaq_n_f32(acc[i], mf_neon_c16_dot(q[k][i], xs),
+                                     d * (float)(b->scales[j] & 0x0F));
+                acc[i] = vfmsq_n_f32(acc[i], mf_neon_sum16(xs), dmin * (float)(b->scales[j] >> 4));
+            }
+    }
+}
+
+/* Q3_K: the same without mins: acc + (d (sc_j - 32)) (v . x), v the values -4..3. */
+MF_ALWAYS_INLINE void mf_neon_fsb_q3_K(const block_q3_K *b, const float *xb, float32x4_t acc[2])
+{
+    const float d = mf_neon_fp16(b->d);
+    uint8_t sc[16];
+    mf_q3k_scales(b->scales, sc);
+    for (int h = 0; h < 2; h++) {
+        int8x16_t q[4][2];
+        mf_neon_codes_q3_K(b, h, q);
+        for (int k = 0; k < 4; k++)
+            for (int i = 0; i < 2; i++) {
+                const int j = 8 * h + 2 * k + i;
+                acc[i] = vfmaq_n_f32(acc[i], mf_neon_c16_dot(q[k][i], xb + 16 * j),
+                                     d * (float)((int)sc[j] - 32));
+            }
+    }
+}
+
+/* IQ4_XS: acc[0] / acc[1] take the even / odd sub-blocks of 32: acc + (d (ls_j - 32)) (v . x). */
+MF_ALWAYS_INLINE void mf_neon_fsb_iq4_xs(const block_iq4_xs *b, const float *xb,
+                                         float32x4_t acc[2])
+{
+    const float d = mf_neon_fp16(b->d);
+    for (int j = 0; j < 8; j++) {
+        int8x16_t lo, hi;
+        mf_neon_codes_iq4_xs(b, j, &lo, &hi);
+        acc[j & 1] = vfmaq_n_f32(acc[j & 1], mf_neon_c32_dot(lo, hi, xb + 32 * j),
+                                 d * (float)(mf_iq4xs_scale(b->scales_l, b->scales_h, j) - 32));
+    }
+}
+
 #define MF_NEON_DOT_F32_K(NAME, NAME4, BLOCK, SB)                                              \
 static inline float NAME(const void *MF_RESTRICT vw, const float *MF_RESTRICT x, ptrdiff_t n)  \
 {                                                                                              \
@@ -193,6 +255,10 @@ static inline void NAME4(const void *const *vw, const float *MF_RESTRICT x, ptrd
 MF_NEON_DOT_F32_K(mf_neon_dot_q4_K_f32, mf_neon_dot4_q4_K_f32, block_q4_K, mf_neon_fsb_q4_K)
 MF_NEON_DOT_F32_K(mf_neon_dot_q5_K_f32, mf_neon_dot4_q5_K_f32, block_q5_K, mf_neon_fsb_q5_K)
 MF_NEON_DOT_F32_K(mf_neon_dot_q6_K_f32, mf_neon_dot4_q6_K_f32, block_q6_K, mf_neon_fsb_q6_K)
+MF_NEON_DOT_F32_K(mf_neon_dot_q2_K_f32, mf_neon_dot4_q2_K_f32, block_q2_K, mf_neon_fsb_q2_K)
+MF_NEON_DOT_F32_K(mf_neon_dot_q3_K_f32, mf_neon_dot4_q3_K_f32, block_q3_K, mf_neon_fsb_q3_K)
+MF_NEON_DOT_F32_K(mf_neon_dot_iq4_xs_f32, mf_neon_dot4_iq4_xs_f32, block_iq4_xs,
+                  mf_neon_fsb_iq4_xs)
 #undef MF_NEON_DOT_F32_K
 
 /* FP16 / BF16 rows: two chains of 4 lanes over 8 weights (fcvtl; bf16: the bits << 16), the

@@ -17,8 +17,13 @@
  * NEON level (mf_neon_quant.h), so the three levels give the same bits; against generic and x86,
  * within the int8 tolerance (the accumulation order differs).
  *
- * K-quants: the exact integer sums of mf_dot_q8.h (sumi, and summ from the bsums) and the same
- * double arithmetic (mf_q_kterm): the same bits as every other level.
+ * K-quants and IQ4_XS (x a Q8_K row): the exact integer sums of mf_dot_q8.h (sumi, and summ from
+ * the bsums for Q2_K / Q4_K / Q5_K) and the same double arithmetic (mf_q_kterm, mf_q_kterm1): the
+ * same bits as every other level.  sumi is sum_j sc_j (code_j . a_j) over the sub-blocks, each
+ * (code_j . a_j) from the 8-bit products (mf_neon_dot_s8), scaled in int32 lanes, the lanes
+ * summed at the end: a lane's partial sum is bounded as sumi is (< 2^31), so every order gives
+ * the same integer.  Q3_K's codes are its signed values u - 4, whose dot is mf_dot_q8.h's
+ * (u . a) - 4 bsum exactly.
  *
  * Included by mf_dot_q8.h only.
  */
@@ -183,6 +188,73 @@ MF_ALWAYS_INLINE int32_t mf_neon_sumi_q6_K(const block_q6_K *b, const int8_t *aq
                 const int32x4_t t = mf_neon_dot_s8(vdupq_n_s32(0), q[k][i], vld1q_s8(aq + 16 * j));
                 s = vmlaq_n_s32(s, t, b->scales[j]);
             }
+    }
+    return vaddvq_s32(s);
+}
+
+/* ---- Q2_K, Q3_K, IQ4_XS: the exact integer sums of mf_dot_q8.h ---------------------------------- */
+
+/* sum_j sc_j (code_j . a_j) over the 16 sub-blocks of 16 of a Q2_K / Q3_K super-block, from its
+ * codes (CODES: mf_neon_codes_q2_K's 0..3 or mf_neon_codes_q3_K's signed values) and scales. */
+#define MF_NEON_SUMI16(NAME, BLOCK, CODES)                                                     \
+MF_ALWAYS_INLINE int32_t NAME(const BLOCK *b, const int sc[16], const int8_t *aq /* [256] */) \
+{                                                                                              \
+    int32x4_t s = vdupq_n_s32(0);                                                              \
+    for (int h = 0; h < 2; h++) {                                                              \
+        int8x16_t q[4][2];                                                                     \
+        CODES(b, h, q);                                                                        \
+        for (int k = 0; k < 4; k++)                                                            \
+            for (int i = 0; i < 2; i++) {                                                      \
+                const int j = 8 * h + 2 * k + i;              /* weights 16 j .. 16 j + 15 */  \
+                const int32x4_t t = mf_neon_dot_s8(vdupq_n_s32(0), q[k][i], vld1q_s8(aq + 16 * j)); \
+                s = vmlaq_n_s32(s, t, sc[j]);                                                  \
+            }                                                                                  \
+    }                                                                                          \
+    return vaddvq_s32(s);                                                                      \
+}
+MF_NEON_SUMI16(mf_neon_sumi_q2_K, block_q2_K, mf_neon_codes_q2_K)
+MF_NEON_SUMI16(mf_neon_sumi_q3_K, block_q3_K, mf_neon_codes_q3_K)
+#undef MF_NEON_SUMI16
+
+/* Q2_K's scales (low nibbles) and mins (high nibbles) as ints, and summ = sum_j m_j bsum_j. */
+MF_ALWAYS_INLINE int32_t mf_neon_q2_K_scales(const block_q2_K *b, const int16_t *bsums,
+                                             int sc[16], int m[16])
+{
+    int32_t summ = 0;
+    for (int j = 0; j < 16; j++) {
+        sc[j] = b->scales[j] & 0x0F;
+        m[j] = b->scales[j] >> 4;
+        summ += m[j] * bsums[j];
+    }
+    return summ;
+}
+
+/* Q3_K's factors sc_j - 32 (-32..31). */
+MF_ALWAYS_INLINE void mf_neon_q3_K_scales(const block_q3_K *b, int sc[16])
+{
+    uint8_t u[16];
+    mf_q3k_scales(b->scales, u);
+    for (int j = 0; j < 16; j++)
+        sc[j] = (int)u[j] - 32;
+}
+
+/* IQ4_XS's factors ls_j - 32 (-32..31) of its 8 sub-blocks of 32. */
+MF_ALWAYS_INLINE void mf_neon_iq4_xs_scales(const block_iq4_xs *b, int sc[8])
+{
+    for (int j = 0; j < 8; j++)
+        sc[j] = mf_iq4xs_scale(b->scales_l, b->scales_h, j) - 32;
+}
+
+/* sum_j (ls_j - 32) (v_j . a_j) over the 8 sub-blocks of 32 of an IQ4_XS super-block. */
+MF_ALWAYS_INLINE int32_t mf_neon_sumi_iq4_xs(const block_iq4_xs *b, const int sc[8],
+                                             const int8_t *aq /* [256] */)
+{
+    int32x4_t s = vdupq_n_s32(0);
+    for (int j = 0; j < 8; j++) {
+        int8x16_t lo, hi;
+        mf_neon_codes_iq4_xs(b, j, &lo, &hi);
+        const int8_t *a = aq + 32 * j;
+        s = vmlaq_n_s32(s, mf_neon_dot32_s8(lo, hi, vld1q_s8(a), vld1q_s8(a + 16)), sc[j]);
     }
     return vaddvq_s32(s);
 }

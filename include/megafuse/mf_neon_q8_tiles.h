@@ -2,7 +2,8 @@
  * mf_neon_q8_tiles.h -- the int8 projections of mf_q8_tiles.h on AArch64 Advanced SIMD (the
  * neon, neon_dotprod and i8mm levels): up to 4 weight rows against any number of quantized
  * activation rows, each (row, token) pair giving exactly the bits of its one-row dot
- * (mf_neon_dot_q8.h's sequence for the 32-weight formats, mf_dot_q8.h's for the K-quants).
+ * (mf_neon_dot_q8.h's sequence for the 32-weight formats, mf_dot_q8.h's for the K-quants and
+ * IQ4_XS).
  *
  *  - one token (decode, mf_neon_dot4_*): the four rows stream side by side past the activation
  *    row, loaded once for the four, the rows ahead prefetched;
@@ -134,6 +135,48 @@ static inline void mf_neon_dot4_q6_K_q8_K(const void *const *vw, const void *va,
     for (int r = 0; r < 4; r++)
         out[r] = (float)acc[r];
 }
+
+/* Q2_K, Q3_K, IQ4_XS: acc + a super-block's term, from mf_q_sums_<fmt> as the one-row dots. */
+MF_ALWAYS_INLINE double mf_neon_q2_K_step(double acc, const block_q2_K *b, const block_q8_K *ab)
+{
+    int32_t sumi, summ;
+    mf_q_sums_q2_K(b, ab, &sumi, &summ);
+    return acc + mf_q_kterm(b->d, b->dmin, ab->d, sumi, summ);
+}
+
+MF_ALWAYS_INLINE double mf_neon_q3_K_step(double acc, const block_q3_K *b, const block_q8_K *ab)
+{
+    return mf_q_kterm1(acc, b->d, ab->d, mf_q_sums_q3_K(b, ab));
+}
+
+MF_ALWAYS_INLINE double mf_neon_iq4_xs_step(double acc, const block_iq4_xs *b,
+                                            const block_q8_K *ab)
+{
+    return mf_q_kterm1(acc, b->d, ab->d, mf_q_sums_iq4_xs(b, ab));
+}
+
+/* 4 rows x one Q8_K row: super-block by super-block, each row's step into its accumulator. */
+#define MF_NEON_DOT4_KX(NAME, BLOCK, STEP)                                                     \
+static inline void NAME(const void *const *vw, const void *va, ptrdiff_t n, float *out)       \
+{                                                                                              \
+    const BLOCK *w[4] = {(const BLOCK *)vw[0], (const BLOCK *)vw[1], (const BLOCK *)vw[2],     \
+                         (const BLOCK *)vw[3]};                         /* [n / 256] each */   \
+    const block_q8_K *a = (const block_q8_K *)va;                       /* [n / 256] */        \
+    const ptrdiff_t nb = n / QK_K, bsz = (ptrdiff_t)sizeof(BLOCK);                             \
+    const ptrdiff_t pf = mf_q_pf_dist(nb * bsz);                                               \
+    double acc[4] = {0.0, 0.0, 0.0, 0.0};                                                      \
+    for (ptrdiff_t ib = 0; ib < nb; ib++) {                                                    \
+        mf_q_prefetch4(w[0], nb * bsz, ib * bsz, bsz, pf);                                     \
+        for (int r = 0; r < 4; r++)                                                            \
+            acc[r] = STEP(acc[r], &w[r][ib], &a[ib]);                                          \
+    }                                                                                          \
+    for (int r = 0; r < 4; r++)                                                                \
+        out[r] = (float)acc[r];                                                                \
+}
+MF_NEON_DOT4_KX(mf_neon_dot4_q2_K_q8_K, block_q2_K, mf_neon_q2_K_step)
+MF_NEON_DOT4_KX(mf_neon_dot4_q3_K_q8_K, block_q3_K, mf_neon_q3_K_step)
+MF_NEON_DOT4_KX(mf_neon_dot4_iq4_xs_q8_K, block_iq4_xs, mf_neon_iq4_xs_step)
+#undef MF_NEON_DOT4_KX
 
 /* ---- many tokens: 32-weight formats ------------------------------------------------------------ */
 
@@ -290,20 +333,64 @@ static inline void mf_neon_tile_row32(int dt, const void *const *vw, const char 
             out[4 * t + r] = vaddvq_f32(acc[t][r]);
 }
 
-/* ---- many tokens: K-quants ---------------------------------------------------------------------- */
+/* ---- many tokens: K-quants and IQ4_XS ----------------------------------------------------------- */
 
 enum { MF_NEON_NS = MF_Q8_CHUNK / QK_K };                         /* super-blocks a chunk (4) */
 
 /* A decoded super-block of one row: its 256 codes in weight order (Q4_K / Q5_K 0..31, Q6_K
- * 0..63), the scales (8 of 32 weights, or Q6_K's 16 of 16) and mins, d and dmin (Q6_K: d). */
+ * 0..63, Q2_K 0..3, Q3_K its values -4..3, IQ4_XS its values), the scales (8 of 32 weights:
+ * Q4_K, Q5_K, IQ4_XS's ls - 32; or 16 of 16: Q6_K, Q2_K, Q3_K's sc - 32) and mins (Q4_K, Q5_K:
+ * 8; Q2_K: 16), d and dmin (Q2_K, Q4_K, Q5_K; else d). */
 typedef struct {
     int8x16_t q[16];
-    int sc[16], m[8];
+    int sc[16], m[16];
     mf_fp16_t d, dmin;
 } mf_neon_ksb;
 
+/* The formats whose sub-blocks hold 16 weights (one register each), the others 32 (two). */
+MF_ALWAYS_INLINE int mf_neon_sub16(int dt)
+{
+    return dt == CK_DT_Q6_K || dt == CK_DT_Q2_K || dt == CK_DT_Q3_K;
+}
+
 MF_ALWAYS_INLINE void mf_neon_ksb_dec(int dt, const void *blk, mf_neon_ksb *S)
 {
+    if (dt == CK_DT_Q2_K || dt == CK_DT_Q3_K) {
+        for (int h = 0; h < 2; h++) {
+            int8x16_t q[4][2];
+            if (dt == CK_DT_Q2_K)
+                mf_neon_codes_q2_K((const block_q2_K *)blk, h, q);
+            else
+                mf_neon_codes_q3_K((const block_q3_K *)blk, h, q);
+            for (int k = 0; k < 4; k++) {
+                S->q[8 * h + 2 * k] = q[k][0];
+                S->q[8 * h + 2 * k + 1] = q[k][1];
+            }
+        }
+        if (dt == CK_DT_Q2_K) {
+            const block_q2_K *b = (const block_q2_K *)blk;
+            for (int j = 0; j < 16; j++) {
+                S->sc[j] = b->scales[j] & 0x0F;
+                S->m[j] = b->scales[j] >> 4;
+            }
+            S->d = b->d;
+            S->dmin = b->dmin;
+        } else {
+            mf_neon_q3_K_scales((const block_q3_K *)blk, S->sc);
+            S->d = ((const block_q3_K *)blk)->d;
+            S->dmin = 0;
+        }
+        return;
+    }
+    if (dt == CK_DT_IQ4_XS) {
+        const block_iq4_xs *b = (const block_iq4_xs *)blk;
+        for (int j = 0; j < 8; j++)
+            mf_neon_codes_iq4_xs(b, j, &S->q[2 * j], &S->q[2 * j + 1]);
+        mf_neon_iq4_xs_scales(b, S->sc);
+        S->d = b->d;
+        S->dmin = 0;
+        return;
+    }
     if (dt == CK_DT_Q6_K) {
         const block_q6_K *b = (const block_q6_K *)blk;
         for (int h = 0; h < 2; h++) {
@@ -336,10 +423,21 @@ MF_ALWAYS_INLINE void mf_neon_ksb_dec(int dt, const void *blk, mf_neon_ksb *S)
     S->dmin = b4->dmin;
 }
 
-/* The double term of a (row, token) super-block from its exact sums, as the one-row dots. */
+/* The double term of a (row, token) super-block from its exact sums, as the one-row dots (added
+ * to the accumulator: Q3_K's and IQ4_XS's mf_q_kterm1). */
 MF_ALWAYS_INLINE double mf_neon_kterm(int dt, const mf_neon_ksb *S, const block_q8_K *ab,
                                       int32_t sumi)
 {
+    if (dt == CK_DT_Q3_K || dt == CK_DT_IQ4_XS) {
+        const double dd = (double)mf_q_fp16(S->d) * (double)ab->d;      /* exact */
+        return mf_mul_nc_d(dd, (double)sumi);
+    }
+    if (dt == CK_DT_Q2_K) {
+        int32_t summ = 0;
+        for (int j = 0; j < 16; j++)
+            summ += S->m[j] * ab->bsums[j];
+        return mf_q_kterm(S->d, S->dmin, ab->d, sumi, summ);
+    }
     if (dt == CK_DT_Q6_K) {
         int32_t sumo = 0;
         for (int j = 0; j < 16; j++)
@@ -354,11 +452,11 @@ MF_ALWAYS_INLINE double mf_neon_kterm(int dt, const mf_neon_ksb *S, const block_
 }
 
 /* sumi of a decoded super-block against a token's codes: sub-blocks of 32 (two registers) with
- * the 8 scales, or Q6_K's 16 of 16 with its 16. */
+ * the 8 scales, or 16 of 16 (Q6_K, Q2_K, Q3_K) with the 16. */
 MF_ALWAYS_INLINE int32_t mf_neon_ksb_sumi(int dt, const mf_neon_ksb *S, const int8_t *aq)
 {
     int32x4_t s = vdupq_n_s32(0);
-    if (dt == CK_DT_Q6_K) {
+    if (mf_neon_sub16(dt)) {
         for (int j = 0; j < 16; j++)
             s = vmlaq_n_s32(s, mf_neon_dot_s8(vdupq_n_s32(0), S->q[j], vld1q_s8(aq + 16 * j)),
                             S->sc[j]);
@@ -379,7 +477,7 @@ MF_ALWAYS_INLINE int32x4_t mf_neon_ksb_sumi2(int dt, const mf_neon_ksb *Sa, cons
                                              const int8_t *aa, const int8_t *ab)
 {
     int32x4_t s = vdupq_n_s32(0);
-    const int nsub = dt == CK_DT_Q6_K ? 16 : 8, regs = dt == CK_DT_Q6_K ? 1 : 2;
+    const int nsub = mf_neon_sub16(dt) ? 16 : 8, regs = mf_neon_sub16(dt) ? 1 : 2;
     for (int j = 0; j < nsub; j++) {
         int32x4_t m = vdupq_n_s32(0);
         for (int i = 0; i < regs; i++) {
@@ -399,16 +497,14 @@ MF_ALWAYS_INLINE int32x4_t mf_neon_ksb_sumi2(int dt, const mf_neon_ksb *Sa, cons
 }
 #endif
 
-/* nt (<= MF_Q8_TILE_TOKENS) tokens of Q8_K rows at xq (stride xs) against the K-quant rows
+/* nt (<= MF_Q8_TILE_TOKENS) tokens of Q8_K rows at xq (stride xs) against the 256-weight rows
  * vw[0..3]: a chunk of MF_NEON_NS super-blocks of each row decoded, then every token. */
 static inline void mf_neon_tile_kq(int dt, const void *const *vw, const char *xq, ptrdiff_t xs,
                                    int nt, ptrdiff_t n, float *out)
 {
     mf_neon_ksb S[4][MF_NEON_NS];                            /* [row][super-block] */
     double acc[MF_Q8_TILE_TOKENS][4];
-    const ptrdiff_t bsz = dt == CK_DT_Q4_K ? (ptrdiff_t)sizeof(block_q4_K)
-                        : dt == CK_DT_Q5_K ? (ptrdiff_t)sizeof(block_q5_K)
-                                           : (ptrdiff_t)sizeof(block_q6_K);
+    const ptrdiff_t bsz = (ptrdiff_t)ck_dtype_block_bytes((CKDataType)dt);
     const ptrdiff_t nsb = n / QK_K;
     memset(acc, 0, (size_t)nt * sizeof acc[0]);
     for (ptrdiff_t s0 = 0; s0 < nsb; s0 += MF_NEON_NS) {
@@ -465,6 +561,9 @@ static inline mf_dot4_fn mf_neon_dot4_q8_for(int dt)
     case CK_DT_Q4_K: return mf_neon_dot4_q4_K_q8_K;
     case CK_DT_Q5_K: return mf_neon_dot4_q5_K_q8_K;
     case CK_DT_Q6_K: return mf_neon_dot4_q6_K_q8_K;
+    case CK_DT_Q2_K: return mf_neon_dot4_q2_K_q8_K;
+    case CK_DT_Q3_K: return mf_neon_dot4_q3_K_q8_K;
+    case CK_DT_IQ4_XS: return mf_neon_dot4_iq4_xs_q8_K;
     default: return NULL;
     }
 }
@@ -477,7 +576,7 @@ static inline int mf_neon_rows_tokens(int dt, const void *const *wp, const char 
     const mf_dot4_fn one = mf_neon_dot4_q8_for(dt);
     if (one == NULL)
         return 0;
-    const int kquant = dt == CK_DT_Q4_K || dt == CK_DT_Q5_K || dt == CK_DT_Q6_K;
+    const int kquant = ck_dtype_block_size((CKDataType)dt) == QK_K;
     if (nt <= MF_Q8_FEW_TOKENS) {                     /* a few tokens: the rows stay in L1 */
         for (int t = 0; t < nt; t++)
             one(wp, a + t * a_stride, n, out + 4 * t);

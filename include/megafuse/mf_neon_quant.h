@@ -174,4 +174,54 @@ static inline void mf_neon_codes_q6_K(const block_q6_K *b, int h, int8x16_t q[4]
     }
 }
 
+/* The 2-bit codes (0..3) of a half of a Q2_K / Q3_K super-block from its 32 qs bytes q:
+ * c[k][0..1] = weights 32k + 0..31 of the half (bits 2k, 2k + 1 of q[0..31]), two registers each
+ * (the half's sub-blocks 2k, 2k + 1 of 16). */
+static inline void mf_neon_codes2(const uint8_t *q, int8x16_t c[4][2])
+{
+    const uint8x16_t m3 = vdupq_n_u8(0x03);
+    const uint8x16_t q0 = vld1q_u8(q), q1 = vld1q_u8(q + 16);
+    c[0][0] = vreinterpretq_s8_u8(vandq_u8(q0, m3));
+    c[0][1] = vreinterpretq_s8_u8(vandq_u8(q1, m3));
+    c[1][0] = vreinterpretq_s8_u8(vandq_u8(vshrq_n_u8(q0, 2), m3));
+    c[1][1] = vreinterpretq_s8_u8(vandq_u8(vshrq_n_u8(q1, 2), m3));
+    c[2][0] = vreinterpretq_s8_u8(vandq_u8(vshrq_n_u8(q0, 4), m3));
+    c[2][1] = vreinterpretq_s8_u8(vandq_u8(vshrq_n_u8(q1, 4), m3));
+    c[3][0] = vreinterpretq_s8_u8(vshrq_n_u8(q0, 6));
+    c[3][1] = vreinterpretq_s8_u8(vshrq_n_u8(q1, 6));
+}
+
+/* The codes (0..3) of half h of a Q2_K super-block: q[k][0..1] = weights 128h + 32k + 0..31,
+ * sub-blocks 8h + 2k and 8h + 2k + 1. */
+static inline void mf_neon_codes_q2_K(const block_q2_K *b, int h, int8x16_t q[4][2])
+{
+    mf_neon_codes2(b->qs + 32 * h, q);
+}
+
+/* The signed values (-4..3: the 2-bit code, minus 4 where the hmask bit is clear) of half h of a
+ * Q3_K super-block, laid out as mf_neon_codes_q2_K's (the third bit of weight 128h + 32k + l:
+ * bit 4h + k of hmask[l]).  v . a = (u . a) - 4 bsum with u = v + 4: the sums of mf_dot_q8.h. */
+static inline void mf_neon_codes_q3_K(const block_q3_K *b, int h, int8x16_t q[4][2])
+{
+    const uint8x16_t hm0 = vld1q_u8(b->hmask), hm1 = vld1q_u8(b->hmask + 16);
+    const uint8x16_t x4 = vdupq_n_u8(4);
+    mf_neon_codes2(b->qs + 32 * h, q);
+    for (int k = 0; k < 4; k++) {
+        const uint8x16_t bit = vdupq_n_u8((uint8_t)(1u << (4 * h + k)));
+        q[k][0] = vsubq_s8(q[k][0], vreinterpretq_s8_u8(vbicq_u8(x4, vtstq_u8(hm0, bit))));
+        q[k][1] = vsubq_s8(q[k][1], vreinterpretq_s8_u8(vbicq_u8(x4, vtstq_u8(hm1, bit))));
+    }
+}
+
+/* IQ4_XS sub-block j (0..7): lo / hi = the values of weights 32j + 0..15 / 16..31 (the low / high
+ * nibbles of qs[16j + 0..15] through GGML's table, as IQ4_NL's codes). */
+static inline void mf_neon_codes_iq4_xs(const block_iq4_xs *b, int j, int8x16_t *lo, int8x16_t *hi)
+{
+    const int8x16_t values = vld1q_s8(mf_kvalues_iq4nl);
+    uint8x16_t l, h;
+    mf_neon_nibbles(b->qs + 16 * j, &l, &h);
+    *lo = vqtbl1q_s8(values, l);
+    *hi = vqtbl1q_s8(values, h);
+}
+
 #endif /* MEGAFUSE_MF_NEON_QUANT_H */
