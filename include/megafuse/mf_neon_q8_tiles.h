@@ -81,62 +81,32 @@ MF_NEON_DOT4_ROW32(mf_neon_dot4_q8_0_q8_0, CK_DT_Q8_0)
 MF_NEON_DOT4_ROW32(mf_neon_dot4_iq4_nl_q8_0, CK_DT_IQ4_NL)
 #undef MF_NEON_DOT4_ROW32
 
-/* K-quants, 4 rows x one Q8_K row: super-block by super-block, each row's exact sums and
- * mf_q_kterm into its double accumulator, as its one-row dot. */
-#define MF_NEON_DOT4_K45(NAME, BLOCK, QH)                                                      \
-static inline void NAME(const void *const *vw, const void *va, ptrdiff_t n, float *out)       \
-{                                                                                              \
-    const BLOCK *w[4] = {(const BLOCK *)vw[0], (const BLOCK *)vw[1], (const BLOCK *)vw[2],     \
-                         (const BLOCK *)vw[3]};                         /* [n / 256] each */   \
-    const block_q8_K *a = (const block_q8_K *)va;                       /* [n / 256] */        \
-    const ptrdiff_t nb = n / QK_K, bsz = (ptrdiff_t)sizeof(BLOCK);                             \
-    const ptrdiff_t pf = mf_q_pf_dist(nb * bsz);                                               \
-    double acc[4] = {0.0, 0.0, 0.0, 0.0};                                                      \
-    for (ptrdiff_t ib = 0; ib < nb; ib++) {                                                    \
-        mf_q_prefetch4(w[0], nb * bsz, ib * bsz, bsz, pf);                                     \
-        for (int r = 0; r < 4; r++) {                                                          \
-            int32_t sumi, summ;                                                                \
-            mf_q_k45_sums(w[r][ib].scales, w[r][ib].qs, QH, &a[ib], &sumi, &summ);             \
-            acc[r] += mf_q_kterm(w[r][ib].d, w[r][ib].dmin, a[ib].d, sumi, summ);              \
-        }                                                                                      \
-    }                                                                                          \
-    for (int r = 0; r < 4; r++)                                                                \
-        out[r] = (float)acc[r];                                                                \
+/* K-quants and IQ4_XS: acc + a super-block's term of one row, as its one-row dot adds it. */
+MF_ALWAYS_INLINE double mf_neon_q4_K_step(double acc, const block_q4_K *b, const block_q8_K *ab)
+{
+    int32_t sumi, summ;
+    mf_q_k45_sums(b->scales, b->qs, NULL, ab, &sumi, &summ);
+    return acc + mf_q_kterm(b->d, b->dmin, ab->d, sumi, summ);
 }
-MF_NEON_DOT4_K45(mf_neon_dot4_q4_K_q8_K, block_q4_K, NULL)
-MF_NEON_DOT4_K45(mf_neon_dot4_q5_K_q8_K, block_q5_K, w[r][ib].qh)
-#undef MF_NEON_DOT4_K45
+
+MF_ALWAYS_INLINE double mf_neon_q5_K_step(double acc, const block_q5_K *b, const block_q8_K *ab)
+{
+    int32_t sumi, summ;
+    mf_q_k45_sums(b->scales, b->qs, b->qh, ab, &sumi, &summ);
+    return acc + mf_q_kterm(b->d, b->dmin, ab->d, sumi, summ);
+}
 
 /* Q6_K: sum_j sc_j bsum_j (the offset 32's term) and mf_neon_sumi_q6_K, as mf_dot_q6_K_q8_K. */
-MF_ALWAYS_INLINE double mf_neon_q6_K_term(const block_q6_K *b, const block_q8_K *ab)
+MF_ALWAYS_INLINE double mf_neon_q6_K_step(double acc, const block_q6_K *b, const block_q8_K *ab)
 {
     int32_t sumo = 0;
     for (int j = 0; j < 16; j++)
         sumo += b->scales[j] * ab->bsums[j];
     const int32_t sumi = mf_neon_sumi_q6_K(b, ab->qs);
     const double dd = (double)mf_q_fp16(b->d) * (double)ab->d;          /* exact */
-    return mf_mul_nc_d(dd, (double)(sumi - 32 * sumo));
+    return acc + mf_mul_nc_d(dd, (double)(sumi - 32 * sumo));
 }
 
-static inline void mf_neon_dot4_q6_K_q8_K(const void *const *vw, const void *va, ptrdiff_t n,
-                                          float *out)
-{
-    const block_q6_K *w[4] = {(const block_q6_K *)vw[0], (const block_q6_K *)vw[1],
-                              (const block_q6_K *)vw[2], (const block_q6_K *)vw[3]};
-    const block_q8_K *a = (const block_q8_K *)va;                       /* [n / 256] */
-    const ptrdiff_t nb = n / QK_K, bsz = (ptrdiff_t)sizeof(block_q6_K);
-    const ptrdiff_t pf = mf_q_pf_dist(nb * bsz);
-    double acc[4] = {0.0, 0.0, 0.0, 0.0};
-    for (ptrdiff_t ib = 0; ib < nb; ib++) {
-        mf_q_prefetch4(w[0], nb * bsz, ib * bsz, bsz, pf);
-        for (int r = 0; r < 4; r++)
-            acc[r] += mf_neon_q6_K_term(&w[r][ib], &a[ib]);
-    }
-    for (int r = 0; r < 4; r++)
-        out[r] = (float)acc[r];
-}
-
-/* Q2_K, Q3_K, IQ4_XS: acc + a super-block's term, from mf_q_sums_<fmt> as the one-row dots. */
 MF_ALWAYS_INLINE double mf_neon_q2_K_step(double acc, const block_q2_K *b, const block_q8_K *ab)
 {
     int32_t sumi, summ;
@@ -173,6 +143,9 @@ static inline void NAME(const void *const *vw, const void *va, ptrdiff_t n, floa
     for (int r = 0; r < 4; r++)                                                                \
         out[r] = (float)acc[r];                                                                \
 }
+MF_NEON_DOT4_KX(mf_neon_dot4_q4_K_q8_K, block_q4_K, mf_neon_q4_K_step)
+MF_NEON_DOT4_KX(mf_neon_dot4_q5_K_q8_K, block_q5_K, mf_neon_q5_K_step)
+MF_NEON_DOT4_KX(mf_neon_dot4_q6_K_q8_K, block_q6_K, mf_neon_q6_K_step)
 MF_NEON_DOT4_KX(mf_neon_dot4_q2_K_q8_K, block_q2_K, mf_neon_q2_K_step)
 MF_NEON_DOT4_KX(mf_neon_dot4_q3_K_q8_K, block_q3_K, mf_neon_q3_K_step)
 MF_NEON_DOT4_KX(mf_neon_dot4_iq4_xs_q8_K, block_iq4_xs, mf_neon_iq4_xs_step)
