@@ -3,7 +3,7 @@
 #
 #   nice -n 19 tools/aarch64-emulated.sh [PYTEST ARGS...]
 #   nice -n 19 tools/aarch64-emulated.sh tests/kernels -x -q -p no:cacheprovider
-#   nice -n 19 tools/aarch64-emulated.sh --levels [PYTEST ARGS...]    each ARM level in turn
+#   nice -n 19 tools/aarch64-emulated.sh --levels [PYTEST ARGS...]    every ARM level, at once
 #   tools/aarch64-emulated.sh --shell          a shell inside the root, in the copy of the tree
 #
 # Each step is skipped when already done, so a second run only copies the changed files and
@@ -30,7 +30,9 @@
 # Each first checks that megafuse chooses that level by itself (`megafuse info` is printed: the
 # level above it shows as not supported, naming the feature the CPU lacks), then runs pytest ARGS
 # with MEGAFUSE_TEST_LEVELS set as above, so every kernel test runs once at each level and every
-# other test (models, serving) at the run's level.  The exit status is 1 if any run failed.
+# other test (models, serving) at the run's level.  The three runs go at once, each in a copy of
+# the built tree of its own (MF_A64_SRC-<cpu>), its pytest output in MF_A64_SRC-<cpu>.pytest.log
+# beside it; a line for each run says how it ended.  The exit status is 1 if any run failed.
 #
 # Environment:
 #   MF_A64_ROOT    the root (default /var/cache/megafuse/arm64-bookworm; ~1.3 GB with the venv)
@@ -39,7 +41,7 @@
 #   MF_A64_SRC     the copy of the tree inside the root (default /opt/megafuse); two runs at once
 #                  need two copies
 #   MF_A64_CPUS    --levels: only the runs on these emulated CPUs (default: all three), e.g.
-#                  "cortex-a53", so that the three can run at once, each with its own MF_A64_SRC
+#                  "cortex-a53 max"
 # proc, sys and dev are mounted into the root while the script runs; a run unmounts at exit what
 # it mounted.  Delete the root with `rm -rf --one-file-system` when no run is left.
 set -euo pipefail
@@ -186,7 +188,8 @@ build() {
 LEVEL_RUNS=("cortex-a53 neon generic,neon" "neoverse-n1 neon_dotprod neon_dotprod" "max i8mm i8mm")
 
 run_levels() {
-    local status=0 run cpu level tested chosen t0 args=""
+    local status=0 run cpu level tested chosen t0 args="" copy i
+    local pids=() copies=() names=()
     [ "$#" -gt 0 ] && args="$(printf '%q ' "$@")"
     for run in "${LEVEL_RUNS[@]}"; do
         read -r cpu level tested <<<"$run"
@@ -199,12 +202,26 @@ run_levels() {
             status=1
             continue
         fi
-        t0=$SECONDS
-        log "QEMU_CPU=$cpu MEGAFUSE_TEST_LEVELS=$tested python -m pytest $args(inside)"
-        if QEMU_CPU=$cpu MEGAFUSE_TEST_LEVELS=$tested in_root "cd $SRC && python -m pytest $args"; then
-            log "$level on $cpu: pytest passed in $((SECONDS - t0)) s"
+        # each run in a copy of its own (build products included): the runs go at once
+        copy="$SRC-$cpu"
+        rm -rf --one-file-system "${ROOT:?}$copy"
+        cp -a "$ROOT$SRC" "$ROOT$copy"
+        log "QEMU_CPU=$cpu MEGAFUSE_TEST_LEVELS=$tested python -m pytest $args(inside $copy; output in $ROOT$copy.pytest.log)"
+        (
+            SRC=$copy
+            QEMU_CPU=$cpu MEGAFUSE_TEST_LEVELS=$tested in_root "cd $copy && python -m pytest $args"
+        ) >"$ROOT$copy.pytest.log" 2>&1 &
+        pids+=("$!")
+        copies+=("$copy")
+        names+=("$level on $cpu")
+    done
+    t0=$SECONDS
+    for i in "${!pids[@]}"; do
+        if wait "${pids[$i]}"; then
+            log "${names[$i]}: pytest passed after $((SECONDS - t0)) s: $(tail -n 1 "$ROOT${copies[$i]}.pytest.log")"
         else
-            log "$level on $cpu: pytest FAILED after $((SECONDS - t0)) s"
+            log "${names[$i]}: pytest FAILED after $((SECONDS - t0)) s (see $ROOT${copies[$i]}.pytest.log):"
+            tail -n 30 "$ROOT${copies[$i]}.pytest.log" >&2
             status=1
         fi
     done
