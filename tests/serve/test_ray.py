@@ -18,9 +18,15 @@ from megafuse.llm import completion as C  # noqa: E402
 MODEL = "SmolLM2-135M-Instruct.Q4_1"
 
 
-def test_two_replicas_answer_through_the_openai_client(smollm2_path, float_model):
+def test_two_replicas_answer_through_the_openai_client(smollm2_path, float_model, monkeypatch):
     from megafuse.serve.ray_serve import deployment
     port = free_port()
+    # Serve's controller kills an HTTP proxy actor that is not ready within 5 s (then 10, ...),
+    # and serve.start() fails with ActorDiedError: on a loaded machine (CI beside other jobs)
+    # the proxy's imports alone take longer.  The controller reads the bound from its environment,
+    # which the Ray processes ray.init() starts inherit.
+    monkeypatch.setenv("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", "60")
+    monkeypatch.setenv("RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S", "60")
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
              configure_logging=False)
     try:
