@@ -65,10 +65,13 @@ for v in "${VERSIONS[@]}"; do
     log "Python $full, NumPy $np: installed in $((SECONDS - t0)) s; pytest ${PYTEST_ARGS:-}"
     t1=$SECONDS
     # shellcheck disable=SC2086
-    (cd "$src" && MEGAFUSE_REQUIRE_MODEL=1 "$venv/bin/pytest" -p no:cacheprovider ${PYTEST_ARGS:-}) \
-        >"$logf" 2>&1
+    # the venv's scripts first on PATH, as `source $venv/bin/activate` in .ci/run puts them
+    (cd "$src" && PATH="$venv/bin:$PATH" VIRTUAL_ENV="$venv" MEGAFUSE_REQUIRE_MODEL=1 \
+        "$venv/bin/pytest" -p no:cacheprovider ${PYTEST_ARGS:-}) >"$logf" 2>&1
     rc=$?
-    summary="$(grep -E '^=+ .*(passed|failed|error).* in [0-9.]+s' "$logf" | tail -n1 | sed 's/=//g; s/^ *//; s/ *$//')"
+    # pytest's last line: "=== 3196 passed, 4 skipped in 1366.14s ===", without the rules under -q
+    summary="$(grep -E '^=* ?[0-9]+ (passed|failed|error|skipped).* in [0-9.]+s' "$logf" | tail -n1 \
+               | sed 's/=//g; s/^ *//; s/ *$//')"
     [ "$rc" -eq 0 ] || status=1
     [ "$rc" -eq 5 ] && summary="no tests collected" && status=1
     results+=("$(printf '%-8s %-9s %-8s %s (pytest exit %d, %d s)' "$full" "$np" \

@@ -131,7 +131,9 @@ def test_python_dash_m_megafuse():
 
 
 def test_console_script():
-    exe = shutil.which("megafuse")
+    # this interpreter's scripts folder first: a venv's pytest may run without the venv activated
+    scripts = os.path.dirname(sys.executable)
+    exe = shutil.which("megafuse", path=os.pathsep.join([scripts, os.environ.get("PATH", "")]))
     if exe is None:
         pytest.skip("the megafuse console script is not installed (pip install -e .)")
     done = subprocess.run([exe, "info"], capture_output=True, text=True, timeout=120)
