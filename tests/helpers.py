@@ -16,6 +16,18 @@ TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 DATA_DIR = os.path.join(TESTS_DIR, "data")
 ROOT = os.path.dirname(TESTS_DIR)
 
+# Timeouts of subprocesses, servers and queues guard against hangs; they never measure speed.
+# Under emulation every one of them stretches by MEGAFUSE_TEST_TIMEOUT_SCALE (set by
+# tools/aarch64-emulated.sh: qemu-user runs the suite about 10x slower, more on a loaded machine).
+TIMEOUT_SCALE = float(os.environ.get("MEGAFUSE_TEST_TIMEOUT_SCALE", "1"))
+assert TIMEOUT_SCALE > 0, f"MEGAFUSE_TEST_TIMEOUT_SCALE must be positive, not {TIMEOUT_SCALE}"
+
+
+def hang_timeout(seconds):
+    """`seconds`, the bound of a wait that only a hang should reach, at this run's scale."""
+    return seconds * TIMEOUT_SCALE
+
+
 # Named tolerances (max |got - want| / max |want|), docs/contract.md §4 and the issues.
 TOL = {
     "float": 1e-5,          # float activations vs the float64 reference
@@ -376,4 +388,4 @@ def fork_child_status(parent, child, env=None):
     path = os.path.dirname(os.path.abspath(__file__))
     code = f"import sys; sys.path.insert(0, {path!r})\n" + code
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=120, env=env)
+                          timeout=hang_timeout(120), env=env)

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import megafuse
+from helpers import hang_timeout
 from megafuse import cli
 
 SMALL = dict(embed_dim=256, num_heads=4, num_kv_heads=2, head_dim=64, intermediate_dim=512)
@@ -120,13 +121,13 @@ def _env():
 
 def test_python_dash_m_megafuse():
     done = subprocess.run([sys.executable, "-m", "megafuse", "info"], capture_output=True,
-                          text=True, env=_env(), timeout=120)
+                          text=True, env=_env(), timeout=hang_timeout(120))
     assert done.returncode == 0 and "simd_level" in done.stdout
     done = subprocess.run([sys.executable, "-m", "megafuse", "--help"], capture_output=True,
-                          text=True, env=_env(), timeout=120)
+                          text=True, env=_env(), timeout=hang_timeout(120))
     assert done.returncode == 0 and "bench" in done.stdout and "run" in done.stdout
     done = subprocess.run([sys.executable, "-m", "megafuse", "run", "--help"],
-                          capture_output=True, text=True, env=_env(), timeout=120)
+                          capture_output=True, text=True, env=_env(), timeout=hang_timeout(120))
     assert done.returncode == 0 and "--chat" in done.stdout and "--activations" in done.stdout
 
 
@@ -136,7 +137,7 @@ def test_console_script():
     exe = shutil.which("megafuse", path=os.pathsep.join([scripts, os.environ.get("PATH", "")]))
     if exe is None:
         pytest.skip("the megafuse console script is not installed (pip install -e .)")
-    done = subprocess.run([exe, "info"], capture_output=True, text=True, timeout=120)
+    done = subprocess.run([exe, "info"], capture_output=True, text=True, timeout=hang_timeout(120))
     assert done.returncode == 0 and "simd_level" in done.stdout
 
 

@@ -16,7 +16,7 @@ gguf = pytest.importorskip("gguf")
 
 import fuzz_loader  # noqa: E402
 from gguf_edit import GGUFDoc, V  # noqa: E402
-from helpers import DATA_DIR  # noqa: E402
+from helpers import DATA_DIR, hang_timeout  # noqa: E402
 from test_model import write_model  # noqa: E402
 
 FUZZ = fuzz_loader.__file__
@@ -50,7 +50,8 @@ def run_fuzz(tmp_path):
     work = tmp_path / "work"
     work.mkdir()
     proc = subprocess.run([sys.executable, FUZZ, str(work), *bases(tmp_path)],
-                          capture_output=True, text=True, timeout=600)
+                          capture_output=True, text=True,
+                          timeout=hang_timeout(600))
     lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     tried = [line["try"] for line in lines if "try" in line]
     assert proc.returncode == 0, (f"the fuzz died (status {proc.returncode}) at "

@@ -13,6 +13,7 @@ from importlib import metadata
 import pytest
 
 import megafuse
+from helpers import hang_timeout
 
 ROOT = os.path.dirname(os.path.abspath(os.path.dirname(megafuse.__file__)))
 PACKAGE = os.path.join(ROOT, "megafuse")
@@ -36,7 +37,7 @@ def test_ruff_is_clean():
     # --no-cache: nothing written into the tree; the configuration is pyproject's (from cwd)
     done = subprocess.run([sys.executable, "-m", "ruff", "check", "--no-cache",
                            "--output-format", "concise", "."],
-                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+                          cwd=ROOT, capture_output=True, text=True, timeout=hang_timeout(120))
     assert done.returncode == 0, _findings(done)
     assert "All checks passed!" in done.stdout, _findings(done)
 
@@ -67,5 +68,5 @@ def test_cython_lint_is_clean():
     scripts = os.path.dirname(sys.executable)
     env = dict(os.environ, PATH=os.pathsep.join([scripts, os.environ.get("PATH", "")]))
     done = subprocess.run(command + files, cwd=ROOT, capture_output=True, text=True,
-                          timeout=120, env=env)
+                          timeout=hang_timeout(120), env=env)
     assert done.returncode == 0, _findings(done)

@@ -9,6 +9,7 @@ import sys
 import pytest
 
 import megafuse
+from helpers import hang_timeout
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.abspath(os.path.dirname(megafuse.__file__)))
@@ -53,7 +54,7 @@ def test_stubs_cover_the_public_api():
 
 def test_typing_client_runs():
     done = subprocess.run([sys.executable, CLIENT], capture_output=True, text=True,
-                          env=_env(), timeout=120)
+                          env=_env(), timeout=hang_timeout(120))
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().splitlines()[-1].startswith("ok ")
 
@@ -74,7 +75,7 @@ def test_mypy_strict_accepts_the_client_and_rejects_misuse(tmp_path):
     done = subprocess.run(
         [sys.executable, "-m", "mypy", "--strict", "--no-color-output", "--hide-error-context",
          "--cache-dir", str(tmp_path / "cache"), CLIENT, str(bad)],
-        capture_output=True, text=True, env=env, cwd=str(tmp_path), timeout=300)
+        capture_output=True, text=True, env=env, cwd=str(tmp_path), timeout=hang_timeout(300))
     lines = done.stdout.splitlines()
     client_errors = [ln for ln in lines if "typing_client.py" in ln or "megafuse" + os.sep in ln]
     assert not client_errors, "\n".join(client_errors)

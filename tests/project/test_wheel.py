@@ -17,6 +17,8 @@ import zipfile
 
 import pytest
 
+from helpers import hang_timeout
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 
@@ -261,9 +263,9 @@ def _ignore(folder, names):
     return skip
 
 
-def _run(cmd, cwd, env=None, timeout=900):
+def _run(cmd, cwd, env=None):
     done = subprocess.run(cmd, cwd=str(cwd), env=env, capture_output=True, text=True,
-                          timeout=timeout)
+                          timeout=hang_timeout(900))
     assert done.returncode == 0, (f"{' '.join(map(str, cmd))} failed ({done.returncode}):\n"
                                   f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
     return done.stdout
@@ -351,7 +353,7 @@ def test_wheel_installs_into_a_fresh_venv_and_is_self_contained(tmp_path):
         assert not any(n.startswith("tests/") for n in names)
 
         # 2. the wheel into the fresh venv
-        status = prepare.wait(timeout=900)
+        status = prepare.wait(timeout=hang_timeout(900))
         with open(venv_log) as log:
             assert status == 0, f"creating the venv failed:\n{log.read()[-3000:]}"
         _run([py, "-m", "pip", "install", "-q", "--no-deps", wheel], tmp, env)

@@ -5,6 +5,8 @@ import socket
 import threading
 import time
 
+from helpers import hang_timeout
+
 
 def free_port():
     with socket.socket() as s:
@@ -41,7 +43,7 @@ def running_server(model, **options):
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     try:
-        wait_healthy(port, 60, thread.is_alive, lambda: "in-process uvicorn")
+        wait_healthy(port, hang_timeout(60), thread.is_alive, lambda: "in-process uvicorn")
         yield f"http://127.0.0.1:{port}/v1", app
     finally:
         server.should_exit = True

@@ -13,6 +13,8 @@ import megafuse
 from megafuse.llm import completion as C
 from megafuse.serve.engine import Engine, QueueFull, StepInput
 
+from helpers import hang_timeout
+
 PROMPTS = ["The capital of France is", "Once upon a time", "def fibonacci(n):",
            "Water boils at", " ".join(f"item {i}," for i in range(70)),   # > 128 tokens
            "The three primary colors are", "1, 2, 3,"]
@@ -28,7 +30,7 @@ def run(engine, model, requests):
         engine.submit_generation(ids, s, lambda e, i=i: events.put((i, e)))
     results, done = {}, 0
     while done < len(requests):
-        i, e = events.get(timeout=120)
+        i, e = events.get(timeout=hang_timeout(120))
         if e.kind == "done":
             done += 1
         elif e.kind == "error":
@@ -178,7 +180,7 @@ def test_a_cancelled_request_frees_its_sequence_at_once(float_model):
                                        on_event)
         assert first.wait(60)
         job.cancel()
-        while got.get(timeout=30).kind != "done":
+        while got.get(timeout=hang_timeout(30)).kind != "done":
             pass
         assert engine.load["free"] == 1 and engine.load["running"] == 0
         # the freed sequence serves the next request
@@ -209,7 +211,7 @@ def test_the_queue_limit_and_a_failing_request(float_model):
         engine.submit_generation(ids, bad, failed.put)
         kinds = []
         while True:
-            e = failed.get(timeout=120)
+            e = failed.get(timeout=hang_timeout(120))
             kinds.append(e.kind)
             if e.kind == "done":
                 break

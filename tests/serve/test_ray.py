@@ -12,6 +12,7 @@ serve = pytest.importorskip("ray.serve")
 pytest.importorskip("fastapi")
 httpx = pytest.importorskip("httpx")
 
+from helpers import hang_timeout  # noqa: E402
 from server_helpers import free_port  # noqa: E402
 from megafuse.llm import completion as C  # noqa: E402
 
@@ -25,8 +26,8 @@ def test_two_replicas_answer_through_the_openai_client(smollm2_path, float_model
     # and serve.start() fails with ActorDiedError: on a loaded machine (CI beside other jobs)
     # the proxy's imports alone take longer.  The controller reads the bound from its environment,
     # which the Ray processes ray.init() starts inherit.
-    monkeypatch.setenv("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", "60")
-    monkeypatch.setenv("RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S", "60")
+    monkeypatch.setenv("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", str(hang_timeout(60)))
+    monkeypatch.setenv("RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S", str(hang_timeout(60)))
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
              configure_logging=False)
     try:
@@ -34,7 +35,7 @@ def test_two_replicas_answer_through_the_openai_client(smollm2_path, float_model
         serve.run(deployment(model_path=smollm2_path, num_replicas=2, threads=1, parallel=2,
                              activations="float", ctx=256), route_prefix="/", name="megafuse")
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x",
-                               max_retries=0, timeout=120)
+                               max_retries=0, timeout=hang_timeout(120))
         assert [m.id for m in client.models.list().data] == [MODEL]
 
         def ask(i):
@@ -56,9 +57,10 @@ def test_two_replicas_answer_through_the_openai_client(smollm2_path, float_model
         status = serve.status().applications["megafuse"].deployments["megafuse"]
         assert status.replica_states.get("RUNNING") == 2
         seen = set()
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + hang_timeout(60)
         while len(seen) < 2 and time.monotonic() < deadline:
-            seen.add(httpx.get(f"http://127.0.0.1:{port}/health", timeout=30).json()["replica"])
+            seen.add(httpx.get(f"http://127.0.0.1:{port}/health",
+                                timeout=hang_timeout(30)).json()["replica"])
         assert len(seen) == 2, seen
     finally:
         serve.shutdown()

@@ -20,6 +20,7 @@ pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 httpx = pytest.importorskip("httpx")
 
+from helpers import hang_timeout  # noqa: E402
 from server_helpers import free_port, running_server, wait_healthy  # noqa: E402
 
 FRANCE = [{"role": "user", "content": "What is the capital of France?"}]
@@ -35,7 +36,8 @@ def server(float_model):
 
 @pytest.fixture(scope="module")
 def client(server):
-    return openai.OpenAI(base_url=server[0], api_key="unused", max_retries=0, timeout=120)
+    return openai.OpenAI(base_url=server[0], api_key="unused", max_retries=0,
+                         timeout=hang_timeout(120))
 
 
 def test_models_and_health(server, client):
@@ -213,11 +215,11 @@ def test_clients_disconnecting_mid_stream_free_their_sequences(server, client):
         stayers = [pool.submit(stream_text, client, "The capital of France is", 4)
                    for _ in range(4)]
         for f in leavers:
-            f.result(timeout=120)
-        results = [f.result(timeout=120) for f in stayers]
+            f.result(timeout=hang_timeout(120))
+        results = [f.result(timeout=hang_timeout(120)) for f in stayers]
     assert len(gone) == 10
     assert all(text.startswith(" Paris") for text, _ in results)
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + hang_timeout(10)
     while engine.load["running"] and time.monotonic() < deadline:
         time.sleep(0.05)
     assert engine.load["running"] == 0 and engine.load["free"] == 8
@@ -270,7 +272,7 @@ def test_api_key_and_queue_limit(float_model):
         with pytest.raises(openai.RateLimitError):
             good.chat.completions.create(model=MODEL, messages=FRANCE)
         stream.close()
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + hang_timeout(10)
         while app.state.server.engine.load["running"] and time.monotonic() < deadline:
             time.sleep(0.05)
         assert "Paris" in good.chat.completions.create(
@@ -284,7 +286,8 @@ def test_sigterm_lets_the_request_in_flight_finish_and_exits(smollm2_path, tmp_p
                              "--port", str(port), "--parallel", "2", "--ctx", "256"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
     try:
-        wait_healthy(port, 120, lambda: proc.poll() is None, lambda: proc.stdout.read())
+        wait_healthy(port, hang_timeout(120), lambda: proc.poll() is None,
+                     lambda: proc.stdout.read())
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x",
                                max_retries=0)
         result = {}
