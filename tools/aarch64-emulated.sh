@@ -44,8 +44,8 @@
 #                  need two copies
 #   MF_A64_CPUS    --levels: only the runs on these emulated CPUs (default: all three), e.g.
 #                  "cortex-a53 max"
-# proc, sys and dev are mounted into the root while the script runs; a run unmounts at exit what
-# it mounted.  Delete the root with `rm -rf --one-file-system` when no run is left.
+# proc, sys and dev are mounted into the root while runs of the script use it; the last run to exit
+# unmounts what the runs mounted.  Delete the root with `rm -rf --one-file-system` when no run is left.
 set -euo pipefail
 
 HERE="$(cd "$(dirname "$0")/.." && pwd)"
@@ -88,20 +88,32 @@ host_setup() {
         || die "the qemu-aarch64 binfmt handler is not enabled"
 }
 
-MOUNTED=()                   # what this run mounted, unmounted at its exit (last first)
+# proc, sys and dev stay mounted while any run of this script uses the root: each live run has
+# a file $RUNS/<pid>; the last one to leave unmounts what runs mounted (listed in $RUNS/mounted),
+# so a run that ends first does not pull them from under another (mounts made by hand stay)
+RUNS="$ROOT/.megafuse-runs"
 mount_root() {
     local d
+    mkdir -p "$RUNS"
+    : >"$RUNS/$$"
     for d in proc sys dev dev/pts; do
         mountpoint -q "$ROOT/$d" && continue
         if [ "$d" = proc ]; then mount -t proc proc "$ROOT/proc"; else mount --bind "/$d" "$ROOT/$d"; fi
-        MOUNTED=("$ROOT/$d" "${MOUNTED[@]}")
+        echo "$ROOT/$d" >>"$RUNS/mounted"
     done
 }
 
 umount_root() {
-    local m
-    for m in "${MOUNTED[@]}"; do umount -l "$m" || true; done
-    MOUNTED=()
+    local f m
+    [ -e "$RUNS/$$" ] || return 0
+    rm -f "$RUNS/$$"
+    for f in "$RUNS"/[0-9]*; do              # another live run: the mounts are its to remove
+        [ -e "$f" ] && kill -0 "${f##*/}" 2>/dev/null && return 0
+        rm -f "$f"                           # a run that was killed without its exit trap
+    done
+    [ -e "$RUNS/mounted" ] || return 0
+    tac "$RUNS/mounted" | while read -r m; do umount -l "$m" || true; done
+    rm -f "$RUNS/mounted"
 }
 
 # a command inside the root, in a clean environment with the venv first on PATH
