@@ -28,6 +28,12 @@ def hang_timeout(seconds):
     return seconds * TIMEOUT_SCALE
 
 
+def path_with_scripts_first():
+    """PATH with this interpreter's scripts folder first, for what a test runs by name (a console
+    script, or a tool that runs another): a venv's pytest may run without the venv activated."""
+    return os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
+
+
 # Named tolerances (max |got - want| / max |want|), docs/contract.md §4 and the issues.
 TOL = {
     "float": 1e-5,          # float activations vs the float64 reference

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import megafuse
-from helpers import hang_timeout
+from helpers import hang_timeout, path_with_scripts_first
 from megafuse import cli
 
 SMALL = dict(embed_dim=256, num_heads=4, num_kv_heads=2, head_dim=64, intermediate_dim=512)
@@ -132,9 +132,7 @@ def test_python_dash_m_megafuse():
 
 
 def test_console_script():
-    # this interpreter's scripts folder first: a venv's pytest may run without the venv activated
-    scripts = os.path.dirname(sys.executable)
-    exe = shutil.which("megafuse", path=os.pathsep.join([scripts, os.environ.get("PATH", "")]))
+    exe = shutil.which("megafuse", path=path_with_scripts_first())
     if exe is None:
         pytest.skip("the megafuse console script is not installed (pip install -e .)")
     done = subprocess.run([exe, "info"], capture_output=True, text=True, timeout=hang_timeout(120))

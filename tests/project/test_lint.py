@@ -13,7 +13,7 @@ from importlib import metadata
 import pytest
 
 import megafuse
-from helpers import hang_timeout
+from helpers import hang_timeout, path_with_scripts_first
 
 ROOT = os.path.dirname(os.path.abspath(os.path.dirname(megafuse.__file__)))
 PACKAGE = os.path.join(ROOT, "megafuse")
@@ -63,10 +63,8 @@ def test_cython_lint_is_clean():
                    for f in glob.glob(os.path.join(PACKAGE, "**", pattern), recursive=True))
     assert any(f.endswith(".pyx") for f in files), f"no Cython sources under {PACKAGE}"
     # the configuration is pyproject's: cython-lint looks in the files' common folder and up.
-    # It runs `pycodestyle` by name: this interpreter's scripts folder goes first on PATH, for a
-    # venv whose pytest runs without the venv activated.
-    scripts = os.path.dirname(sys.executable)
-    env = dict(os.environ, PATH=os.pathsep.join([scripts, os.environ.get("PATH", "")]))
+    # It runs `pycodestyle` by name.
+    env = dict(os.environ, PATH=path_with_scripts_first())
     done = subprocess.run(command + files, cwd=ROOT, capture_output=True, text=True,
                           timeout=hang_timeout(120), env=env)
     assert done.returncode == 0, _findings(done)
