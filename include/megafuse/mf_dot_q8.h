@@ -13,7 +13,7 @@
  * Precondition of every integer dot: activation codes lie in [-127, 127] (the quantizers of
  * mf_act_quant.h never produce -128).
  *
- * 32-weight formats, AVX2 / AVX-512 (per-lane float accumulation, as ggml does).  The row goes in
+ * 32-weight formats, AVX2 (per-lane float accumulation, as ggml does).  The row goes in
  * groups of 4 blocks (the activation row's groups, mf_act_layout.h); a group is two pairs of
  * blocks (i, i+1), and a pair is two 32-byte registers whose 128-bit lanes are the two blocks.
  *   - L = 8 int32 lanes, exact: lane k < 4 sums the products of weights 4k..4k+3 and
@@ -31,8 +31,16 @@
  *   - the result is the sum of acc's 8 lanes in mf_hsum256's order.
  * acc starts at +0, so it never holds -0 and adding a zero lane never changes it.
  *
- * 32-weight formats, NEON levels (neon, neon_dotprod, i8mm): exact integer sums of 4 blocks, then
- * one fused step a group into 4 float lanes (mf_neon_dot_q8.h says how).
+ * 32-weight formats, AVX-512 with VNNI (MF_Q_BLOCK_SUMS) and the NEON levels (neon, neon_dotprod,
+ * i8mm): one float chain A_k for each place k of a block in its group of 4, fed once a block:
+ *   - I = the block's exact integer sum q_w . q_a (AVX-512: the 4 lanes of L that hold it, added
+ *     in int32; |I| < 2^20, exact as float);
+ *   - A_k = fma(float(I), d_w * d_a, A_k) (the product one rounding, as P above), then for Q4_1 /
+ *     Q5_1 A_k = fma(m_w, s_a, A_k);
+ *   - the result is (A0 + A2) + (A1 + A3).
+ * A block past the row end adds +0 or is left out: the same bits.  The 16-row tile of AVX-512
+ * (mf_q8_tile16_b32) keeps the 16 rows' chains in the lanes of a register, each lane summing a
+ * whole block in place.  mf_neon_dot_q8.h runs the same sequence on 4-lane registers.
  *
  * 32-weight formats, generic level: per block the integer sum, its contribution d_w * d_a * isum
  * (+ m_w * s_a) formed in double, where it is exact, added to one of 4 double accumulators (block
@@ -213,6 +221,61 @@ static inline __m256 mf_q_acc_mins(__m256 acc, __m256 Y, __m256 f)
     return _mm256_add_ps(acc, _mm256_mul_ps(_mm256_and_ps(Y, odd), f));
 }
 
+#if defined(MF_SIMD_AVX512) && defined(MF_Q_VNNI)
+/* The avx512 level's sequence: exact block sums, then one fused step a group (the NEON levels'
+ * sequence, see the top of the file). */
+#  define MF_Q_BLOCK_SUMS 1
+
+/* The exact integer sums of a group's 4 blocks from its pairs' lanes L0 (blocks 0 | 1) and L1
+ * (blocks 2 | 3), as [I0, I2, I0, I2 | I1, I3, I1, I3]: per 128-bit lane the block of the even
+ * pair, then the odd pair's, twice.  Integer additions, so any order gives the same sums. */
+static inline __m256i mf_q_block_sums(__m256i L0, __m256i L1)
+{
+    const __m256i a = _mm256_add_epi32(_mm256_unpacklo_epi32(L0, L1), _mm256_unpackhi_epi32(L0, L1));
+    return _mm256_add_epi32(a, _mm256_shuffle_epi32(a, _MM_SHUFFLE(1, 0, 3, 2)));
+}
+
+/* acc + a group's float step, lanes [A0, A2, -, - | A1, A3, -, -] (A_k: the chain of the blocks
+ * at position k of their group; the other lanes repeat them): acc = fma(float(I), d_w * d_a, acc),
+ * then Q4_1 / Q5_1 (asym) acc = fma(m_w, s_a, acc).  Y, f: the group's weight and activation
+ * floats (mf_q_y, mf_act_layout.h). */
+static inline __m256 mf_q_acc_group(__m256 acc, __m256i L0, __m256i L1, __m256 Y, __m256 f,
+                                    int asym)
+{
+    const __m256 D = _mm256_permute_ps(_mm256_mul_ps(Y, f), _MM_SHUFFLE(2, 0, 2, 0));
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(mf_q_block_sums(L0, L1)), D, acc);
+    if (asym)
+        acc = _mm256_fmadd_ps(_mm256_permute_ps(Y, _MM_SHUFFLE(3, 1, 3, 1)),
+                              _mm256_permute_ps(f, _MM_SHUFFLE(3, 1, 3, 1)), acc);
+    return acc;
+}
+
+/* The 512-bit form: two rows or two tokens in the halves, each half mf_q_acc_group's lanes. */
+static inline __m512 mf_q_acc_group512(__m512 acc, __m512i L0, __m512i L1, __m512 Y, __m512 f,
+                                       int asym)
+{
+    const __m512i a = _mm512_add_epi32(_mm512_unpacklo_epi32(L0, L1), _mm512_unpackhi_epi32(L0, L1));
+    const __m512i I = _mm512_add_epi32(a, _mm512_shuffle_epi32(a, _MM_PERM_BADC));
+    const __m512 D = _mm512_permute_ps(_mm512_mul_ps(Y, f), _MM_SHUFFLE(2, 0, 2, 0));
+    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I), D, acc);
+    if (asym)
+        acc = _mm512_fmadd_ps(_mm512_permute_ps(Y, _MM_SHUFFLE(3, 1, 3, 1)),
+                              _mm512_permute_ps(f, _MM_SHUFFLE(3, 1, 3, 1)), acc);
+    return acc;
+}
+
+/* The result of a row's accumulator: (A0 + A2) + (A1 + A3). */
+static inline float mf_q_acc_result(__m256 acc)
+{
+    MF_ALIGNED(32) float l[8];
+    _mm256_store_ps(l, acc);
+    return (l[0] + l[1]) + (l[4] + l[5]);
+}
+#else
+/* The result of a row's accumulator: its 8 lanes summed (mf_hsum256). */
+static inline float mf_q_acc_result(__m256 acc) { return mf_hsum256(acc); }
+#endif
+
 /* ---- decoding a group of weight blocks (shared by the one-token kernels and the tiles) ------ */
 
 /* Y of nblk (1..4) blocks at b (stride bsz): the fp16 d at offset 0 of each block (symmetric
@@ -365,7 +428,10 @@ MF_ALWAYS_INLINE void mf_q_dec_iq4_nl(const char *b, int nblk, mf_q_wgrp *G)
 MF_ALWAYS_INLINE __m256 mf_q_grp_step(int kind, const mf_q_wgrp *G, const mf_q_agrp *A, int npairs,
                                       __m256 acc)
 {
+#if !defined(MF_Q_BLOCK_SUMS)
     const __m256 P = _mm256_mul_ps(G->Y, A->f);
+#endif
+    __m256i Ls[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
     for (int p = 0; p < npairs; p++) {
         __m256i L;
         if (kind == 0)
@@ -376,11 +442,20 @@ MF_ALWAYS_INLINE __m256 mf_q_grp_step(int kind, const mf_q_wgrp *G, const mf_q_a
             L = mf_q_lanes_b(G->s[p][0], G->s[p][1], G->c[p], A->lo[p], A->hi[p]);
         else
             L = mf_q_lanes_s(G->u[p][0], G->s[p][0], G->u[p][1], G->s[p][1], A->lo[p], A->hi[p]);
+#if defined(MF_Q_BLOCK_SUMS)
+        Ls[p] = L;
+#else
         acc = mf_q_acc_pair(acc, L, P, p);
+#endif
     }
+#if defined(MF_Q_BLOCK_SUMS)
+    return mf_q_acc_group(acc, Ls[0], Ls[1], G->Y, A->f, kind == 1);
+#else
+    (void)Ls;
     if (kind == 1)
         acc = mf_q_acc_mins(acc, G->Y, A->f);
     return acc;
+#endif
 }
 
 /* Groups for kind 3: the signed codes (Q4_0 / Q5_0: from the unsigned codes) and the bias
@@ -465,7 +540,7 @@ MF_ALWAYS_INLINE float mf_q_dot_row(int dt, const void *vw, const void *va, ptrd
         mf_q_dec(dt, w + 4 * g * mf_q_bsz(dt), nblk, &G);
         acc = mf_q_grp_step(mf_q_kind(dt), &G, &A, (nblk + 1) / 2, acc);
     }
-    return mf_hsum256(acc);
+    return mf_q_acc_result(acc);
 }
 
 #define MF_DOT_Q8_0(NAME, DT)                                                                  \

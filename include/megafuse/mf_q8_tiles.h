@@ -36,8 +36,13 @@
 
 #if defined(__GNUC__) && !defined(__clang__)
 #  define MF_Q_NO_UNROLL _Pragma("GCC unroll 1")
+#  define MF_Q_UNROLL4 _Pragma("GCC unroll 4")
+#elif defined(__clang__)
+#  define MF_Q_NO_UNROLL
+#  define MF_Q_UNROLL4 _Pragma("unroll")
 #else
 #  define MF_Q_NO_UNROLL
+#  define MF_Q_UNROLL4
 #endif
 #define MF_Q8_TILE_TOKENS 64     /* tokens one tile call accumulates (its stack accumulators) */
 #ifndef MF_Q8_TILE_ACT_BYTES
@@ -239,15 +244,12 @@ MF_ALWAYS_INLINE __m512 mf_q_grp_step_rows2_s8(const __m512i S[2][2], __m512 Y,
                                                const __m512i al[2], const __m512i ah[2],
                                                const __m512i o8[2], __m512 f, __m512 acc)
 {
-    const __m512 P = _mm512_mul_ps(Y, f);
     const __m512i x80 = _mm512_set1_epi8((char)0x80);
-    for (int p = 0; p < 2; p++) {
-        const __m512i L = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(
+    __m512i L[2];
+    for (int p = 0; p < 2; p++)
+        L[p] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(
             o8[p], _mm512_xor_si512(S[p][0], x80), al[p]), _mm512_xor_si512(S[p][1], x80), ah[p]);
-        const __m512 D = p ? _mm512_permute_ps(P, 0xAA) : _mm512_permute_ps(P, 0x00);
-        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(L), D, acc);
-    }
-    return acc;
+    return mf_q_acc_group512(acc, L[0], L[1], Y, f, 0);
 }
 
 /* -off * the sums of each int32 lane's 4 + 4 activation codes of lo and hi (|sum| <= 8 * 127,
@@ -271,19 +273,11 @@ MF_ALWAYS_INLINE __m512 mf_q_grp_step_rows2(int kind, const __m512i U[2][2], __m
                                             const __m512i al[2], const __m512i ah[2],
                                             const __m512i oo[2], __m512 f, __m512 acc)
 {
-    const __m512 P = _mm512_mul_ps(Y, f);
-    for (int p = 0; p < 2; p++) {
-        const __m512i L = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(
+    __m512i L[2];
+    for (int p = 0; p < 2; p++)
+        L[p] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(
             kind == 0 ? oo[p] : _mm512_setzero_si512(), U[p][0], al[p]), U[p][1], ah[p]);
-        const __m512 D = p ? _mm512_permute_ps(P, 0xAA) : _mm512_permute_ps(P, 0x00);
-        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(L), D, acc);
-    }
-    if (kind == 1) {
-        const __m512 odd = _mm512_castsi512_ps(_mm512_set_epi32(-1, 0, -1, 0, -1, 0, -1, 0,
-                                                                -1, 0, -1, 0, -1, 0, -1, 0));
-        acc = _mm512_add_ps(acc, _mm512_mul_ps(_mm512_and_ps(Y, odd), f));
-    }
-    return acc;
+    return mf_q_acc_group512(acc, L[0], L[1], Y, f, kind == 1);
 }
 #endif
 
@@ -364,10 +358,10 @@ MF_ALWAYS_INLINE void mf_dot4_row32(int dt, const void *const *vw, const void *v
     case 3: mf_dot4_group32(dt, w0, w1, w2, w3, va, n, g, 3, acc); break;
     default: break;
     }
-    out[0] = mf_hsum256(acc[0]);
-    out[1] = mf_hsum256(acc[1]);
-    out[2] = mf_hsum256(acc[2]);
-    out[3] = mf_hsum256(acc[3]);
+    out[0] = mf_q_acc_result(acc[0]);
+    out[1] = mf_q_acc_result(acc[1]);
+    out[2] = mf_q_acc_result(acc[2]);
+    out[3] = mf_q_acc_result(acc[3]);
 }
 
 #define MF_DOT4_ROW32(NAME, DT)                                                                \
@@ -839,26 +833,18 @@ MF_ALWAYS_INLINE __m512 mf_q_grp_step2(int kind, const mf_q_wgrp *G, const mf_q_
                                        __m512 acc)
 {
     const __m512 Y = _mm512_broadcast_f32x8(G->Y);
-    const __m512 P = _mm512_mul_ps(Y, A->f);
+    __m512i L[2];
     for (int p = 0; p < 2; p++) {
-        __m512i L;
         if (kind == 1)
-            L = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(),
-                                    _mm512_broadcast_i64x4(G->u[p][0]), A->lo[p]),
-                                    _mm512_broadcast_i64x4(G->u[p][1]), A->hi[p]);
+            L[p] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(),
+                                       _mm512_broadcast_i64x4(G->u[p][0]), A->lo[p]),
+                                       _mm512_broadcast_i64x4(G->u[p][1]), A->hi[p]);
         else
-            L = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_broadcast_i64x4(G->c[p]),
-                                    A->lo[p], _mm512_broadcast_i64x4(G->s[p][0])),
-                                    A->hi[p], _mm512_broadcast_i64x4(G->s[p][1]));
-        const __m512 D = p ? _mm512_permute_ps(P, 0xAA) : _mm512_permute_ps(P, 0x00);
-        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(L), D, acc);
+            L[p] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_broadcast_i64x4(G->c[p]),
+                                       A->lo[p], _mm512_broadcast_i64x4(G->s[p][0])),
+                                       A->hi[p], _mm512_broadcast_i64x4(G->s[p][1]));
     }
-    if (kind == 1) {
-        const __m512 odd = _mm512_castsi512_ps(_mm512_set_epi32(-1, 0, -1, 0, -1, 0, -1, 0,
-                                                                -1, 0, -1, 0, -1, 0, -1, 0));
-        acc = _mm512_add_ps(acc, _mm512_mul_ps(_mm512_and_ps(Y, odd), A->f));
-    }
-    return acc;
+    return mf_q_acc_group512(acc, L[0], L[1], Y, A->f, kind == 1);
 }
 
 #endif
@@ -974,7 +960,7 @@ MF_ALWAYS_INLINE void mf_q8_tile_row32(int dt, const void *const *vw, const char
     }
     for (int t = 0; t < nt; t++)
         for (int r = 0; r < 4; r++)
-            out[4 * t + r] = mf_hsum256(acc[t][r]);
+            out[4 * t + r] = mf_q_acc_result(acc[t][r]);
 }
 
 #define MF_Q8_TILE_ROW32(NAME, DT)                                                             \
@@ -1908,14 +1894,225 @@ static inline void mf_q8_tile16_kq(int dt, const void *const *vw, const char *xq
         for (int r = 0; r < 16; r++)
             out[(r / 4) * os + 4 * t + r % 4] = (float)acc[t][r];
 }
+
+/* ---- many tokens, avx512 with VNNI: 16 rows of a 32-weight format in the lanes ------------- */
+
+/* mf_q8_tile16_b32: the layout of mf_q8_tile16_kq for the 32-weight formats (Q4_0, Q4_1, Q5_0,
+ * Q5_1, Q8_0, IQ4_NL) against Q8_0 activation rows.  A decoded block of the 16 rows is 8
+ * registers, q[i] lane r = the unsigned codes u of weights 4i .. 4i + 3 of row r, so vpdpbusd
+ * against 4 activation codes broadcast sums the block's 32 products in each row's lane:
+ *     I = sum (u - o) a = sum u a - o sum a,
+ * o the codes' offset (Q4_0 8, Q5_0 16, Q8_0 and IQ4_NL 128: their signed values + 128; Q4_1,
+ * Q5_1 0: the codes themselves), the lane starting from -o sum a (sum a = s_a / d_a exactly: the
+ * activation row's s is d times its code sum, exact in float).  |I| < 2^20, exact in int32 and
+ * as float.  Then each (row, token) runs mf_q_acc_group's float steps on its own chains A_k
+ * (k: the block's position in its group of 4): A_k = fma(float(I), d_w * d_a, A_k) (Q4_1 / Q5_1
+ * then A_k = fma(m_w, s_a, A_k)), and the result is (A0 + A2) + (A1 + A3): the bits of the
+ * one-row dot.  Blocks past the row's end are left out, where the one-row dot adds +0 terms
+ * (A_k is never -0): the same bits. */
+#define MF_Q8_B32_CHUNK 16       /* blocks of the 16 rows decoded at once (8 KiB of codes) */
+
+MF_ALWAYS_INLINE int mf_q8_tile16_b32_takes(int dt)
+{
+    return dt == CK_DT_Q4_0 || dt == CK_DT_Q4_1 || dt == CK_DT_Q5_0 || dt == CK_DT_Q5_1
+        || dt == CK_DT_Q8_0 || dt == CK_DT_IQ4_NL;
+}
+
+typedef struct {
+    __m512i q[MF_Q8_B32_CHUNK][8];
+    __m512 dw[MF_Q8_B32_CHUNK], mw[MF_Q8_B32_CHUNK];
+} mf_q_b32x16;
+
+MF_ALWAYS_INLINE int mf_q_b32_offset(int dt)
+{
+    return dt == CK_DT_Q4_0 ? 8 : dt == CK_DT_Q5_0 ? 16
+         : (dt == CK_DT_Q8_0 || dt == CK_DT_IQ4_NL) ? 128 : 0;
+}
+
+/* The fp16 at offset o of each row's block as floats, lane r = row r. */
+MF_ALWAYS_INLINE __m512 mf_q_f16x16(const char *const p[16], ptrdiff_t o)
+{
+    MF_ALIGNED(32) uint16_t h[16];
+    for (int r = 0; r < 16; r++)
+        memcpy(&h[r], p[r] + o, 2);
+    return _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(const void *)h));
+}
+
+/* out[k] = [dword k of p[0] + o | ... | dword k of p[15] + o], k < 4: the rows' 16 bytes at o
+ * transposed in 4-byte steps (X[j] = rows j, j + 4, j + 8, j + 12 in its 128-bit lanes, then a
+ * 4 x 4 transpose in each lane). */
+MF_ALWAYS_INLINE void mf_q_t16x4(const char *const p[16], ptrdiff_t o, __m512i out[4])
+{
+    __m512i X[4];
+    for (int j = 0; j < 4; j++) {
+        __m512i x = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(const void *)(p[j] + o)));
+        x = _mm512_inserti32x4(x, _mm_loadu_si128((const __m128i *)(const void *)(p[j + 4] + o)), 1);
+        x = _mm512_inserti32x4(x, _mm_loadu_si128((const __m128i *)(const void *)(p[j + 8] + o)), 2);
+        X[j] = _mm512_inserti32x4(x, _mm_loadu_si128((const __m128i *)(const void *)(p[j + 12] + o)), 3);
+    }
+    const __m512i t0 = _mm512_unpacklo_epi32(X[0], X[1]), t1 = _mm512_unpackhi_epi32(X[0], X[1]);
+    const __m512i t2 = _mm512_unpacklo_epi32(X[2], X[3]), t3 = _mm512_unpackhi_epi32(X[2], X[3]);
+    out[0] = _mm512_unpacklo_epi64(t0, t2);
+    out[1] = _mm512_unpackhi_epi64(t0, t2);
+    out[2] = _mm512_unpacklo_epi64(t1, t3);
+    out[3] = _mm512_unpackhi_epi64(t1, t3);
+}
+
+/* Block b of the 16 rows p[r] (each at its block) into D's slot b. */
+MF_ALWAYS_INLINE void mf_q_b32x16_decode(int dt, const char *const p[16], mf_q_b32x16 *D, int b)
+{
+    __m512i *q = D->q[b];
+    D->dw[b] = mf_q_f16x16(p, 0);                  /* every 32-weight block starts with its d */
+    D->mw[b] = (dt == CK_DT_Q4_1 || dt == CK_DT_Q5_1) ? mf_q_f16x16(p, 2) : _mm512_setzero_ps();
+    if (dt == CK_DT_Q8_0) {
+        mf_q_t16x8(p, MF_Q_QS_Q8_0, q);
+        for (int i = 0; i < 8; i++)
+            q[i] = _mm512_xor_si512(q[i], _mm512_set1_epi8((char)0x80));
+        return;
+    }
+    const ptrdiff_t qs = dt == CK_DT_Q4_0 ? MF_Q_QS_Q4_0 : dt == CK_DT_Q4_1 ? MF_Q_QS_Q4_1
+                       : dt == CK_DT_Q5_0 ? MF_Q_QS_Q5_0 : dt == CK_DT_Q5_1 ? MF_Q_QS_Q5_1
+                       : MF_Q_QS_IQ4_NL;
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    __m512i X[4];
+    mf_q_t16x4(p, qs, X);                 /* byte j of qs: weight j (low nibble), j + 16 (high) */
+    for (int k = 0; k < 4; k++) {
+        q[k] = _mm512_and_si512(X[k], m4);
+        q[4 + k] = _mm512_and_si512(_mm512_srli_epi16(X[k], 4), m4);
+    }
+    if (dt == CK_DT_Q5_0 || dt == CK_DT_Q5_1) {
+        /* bit w of qh: the 5th bit of weight w; lane r's byte j of q[i] is weight 4i + j, whose
+         * bit sits in byte i / 2 of qh (mask 1 << (4 (i % 2) + j)) */
+        const ptrdiff_t qh = dt == CK_DT_Q5_0 ? MF_Q_QH_Q5_0 : MF_Q_QH_Q5_1;
+        MF_ALIGNED(64) uint32_t h[16];
+        for (int r = 0; r < 16; r++)
+            memcpy(&h[r], p[r] + qh, 4);
+        const __m512i H = _mm512_load_si512((const void *)h), x10 = _mm512_set1_epi8(0x10);
+        for (int i = 0; i < 8; i++) {
+            const char c = (char)(i / 2);
+            const __m512i rep = _mm512_shuffle_epi8(H, _mm512_broadcast_i32x4(_mm_setr_epi8(
+                c, c, c, c, c + 4, c + 4, c + 4, c + 4, c + 8, c + 8, c + 8, c + 8,
+                c + 12, c + 12, c + 12, c + 12)));
+            const int s = 4 * (i % 2);
+            const __mmask64 m = _mm512_test_epi8_mask(rep, _mm512_set1_epi32(
+                (int)(0x01u << s | 0x02u << (s + 8) | 0x04u << (s + 16) | 0x08u << (s + 24))));
+            q[i] = _mm512_mask_add_epi8(q[i], m, q[i], x10);
+        }
+    }
+    if (dt == CK_DT_IQ4_NL) {             /* the table's values + 128 (1 .. 241) */
+        const __m512i kv = _mm512_add_epi8(_mm512_broadcast_i32x4(_mm_loadu_si128(
+            (const __m128i *)(const void *)mf_kvalues_iq4nl)), _mm512_set1_epi8((char)0x80));
+        for (int i = 0; i < 8; i++)
+            q[i] = _mm512_shuffle_epi8(kv, q[i]);
+    }
+}
+
+/* cs[b] = -o * (the code sum of block b0 + b) of one activation row, b < nb (<= 16) blocks from
+ * block b0 (a multiple of 4): s / d of the row's floats (exact), 0 where d = 0 (codes 0). */
+MF_ALWAYS_INLINE void mf_q_b32_offsets(const char *a, ptrdiff_t n, ptrdiff_t b0, int nb, int o,
+                                       int32_t *cs)
+{
+    /* [d, s] of block 4g + k at floats 8g + 2 slot(k) (mf_act_q8_0_f_slot): k -> 0, 4, 2, 6 */
+    const __m512i di = _mm512_setr_epi32(0, 4, 2, 6, 8, 12, 10, 14, 16, 20, 18, 22, 24, 28, 26, 30);
+    const float *f = mf_act_q8_0_f(a, (size_t)n, (size_t)(b0 / 4));
+    const int nf = 2 * ((nb + 3) & ~3);            /* the floats of the chunk's groups */
+    const __m512 f0 = _mm512_maskz_loadu_ps((__mmask16)(nf >= 16 ? 0xFFFF : (1u << nf) - 1), f);
+    const __m512 f1 = _mm512_maskz_loadu_ps((__mmask16)(nf > 16 ? (1u << (nf - 16)) - 1 : 0), f + 16);
+    const __m512 d = _mm512_permutex2var_ps(f0, di, f1);
+    const __m512 s = _mm512_permutex2var_ps(f0, _mm512_add_epi32(di, _mm512_set1_epi32(1)), f1);
+    const __m512i sum = _mm512_cvtps_epi32(_mm512_maskz_div_ps(
+        _mm512_cmp_ps_mask(d, _mm512_setzero_ps(), _CMP_NEQ_OQ), s, d));
+    _mm512_storeu_si512((void *)cs, _mm512_mullo_epi32(sum, _mm512_set1_epi32(-o)));
+}
+
+/* The address of activation codes 4i .. 4i + 3 of block b of a row (mf_act_layout.h). */
+MF_ALWAYS_INLINE const int8_t *mf_q_b32_codes(const char *a, ptrdiff_t b, int i)
+{
+    return mf_act_q8_0_codes(a, (size_t)(b / 4)) + 64 * ((b % 4) / 2) + 16 * (b % 2)
+           + (i < 4 ? 4 * i : 32 + 4 * (i - 4));
+}
+
+/* nt (<= MF_Q8_TILE_TOKENS) tokens of Q8_0 activation rows at xq (stride xs) against the 16
+ * rows vw[0..15] of a 32-weight format: out[(r / 4) * os + 4 * t + r % 4], each the bits of the
+ * row's one-row dot.  MF_Q8_TILE16_TB tokens share each load of a code register; a token's 4
+ * chains of the 16 rows live in acc between chunks. */
+static inline void mf_q8_tile16_b32(int dt, const void *const *vw, const char *xq, ptrdiff_t xs,
+                                    int nt, ptrdiff_t n, float *out, ptrdiff_t os)
+{
+    enum { TB = MF_Q8_TILE16_TB };
+    mf_q_b32x16 D;
+    MF_ALIGNED(64) float acc[MF_Q8_TILE_TOKENS][4][16];
+    MF_ALIGNED(64) int32_t cs[MF_Q8_TILE_TOKENS][MF_Q8_B32_CHUNK];
+    const ptrdiff_t bsz = mf_q_bsz(dt), nb = n / QK8_0;
+    const int o = mf_q_b32_offset(dt), asym = dt == CK_DT_Q4_1 || dt == CK_DT_Q5_1;
+    const char *p[16];
+    memset(acc, 0, (size_t)nt * sizeof acc[0]);
+    for (ptrdiff_t b0 = 0; b0 < nb; b0 += MF_Q8_B32_CHUNK) {
+        const int ncb = (int)(nb - b0 < MF_Q8_B32_CHUNK ? nb - b0 : MF_Q8_B32_CHUNK);
+        for (int b = 0; b < ncb; b++) {
+            for (int r = 0; r < 16; r++)
+                p[r] = (const char *)vw[r] + (b0 + b) * bsz;
+            mf_q_b32x16_decode(dt, p, &D, b);
+        }
+        if (o)
+            for (int t = 0; t < nt; t++)
+                mf_q_b32_offsets(xq + t * xs, n, b0, ncb, o, cs[t]);
+        for (int t = 0; t < nt; t += TB) {
+            const int nu = nt - t < TB ? nt - t : TB;
+            const char *a[TB];
+            __m512 A[TB][4];
+            for (int u = 0; u < TB; u++) {
+                a[u] = xq + (t + (u < nu ? u : 0)) * xs;
+                for (int k = 0; k < 4; k++)
+                    A[u][k] = _mm512_load_ps(acc[t + (u < nu ? u : 0)][k]);
+            }
+            for (int b4 = 0; b4 < ncb; b4 += 4)
+                MF_Q_UNROLL4
+                for (int k = 0; k < 4; k++) {   /* k: the block's place in its group */
+                    const int b = b4 + k;
+                    if (b >= ncb)
+                        break;
+                    const ptrdiff_t gb = b0 + b;
+                    const size_t slot = mf_act_q8_0_f_slot((size_t)k);
+                    __m512i I[TB];
+                    for (int u = 0; u < TB; u++)
+                        I[u] = o ? _mm512_set1_epi32(cs[t + (u < nu ? u : 0)][b]) : _mm512_setzero_si512();
+                    for (int i = 0; i < 8; i++) {
+                        const __m512i qv = D.q[b][i];
+                        for (int u = 0; u < TB; u++)
+                            I[u] = _mm512_dpbusd_epi32(I[u], qv, mf_q_bc4(mf_q_b32_codes(a[u], gb, i)));
+                    }
+                    for (int u = 0; u < TB; u++) {
+                        const float *f = mf_act_q8_0_f(a[u], (size_t)n, (size_t)(gb / 4)) + slot;
+                        const __m512 dd = _mm512_mul_ps(D.dw[b], _mm512_set1_ps(f[0]));
+                        A[u][k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I[u]), dd, A[u][k]);
+                        if (asym)
+                            A[u][k] = _mm512_fmadd_ps(D.mw[b], _mm512_set1_ps(f[1]), A[u][k]);
+                    }
+                }
+            for (int u = 0; u < nu; u++)
+                for (int k = 0; k < 4; k++)
+                    _mm512_store_ps(acc[t + u][k], A[u][k]);
+        }
+    }
+    for (int t = 0; t < nt; t++) {
+        const __m512 r = _mm512_add_ps(_mm512_add_ps(_mm512_load_ps(acc[t][0]), _mm512_load_ps(acc[t][2])),
+                                       _mm512_add_ps(_mm512_load_ps(acc[t][1]), _mm512_load_ps(acc[t][3])));
+        MF_ALIGNED(64) float v[16];
+        _mm512_store_ps(v, r);
+        for (int j = 0; j < 16; j++)
+            out[(j / 4) * os + 4 * t + j % 4] = v[j];
+    }
+}
 #endif
 
-/* The 16-row tile takes the formats of Q8_K activations at the avx512 level with VNNI. */
+/* The 16-row tiles take every block format at the avx512 level with VNNI: the formats of Q8_K
+ * activations (mf_q8_tile16_kq) and the 32-weight ones (mf_q8_tile16_b32). */
 static inline int mf_q8_tile16_takes(int dt)
 {
 #if defined(MF_SIMD_AVX512) && defined(MF_Q_VNNI)
     return dt == CK_DT_Q4_K || dt == CK_DT_Q5_K || dt == CK_DT_Q6_K || dt == CK_DT_Q2_K
-        || dt == CK_DT_Q3_K || dt == CK_DT_IQ4_XS;
+        || dt == CK_DT_Q3_K || dt == CK_DT_IQ4_XS || mf_q8_tile16_b32_takes(dt);
 #else
     (void)dt;
     return 0;
@@ -1933,9 +2130,9 @@ static inline int mf_q8_rows16_tile_tokens(int dt, size_t row_bytes)
 
 /* 16 rows (w[0..nr-1], nr <= 16) against nt tokens: out[g * os + 4 * t + r] = the int8 dot of
  * row w[4g + r] with activation row a + t * a_stride, as mf_q8_rows_tokens gives it for 4-row
- * group g (the same bits).  At the avx512 level with VNNI, the formats of Q8_K activations (Q2_K,
- * Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS) past a few tokens run the 16 rows at once (mf_q8_tile16_kq);
- * the rest goes 4 rows at a time. */
+ * group g (the same bits).  At the avx512 level with VNNI, past a few tokens the 16 rows run at
+ * once: mf_q8_tile16_kq for the formats of Q8_K activations (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K,
+ * IQ4_XS), mf_q8_tile16_b32 for the 32-weight ones; the rest goes 4 rows at a time. */
 static inline void mf_q8_rows16_tokens(int dt, const void *const *w, int nr, const void *va,
                                        ptrdiff_t a_stride, int nt, ptrdiff_t n, float *out,
                                        ptrdiff_t os)
@@ -1945,7 +2142,10 @@ static inline void mf_q8_rows16_tokens(int dt, const void *const *w, int nr, con
         const void *wp[16];
         for (int r = 0; r < 16; r++)
             wp[r] = w[r < nr ? r : nr - 1];   /* missing rows: the last one again (discarded) */
-        mf_q8_tile16_kq(dt, wp, (const char *)va, a_stride, nt, n, out, os);
+        if (mf_q8_tile16_b32_takes(dt))
+            mf_q8_tile16_b32(dt, wp, (const char *)va, a_stride, nt, n, out, os);
+        else
+            mf_q8_tile16_kq(dt, wp, (const char *)va, a_stride, nt, n, out, os);
         return;
     }
 #endif

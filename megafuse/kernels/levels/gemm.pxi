@@ -310,7 +310,7 @@ cdef void block_dot_tokens_q8(
 
     16 rows x up to MF_Q8_TILE_TOKENS tokens at a time (fewer for long rows: the tokens' rows stay
     in L2 while the block's rows go past them), the rows decoded once for all of them
-    (rows16_tokens_dot_q8: 16 rows in the lanes for the K-quants at avx512, else 4-row groups;
+    (rows16_tokens_dot_q8: 16 rows in the lanes at avx512, else 4-row groups;
     the bits of one weight_row_dot_q8 per pair); a tile's results are stored when all the
     block's rows have them (store_tile)."""
     cdef float res[GEMM_ROWS * MF_Q8_TILE_TOKENS]   # [4-row group, token, 4]: a tile of the block

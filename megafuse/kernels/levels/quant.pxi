@@ -73,8 +73,8 @@ cdef inline void rows16_tokens_dot_q8(const void **w_rows, int nr, int dt, const
                                       Py_ssize_t a_row_bytes, int nt, Py_ssize_t n, float *out,
                                       Py_ssize_t group_stride) noexcept nogil:
     """rows_tokens_dot_q8 of the 4-row groups of w_rows[0..nr-1] (nr <= 16), group g's results at
-    out + g * group_stride -- the same bits.  The K-quants (Q4_K, Q5_K, Q6_K) at the avx512 level
-    run the 16 rows at once, in the lanes of the VNNI products (mf_q8_tile16_kq)."""
+    out + g * group_stride -- the same bits.  Every block format at the avx512 level runs the 16
+    rows at once, in the lanes of the VNNI products (mf_q8_tile16_kq, mf_q8_tile16_b32)."""
     mf_q8_rows16_tokens(dt, w_rows, nr, a_rows, a_row_bytes, nt, n, out, group_stride)
 
 
