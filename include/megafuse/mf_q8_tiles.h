@@ -1911,6 +1911,9 @@ static inline void mf_q8_tile16_kq(int dt, const void *const *vw, const char *xq
  * one-row dot.  Blocks past the row's end are left out, where the one-row dot adds +0 terms
  * (A_k is never -0): the same bits. */
 #define MF_Q8_B32_CHUNK 16       /* blocks of the 16 rows decoded at once (8 KiB of codes) */
+#ifndef MF_Q8_B32_TB
+#  define MF_Q8_B32_TB 8         /* tokens that share each load of a code register */
+#endif
 
 MF_ALWAYS_INLINE int mf_q8_tile16_b32_takes(int dt)
 {
@@ -2039,9 +2042,9 @@ MF_ALWAYS_INLINE const int8_t *mf_q_b32_codes(const char *a, ptrdiff_t b, int i)
 static inline void mf_q8_tile16_b32(int dt, const void *const *vw, const char *xq, ptrdiff_t xs,
                                     int nt, ptrdiff_t n, float *out, ptrdiff_t os)
 {
-    enum { TB = MF_Q8_TILE16_TB };
+    enum { TB = MF_Q8_B32_TB };
     mf_q_b32x16 D;
-    MF_ALIGNED(64) float acc[MF_Q8_TILE_TOKENS][4][16];
+    MF_ALIGNED(64) float acc[MF_Q8_TILE_TOKENS + 1][4][16];   /* the last: a call's spare tokens */
     MF_ALIGNED(64) int32_t cs[MF_Q8_TILE_TOKENS][MF_Q8_B32_CHUNK];
     const ptrdiff_t bsz = mf_q_bsz(dt), nb = n / QK8_0;
     const int o = mf_q_b32_offset(dt), asym = dt == CK_DT_Q4_1 || dt == CK_DT_Q5_1;
@@ -2060,11 +2063,10 @@ static inline void mf_q8_tile16_b32(int dt, const void *const *vw, const char *x
         for (int t = 0; t < nt; t += TB) {
             const int nu = nt - t < TB ? nt - t : TB;
             const char *a[TB];
-            __m512 A[TB][4];
+            float (*A[TB])[16];                  /* token u's chains; spare tokens: acc's last */
             for (int u = 0; u < TB; u++) {
                 a[u] = xq + (t + (u < nu ? u : 0)) * xs;
-                for (int k = 0; k < 4; k++)
-                    A[u][k] = _mm512_load_ps(acc[t + (u < nu ? u : 0)][k]);
+                A[u] = acc[u < nu ? t + u : MF_Q8_TILE_TOKENS];
             }
             for (int b4 = 0; b4 < ncb; b4 += 4)
                 MF_Q_UNROLL4
@@ -2085,14 +2087,12 @@ static inline void mf_q8_tile16_b32(int dt, const void *const *vw, const char *x
                     for (int u = 0; u < TB; u++) {
                         const float *f = mf_act_q8_0_f(a[u], (size_t)n, (size_t)(gb / 4)) + slot;
                         const __m512 dd = _mm512_mul_ps(D.dw[b], _mm512_set1_ps(f[0]));
-                        A[u][k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I[u]), dd, A[u][k]);
+                        __m512 x = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I[u]), dd, _mm512_load_ps(A[u][k]));
                         if (asym)
-                            A[u][k] = _mm512_fmadd_ps(D.mw[b], _mm512_set1_ps(f[1]), A[u][k]);
+                            x = _mm512_fmadd_ps(D.mw[b], _mm512_set1_ps(f[1]), x);
+                        _mm512_store_ps(A[u][k], x);
                     }
                 }
-            for (int u = 0; u < nu; u++)
-                for (int k = 0; k < 4; k++)
-                    _mm512_store_ps(acc[t + u][k], A[u][k]);
         }
     }
     for (int t = 0; t < nt; t++) {
