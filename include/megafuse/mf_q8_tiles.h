@@ -2050,6 +2050,7 @@ static inline void mf_q8_tile16_b32(int dt, const void *const *vw, const char *x
     const int o = mf_q_b32_offset(dt), asym = dt == CK_DT_Q4_1 || dt == CK_DT_Q5_1;
     const char *p[16];
     memset(acc, 0, (size_t)nt * sizeof acc[0]);
+    memset(acc[MF_Q8_TILE_TOKENS], 0, sizeof acc[0]);  /* the spare: no stack garbage (denormals) */
     for (ptrdiff_t b0 = 0; b0 < nb; b0 += MF_Q8_B32_CHUNK) {
         const int ncb = (int)(nb - b0 < MF_Q8_B32_CHUNK ? nb - b0 : MF_Q8_B32_CHUNK);
         for (int b = 0; b < ncb; b++) {
