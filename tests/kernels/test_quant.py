@@ -603,6 +603,77 @@ def test_int8_dot_across_levels():
                 assert a[0] == b[0] and same_bits(a[1], b[1]), (simd, dt.name)
 
 
+def _block32_codes(w, dt, n):
+    """The signed codes q_w [nb, 32] of one row of a 32-weight format (Q4_1 / Q5_1: the unsigned
+    codes) and its d, m [nb] as float32 (m = 0 for the symmetric formats)."""
+    b = w.reshape(n // 32, -1)
+    d = ref._fp16_to_f32(b[:, 0:2]).reshape(-1)
+    m = np.zeros_like(d)
+    if dt in (DT.Q4_1, DT.Q5_1):
+        m = ref._fp16_to_f32(b[:, 2:4]).reshape(-1)
+    if dt == DT.Q8_0:
+        return np.ascontiguousarray(b[:, 2:34]).view(np.int8).astype(np.int64), d, m
+    qs = {DT.Q4_0: 2, DT.Q4_1: 4, DT.Q5_0: 6, DT.Q5_1: 8, DT.IQ4_NL: 2}[dt]
+    q = ref._nibbles(b[:, qs:qs + 16]).astype(np.int64)
+    if dt in (DT.Q5_0, DT.Q5_1):
+        q |= ref._high_bits_32(b[:, qs - 4:qs]).astype(np.int64)
+    if dt == DT.IQ4_NL:
+        return ref.KVALUES_IQ4NL[q].astype(np.int64), d, m
+    return q - {DT.Q4_0: 8, DT.Q5_0: 16}.get(dt, 0), d, m
+
+
+def _block_sums_dot(w, dt, x):
+    """The int8 dot of the AVX-512 and NEON levels for the 32-weight formats (mf_dot_q8.h), op by
+    op: per block the exact sum I = q_w . q_a, the chain of its place k in its group of 4
+    A_k = fma(float(I), d_w * d_a, A_k) (then fma(m_w, s_a, A_k) for Q4_1 / Q5_1), the result
+    (A0 + A2) + (A1 + A3), all in float32 (each fma exact in long double, then rounded once)."""
+    n = x.size
+    qw, dw, mw = _block32_codes(w, dt, n)
+    qa, da = ref.quantize_q8_0(x)
+    qa = qa.reshape(-1, 32).astype(np.int64)
+    sums = (qw * qa).sum(axis=1)
+    sa = (da * qa.sum(axis=1).astype(np.float32)).astype(np.float32)      # exact
+    acc = [np.float32(0)] * 4
+
+    def fma(a, b, c):
+        return np.float32(np.longdouble(a) * np.longdouble(b) + np.longdouble(c))
+
+    for blk in range(n // 32):
+        k = blk % 4
+        acc[k] = fma(np.float32(sums[blk]), np.float32(dw[blk] * da[blk]), acc[k])
+        if dt in (DT.Q4_1, DT.Q5_1):
+            acc[k] = fma(mw[blk], sa[blk], acc[k])
+    return np.float32(np.float32(acc[0] + acc[2]) + np.float32(acc[1] + acc[3]))
+
+
+@pytest.mark.parametrize("dt", BLOCK32_FORMATS)
+def test_int8_dot_of_block_sums(dt):
+    """The 32-weight formats' int8 dot at the levels of the block-sum sequence (avx512, neon,
+    neon_dotprod, i8mm: those this CPU has) is _block_sums_dot bit for bit, one row and six,
+    for rows of 1..3 whole groups and a last group of 1, 2 or 3 blocks."""
+    levels = [lv for lv in _simd.supported_levels()
+              if lv in ("avx512", "neon", "neon_dotprod", "i8mm")]
+    if not levels:
+        pytest.skip("this CPU has none of avx512, neon, neon_dotprod, i8mm")
+    rng = np.random.default_rng(71 + int(dt))
+    cases = []
+    for n in (32, 64, 96, 128, 160, 4096 + 96):
+        w = random_blocks(rng, dt, 6, n)
+        x = (rng.standard_normal(n) * np.exp(rng.uniform(-2, 2))).astype(np.float32)
+        cases.append((w, x, np.array([_block_sums_dot(w[r], dt, x) for r in range(6)])))
+    before = mf.simd_level()
+    try:
+        for level in levels:
+            _kernels._load_level(level)
+            for w, x, want in cases:
+                one = np.array([_kernels._row_dot(w[r], dt, x, True) for r in range(6)],
+                               np.float32)
+                assert same_bits(one, want), (level, x.size)
+                assert same_bits(_kernels._rows_dot(w, dt, x, True), want), (level, x.size)
+    finally:
+        _kernels._load_level(before)
+
+
 @pytest.mark.parametrize("dt", BLOCK_FORMATS)
 def test_int8_multirow_dot_is_the_one_row_dot(simd_level, dt):
     """The one-token kernel of the projections (4 rows side by side, _rows_dot) gives every row
