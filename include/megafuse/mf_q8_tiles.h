@@ -1581,13 +1581,19 @@ MF_ALWAYS_INLINE __m512i mf_q_pair16(__m512i lo, __m512i hi)
     return _mm512_or_si512(_mm512_and_si512(lo, _mm512_set1_epi32(0xFFFF)), _mm512_slli_epi32(hi, 16));
 }
 
+/* The fp16 at offset o of each row's block as floats, lane r = row r. */
+MF_ALWAYS_INLINE __m512 mf_q_f16x16(const char *const p[16], ptrdiff_t o)
+{
+    MF_ALIGNED(32) uint16_t h[16];
+    for (int r = 0; r < 16; r++)
+        memcpy(&h[r], p[r] + o, 2);
+    return _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(const void *)h));
+}
+
 /* fp16 d of each row (at offset od of its block) as doubles, rows 0..7 | 8..15 */
 MF_ALWAYS_INLINE void mf_q_kq16_d(const char *const p[16], ptrdiff_t od, __m512d d[2])
 {
-    MF_ALIGNED(32) uint16_t dh[16];
-    for (int r = 0; r < 16; r++)
-        memcpy(&dh[r], p[r] + od, 2);
-    const __m512 d16 = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(const void *)dh));
+    const __m512 d16 = mf_q_f16x16(p, od);
     d[0] = _mm512_cvtps_pd(_mm512_castps512_ps256(d16));
     d[1] = _mm512_cvtps_pd(_mm512_extractf32x8_ps(d16, 1));
 }
@@ -1926,19 +1932,10 @@ typedef struct {
     __m512 dw[MF_Q8_B32_CHUNK], mw[MF_Q8_B32_CHUNK];
 } mf_q_b32x16;
 
+/* The tile's code offset: mf_q_off's (Q4_0, Q5_0), 128 for the signed formats (Q8_0, IQ4_NL) */
 MF_ALWAYS_INLINE int mf_q_b32_offset(int dt)
 {
-    return dt == CK_DT_Q4_0 ? 8 : dt == CK_DT_Q5_0 ? 16
-         : (dt == CK_DT_Q8_0 || dt == CK_DT_IQ4_NL) ? 128 : 0;
-}
-
-/* The fp16 at offset o of each row's block as floats, lane r = row r. */
-MF_ALWAYS_INLINE __m512 mf_q_f16x16(const char *const p[16], ptrdiff_t o)
-{
-    MF_ALIGNED(32) uint16_t h[16];
-    for (int r = 0; r < 16; r++)
-        memcpy(&h[r], p[r] + o, 2);
-    return _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(const void *)h));
+    return mf_q_kind(dt) == 2 ? 128 : mf_q_off(dt);
 }
 
 /* out[k] = [dword k of p[0] + o | ... | dword k of p[15] + o], k < 4: the rows' 16 bytes at o
