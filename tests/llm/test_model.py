@@ -495,9 +495,17 @@ def test_smollm2_top1_agrees_with_transformers(smollm2):
     smollm2.reset()
     logits = smollm2.forward(ref["ids"], logits="all")
     smollm2.reset()
-    agree = float(np.mean(logits.argmax(1) == ref["top1"]))
-    # float mode: the same math as transformers' float32 model; int8: llama.cpp's 98.9 %
-    assert agree >= (0.995 if smollm2.activations == "float" else 0.985), agree
+    agree = logits.argmax(1) == ref["top1"]
+    flips = np.nonzero(~agree)[0].tolist()
+    if smollm2.activations == "float":     # the same math as transformers' float32 model
+        assert agree.mean() >= 0.995, flips
+        return
+    # int8 mode moves a position's top-1 margin by ~0.1 logit (median), up to ~0.6 at the worst
+    # of the 84: a near-tie may flip (llama.cpp flips 1 of 84; megafuse 0-2, by SIMD level),
+    # a clear winner may not.
+    clear = ref["margin"] >= 0.5
+    assert agree[clear].all(), [(i, float(ref["margin"][i])) for i in flips]
+    assert agree.mean() >= 0.975, flips
 
 
 def test_smollm2_with_a_float16_cache_agrees_with_transformers(smollm2_path):
