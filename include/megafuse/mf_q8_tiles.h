@@ -37,12 +37,15 @@
 #if defined(__GNUC__) && !defined(__clang__)
 #  define MF_Q_NO_UNROLL _Pragma("GCC unroll 1")
 #  define MF_Q_UNROLL4 _Pragma("GCC unroll 4")
+#  define MF_Q_UNROLL8 _Pragma("GCC unroll 8")
 #elif defined(__clang__)
 #  define MF_Q_NO_UNROLL
 #  define MF_Q_UNROLL4 _Pragma("unroll")
+#  define MF_Q_UNROLL8 _Pragma("unroll")
 #else
 #  define MF_Q_NO_UNROLL
 #  define MF_Q_UNROLL4
+#  define MF_Q_UNROLL8
 #endif
 #define MF_Q8_TILE_TOKENS 64     /* tokens one tile call accumulates (its stack accumulators) */
 #ifndef MF_Q8_TILE_ACT_BYTES
@@ -1918,7 +1921,7 @@ static inline void mf_q8_tile16_kq(int dt, const void *const *vw, const char *xq
  * (A_k is never -0): the same bits. */
 #define MF_Q8_B32_CHUNK 16       /* blocks of the 16 rows decoded at once (8 KiB of codes) */
 #ifndef MF_Q8_B32_TB
-#  define MF_Q8_B32_TB 8         /* tokens that share each load of a code register */
+#  define MF_Q8_B32_TB 4         /* tokens that share each load of a code register */
 #endif
 
 MF_ALWAYS_INLINE int mf_q8_tile16_b32_takes(int dt)
@@ -2034,22 +2037,25 @@ MF_ALWAYS_INLINE const int8_t *mf_q_b32_codes(const char *a, ptrdiff_t b, int i)
 
 /* nt (<= MF_Q8_TILE_TOKENS) tokens of Q8_0 activation rows at xq (stride xs) against the 16
  * rows vw[0..15] of a 32-weight format: out[(r / 4) * os + 4 * t + r % 4], each the bits of the
- * row's one-row dot.  MF_Q8_TILE16_TB tokens share each load of a code register; a token's 4
+ * row's one-row dot.  MF_Q8_B32_TB tokens share each load of a code register; a token's 4
  * chains of the 16 rows live in acc between chunks. */
 static inline void mf_q8_tile16_b32(int dt, const void *const *vw, const char *xq, ptrdiff_t xs,
                                     int nt, ptrdiff_t n, float *out, ptrdiff_t os)
 {
-    enum { TB = MF_Q8_B32_TB };
+    enum { TB = MF_Q8_B32_TB, NC = MF_Q8_B32_CHUNK };
     mf_q_b32x16 D;
-    MF_ALIGNED(64) float acc[MF_Q8_TILE_TOKENS + 1][4][16];   /* the last: a call's spare tokens */
-    MF_ALIGNED(64) int32_t cs[MF_Q8_TILE_TOKENS][MF_Q8_B32_CHUNK];
+    /* by token, rows nt .. nt + TB - 1 the last group's spare tokens (computed, never read):
+     * the chains A_k of the 16 rows, and the chunk's offset terms (mf_q_b32_offsets) */
+    MF_ALIGNED(64) float acc[MF_Q8_TILE_TOKENS + TB][4][16];
+    MF_ALIGNED(64) int32_t cs[MF_Q8_TILE_TOKENS + TB][NC];
     const ptrdiff_t bsz = mf_q_bsz(dt), nb = n / QK8_0;
     const int o = mf_q_b32_offset(dt), asym = dt == CK_DT_Q4_1 || dt == CK_DT_Q5_1;
     const char *p[16];
-    memset(acc, 0, (size_t)nt * sizeof acc[0]);
-    memset(acc[MF_Q8_TILE_TOKENS], 0, sizeof acc[0]);  /* the spare: no stack garbage (denormals) */
-    for (ptrdiff_t b0 = 0; b0 < nb; b0 += MF_Q8_B32_CHUNK) {
-        const int ncb = (int)(nb - b0 < MF_Q8_B32_CHUNK ? nb - b0 : MF_Q8_B32_CHUNK);
+    /* spare tokens' rows too: no stack garbage (denormals) in what they compute */
+    memset(acc, 0, (size_t)(nt + TB) * sizeof acc[0]);
+    memset(cs[nt], 0, TB * sizeof cs[0]);
+    for (ptrdiff_t b0 = 0; b0 < nb; b0 += NC) {
+        const int ncb = (int)(nb - b0 < NC ? nb - b0 : NC);
         for (int b = 0; b < ncb; b++) {
             for (int r = 0; r < 16; r++)
                 p[r] = (const char *)vw[r] + (b0 + b) * bsz;
@@ -2060,12 +2066,15 @@ static inline void mf_q8_tile16_b32(int dt, const void *const *vw, const char *x
                 mf_q_b32_offsets(xq + t * xs, n, b0, ncb, o, cs[t]);
         for (int t = 0; t < nt; t += TB) {
             const int nu = nt - t < TB ? nt - t : TB;
-            const char *a[TB];
-            float (*A[TB])[16];                  /* token u's chains; spare tokens: acc's last */
-            for (int u = 0; u < TB; u++) {
+            const char *a[TB];                   /* spare tokens read the group's first one */
+            for (int u = 0; u < TB; u++)
                 a[u] = xq + (t + (u < nu ? u : 0)) * xs;
-                A[u] = acc[u < nu ? t + u : MF_Q8_TILE_TOKENS];
-            }
+            float (*const A)[4][16] = acc + t;   /* token u's chains A[u][k], in registers */
+            const int32_t (*const C)[NC] = cs + t;
+            __m512 c[TB][4];
+            for (int u = 0; u < TB; u++)
+                for (int k = 0; k < 4; k++)
+                    c[u][k] = _mm512_load_ps(A[u][k]);
             for (int b4 = 0; b4 < ncb; b4 += 4)
                 MF_Q_UNROLL4
                 for (int k = 0; k < 4; k++) {   /* k: the block's place in its group */
@@ -2076,7 +2085,8 @@ static inline void mf_q8_tile16_b32(int dt, const void *const *vw, const char *x
                     const size_t slot = mf_act_q8_0_f_slot((size_t)k);
                     __m512i I[TB];
                     for (int u = 0; u < TB; u++)
-                        I[u] = o ? _mm512_set1_epi32(cs[t + (u < nu ? u : 0)][b]) : _mm512_setzero_si512();
+                        I[u] = o ? _mm512_set1_epi32(C[u][b]) : _mm512_setzero_si512();
+                    MF_Q_UNROLL8
                     for (int i = 0; i < 8; i++) {
                         const __m512i qv = D.q[b][i];
                         for (int u = 0; u < TB; u++)
@@ -2085,12 +2095,14 @@ static inline void mf_q8_tile16_b32(int dt, const void *const *vw, const char *x
                     for (int u = 0; u < TB; u++) {
                         const float *f = mf_act_q8_0_f(a[u], (size_t)n, (size_t)(gb / 4)) + slot;
                         const __m512 dd = _mm512_mul_ps(D.dw[b], _mm512_set1_ps(f[0]));
-                        __m512 x = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I[u]), dd, _mm512_load_ps(A[u][k]));
+                        c[u][k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I[u]), dd, c[u][k]);
                         if (asym)
-                            x = _mm512_fmadd_ps(D.mw[b], _mm512_set1_ps(f[1]), x);
-                        _mm512_store_ps(A[u][k], x);
+                            c[u][k] = _mm512_fmadd_ps(D.mw[b], _mm512_set1_ps(f[1]), c[u][k]);
                     }
                 }
+            for (int u = 0; u < TB; u++)
+                for (int k = 0; k < 4; k++)
+                    _mm512_store_ps(A[u][k], c[u][k]);
         }
     }
     for (int t = 0; t < nt; t++) {
