@@ -1863,8 +1863,9 @@ MF_ALWAYS_INLINE void mf_q_kq16_term(int dt, const mf_q_kq16 *D, float da, __m51
  * vw[0..15] of Q2_K, Q3_K, Q4_K, Q5_K, Q6_K or IQ4_XS: out[(r / 4) * os + 4 * t + r % 4].  Each (row, token)'s
  * integer sums are its one-row dot's, and its double steps the same operations in the same
  * order: the same bits, whichever tokens and rows share the call. */
-static inline void mf_q8_tile16_kq(int dt, const void *const *vw, const char *xq, ptrdiff_t xs,
-                                   int nt, ptrdiff_t n, float *out, ptrdiff_t os)
+MF_ALWAYS_INLINE void mf_q8_tile16_kq_body(int dt, const void *const *vw, const char *xq,
+                                           ptrdiff_t xs, int nt, ptrdiff_t n, float *out,
+                                           ptrdiff_t os)
 {
     mf_q_kq16 D[MF_Q8_TILE16_NS];
     MF_ALIGNED(64) double acc[MF_Q8_TILE_TOKENS][16];
@@ -2039,8 +2040,9 @@ MF_ALWAYS_INLINE const int8_t *mf_q_b32_codes(const char *a, ptrdiff_t b, int i)
  * rows vw[0..15] of a 32-weight format: out[(r / 4) * os + 4 * t + r % 4], each the bits of the
  * row's one-row dot.  MF_Q8_B32_TB tokens share each load of a code register; a token's 4
  * chains of the 16 rows live in acc between chunks. */
-static inline void mf_q8_tile16_b32(int dt, const void *const *vw, const char *xq, ptrdiff_t xs,
-                                    int nt, ptrdiff_t n, float *out, ptrdiff_t os)
+MF_ALWAYS_INLINE void mf_q8_tile16_b32_body(int dt, const void *const *vw, const char *xq,
+                                            ptrdiff_t xs, int nt, ptrdiff_t n, float *out,
+                                            ptrdiff_t os)
 {
     enum { TB = MF_Q8_B32_TB, NC = MF_Q8_B32_CHUNK };
     mf_q_b32x16 D;
@@ -2114,6 +2116,40 @@ static inline void mf_q8_tile16_b32(int dt, const void *const *vw, const char *x
             out[(j / 4) * os + 4 * t + j % 4] = v[j];
     }
 }
+
+/* The 16-row tiles, each format's body compiled on its own (its steps, offsets and branches
+ * constants): mf_q8_tile16_kq for the formats of Q8_K activations, mf_q8_tile16_b32 for the
+ * 32-weight ones.  Other formats are not theirs (mf_q8_tile16_takes). */
+#define MF_Q8_TILE16_CASE(BODY, DT) \
+    case DT: BODY(DT, vw, xq, xs, nt, n, out, os); break;
+static inline void mf_q8_tile16_kq(int dt, const void *const *vw, const char *xq, ptrdiff_t xs, int nt,
+                            ptrdiff_t n, float *out, ptrdiff_t os)
+{
+    switch (dt) {
+    MF_Q8_TILE16_CASE(mf_q8_tile16_kq_body, CK_DT_Q2_K)
+    MF_Q8_TILE16_CASE(mf_q8_tile16_kq_body, CK_DT_Q3_K)
+    MF_Q8_TILE16_CASE(mf_q8_tile16_kq_body, CK_DT_Q4_K)
+    MF_Q8_TILE16_CASE(mf_q8_tile16_kq_body, CK_DT_Q5_K)
+    MF_Q8_TILE16_CASE(mf_q8_tile16_kq_body, CK_DT_Q6_K)
+    MF_Q8_TILE16_CASE(mf_q8_tile16_kq_body, CK_DT_IQ4_XS)
+    default: break;
+    }
+}
+
+static inline void mf_q8_tile16_b32(int dt, const void *const *vw, const char *xq, ptrdiff_t xs, int nt,
+                             ptrdiff_t n, float *out, ptrdiff_t os)
+{
+    switch (dt) {
+    MF_Q8_TILE16_CASE(mf_q8_tile16_b32_body, CK_DT_Q4_0)
+    MF_Q8_TILE16_CASE(mf_q8_tile16_b32_body, CK_DT_Q4_1)
+    MF_Q8_TILE16_CASE(mf_q8_tile16_b32_body, CK_DT_Q5_0)
+    MF_Q8_TILE16_CASE(mf_q8_tile16_b32_body, CK_DT_Q5_1)
+    MF_Q8_TILE16_CASE(mf_q8_tile16_b32_body, CK_DT_Q8_0)
+    MF_Q8_TILE16_CASE(mf_q8_tile16_b32_body, CK_DT_IQ4_NL)
+    default: break;
+    }
+}
+#undef MF_Q8_TILE16_CASE
 #endif
 
 /* The 16-row tiles take every block format at the avx512 level with VNNI: the formats of Q8_K
