@@ -2039,7 +2039,7 @@ MF_ALWAYS_INLINE const int8_t *mf_q_b32_codes(const char *a, ptrdiff_t b, int i)
 /* nt (<= MF_Q8_TILE_TOKENS) tokens of Q8_0 activation rows at xq (stride xs) against the 16
  * rows vw[0..15] of a 32-weight format: out[(r / 4) * os + 4 * t + r % 4], each the bits of the
  * row's one-row dot.  MF_Q8_B32_TB tokens share each load of a code register; a token's 4
- * chains of the 16 rows live in acc between chunks. */
+ * chains of the 16 rows stay in registers over a chunk and in acc between chunks. */
 MF_ALWAYS_INLINE void mf_q8_tile16_b32_body(int dt, const void *const *vw, const char *xq,
                                             ptrdiff_t xs, int nt, ptrdiff_t n, float *out,
                                             ptrdiff_t os)
@@ -2122,8 +2122,8 @@ MF_ALWAYS_INLINE void mf_q8_tile16_b32_body(int dt, const void *const *vw, const
  * 32-weight ones.  Other formats are not theirs (mf_q8_tile16_takes). */
 #define MF_Q8_TILE16_CASE(BODY, DT) \
     case DT: BODY(DT, vw, xq, xs, nt, n, out, os); break;
-static inline void mf_q8_tile16_kq(int dt, const void *const *vw, const char *xq, ptrdiff_t xs, int nt,
-                            ptrdiff_t n, float *out, ptrdiff_t os)
+static inline void mf_q8_tile16_kq(int dt, const void *const *vw, const char *xq, ptrdiff_t xs,
+                                   int nt, ptrdiff_t n, float *out, ptrdiff_t os)
 {
     switch (dt) {
     MF_Q8_TILE16_CASE(mf_q8_tile16_kq_body, CK_DT_Q2_K)
@@ -2136,8 +2136,8 @@ static inline void mf_q8_tile16_kq(int dt, const void *const *vw, const char *xq
     }
 }
 
-static inline void mf_q8_tile16_b32(int dt, const void *const *vw, const char *xq, ptrdiff_t xs, int nt,
-                             ptrdiff_t n, float *out, ptrdiff_t os)
+static inline void mf_q8_tile16_b32(int dt, const void *const *vw, const char *xq, ptrdiff_t xs,
+                                    int nt, ptrdiff_t n, float *out, ptrdiff_t os)
 {
     switch (dt) {
     MF_Q8_TILE16_CASE(mf_q8_tile16_b32_body, CK_DT_Q4_0)
