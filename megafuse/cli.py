@@ -9,6 +9,7 @@
                    [--json out.json] [--seed 0] [--no-check]
     megafuse serve [--model FILE.gguf] [--host 127.0.0.1] [--port 8000] [--parallel 4]
                    [--api-key KEY] [--threads N] [--ctx N] [--max-queue 64]
+                   [--graceful-seconds 30]
     megafuse info                                  # megafuse.show_config()
 
 ``run`` generates text with a GGUF model (default: SmolLM2-135M-Instruct; ``--model`` takes a path
@@ -329,6 +330,9 @@ def add_serve_arguments(parser):
                         help="what the KV caches hold (float32)")
     parser.add_argument("--model-name", default=None,
                         help="the model id clients use (default: the file's name)")
+    parser.add_argument("--graceful-seconds", type=float, default=30.0,
+                        help="on SIGTERM / SIGINT, how long the requests in flight may take to "
+                             "finish before they are cancelled (30)")
 
 
 def build_parser():
@@ -405,6 +409,8 @@ def cmd_serve(args, parser):
         parser.error(f"--max-queue: expected a value >= 0, got {args.max_queue}")
     if args.ctx < 0:
         parser.error(f"--ctx: expected a positive value, got {args.ctx}")
+    if not args.graceful_seconds >= 0:
+        parser.error(f"--graceful-seconds: expected a value >= 0, got {args.graceful_seconds}")
     try:
         from megafuse.llm import fetch as models
         from megafuse.llm.model import Model
@@ -427,7 +433,7 @@ def cmd_serve(args, parser):
     print(f"megafuse serve: {model.config.name or path} on http://{args.host}:{args.port}/v1 "
           f"({args.parallel} sequences of {ctx} positions, {model.activations} activations)",
           file=sys.stderr, flush=True)
-    run(app, host=args.host, port=args.port)
+    run(app, host=args.host, port=args.port, graceful_seconds=args.graceful_seconds)
     return 0
 
 

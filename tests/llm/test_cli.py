@@ -401,6 +401,8 @@ def test_more_threads_than_cpus_warns(smollm2_path, capsys, threads):
 def test_serve_arguments_are_checked(capsys):
     for argv, name in ((["serve", "--parallel", "0"], "--parallel"),
                        (["serve", "--max-queue", "-1"], "--max-queue"),
+                       (["serve", "--graceful-seconds", "-1"], "--graceful-seconds"),
+                       (["serve", "--graceful-seconds", "nan"], "--graceful-seconds"),
                        (["serve", "--port", "0"], "--port")):
         with pytest.raises(SystemExit) as exc:
             cli.main(argv)

@@ -47,4 +47,4 @@ def running_server(model, **options):
         yield f"http://127.0.0.1:{port}/v1", app
     finally:
         server.should_exit = True
-        thread.join(30)
+        thread.join(hang_timeout(30))

@@ -178,7 +178,7 @@ def test_a_cancelled_request_frees_its_sequence_at_once(float_model):
         ids = C.prompt_ids(model, "Tell me a long story.", 256)
         job = engine.submit_generation(ids, C.settings(model, max_tokens=200, temperature=0),
                                        on_event)
-        assert first.wait(60)
+        assert first.wait(hang_timeout(60))
         job.cancel()
         while got.get(timeout=hang_timeout(30)).kind != "done":
             pass

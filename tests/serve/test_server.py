@@ -283,7 +283,8 @@ def test_sigterm_lets_the_request_in_flight_finish_and_exits(smollm2_path, tmp_p
     port = free_port()
     env = dict(os.environ, OMP_NUM_THREADS="1")
     proc = subprocess.Popen([sys.executable, "-m", "megafuse", "serve", "--model", smollm2_path,
-                             "--port", str(port), "--parallel", "2", "--ctx", "256"],
+                             "--port", str(port), "--parallel", "2", "--ctx", "256",
+                             "--graceful-seconds", str(hang_timeout(30))],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
     try:
         wait_healthy(port, hang_timeout(120), lambda: proc.poll() is None,
@@ -305,11 +306,11 @@ def test_sigterm_lets_the_request_in_flight_finish_and_exits(smollm2_path, tmp_p
             result["n"] = len(pieces)
         t = threading.Thread(target=stream)
         t.start()
-        assert started.wait(60)
+        assert started.wait(hang_timeout(60))
         proc.send_signal(signal.SIGTERM)
-        t.join(60)
+        t.join(hang_timeout(60))
         assert result == {"finish": "length", "n": 40}
-        assert proc.wait(60) == 0
+        assert proc.wait(hang_timeout(60)) == 0
         with pytest.raises(httpx.HTTPError):
             httpx.get(f"http://127.0.0.1:{port}/health", timeout=1)
     finally:
