@@ -181,6 +181,11 @@ def impl_id(impl):
     return impl.replace(" ", "_")
 
 
+# cases beyond SHAPES x TOKENS: the FP32 attention-block prefill of Llama-3.2-1B at T = 512, the
+# FP32 prefill target against PyTorch (issue 38)
+EXTRA_CASES = (("attention", "llama-3.2-1b", "FP32", 512),)
+
+
 def cases(block):
     """Every case of a block, grouped by weight set (each set is built once), and the reason a
     listed format cannot run on a shape (None when it can)."""
@@ -195,6 +200,9 @@ def cases(block):
                        f"(llama.cpp writes {KQUANT_FALLBACK[label]} there: see those rows)")
             for T in TOKENS:
                 out.append((Case(block, shape, label, T), why))
+    for b, name, label, T in EXTRA_CASES:
+        if b == block and T not in TOKENS:
+            out.append((Case(block, SHAPE[name], label, T), None))
     return out
 
 
