@@ -1863,7 +1863,7 @@ MF_ALWAYS_INLINE void mf_q_kq16_term(int dt, const mf_q_kq16 *D, float da, __m51
  * vw[0..15] of Q2_K, Q3_K, Q4_K, Q5_K, Q6_K or IQ4_XS: out[(r / 4) * os + 4 * t + r % 4].  Each (row, token)'s
  * integer sums are its one-row dot's, and its double steps the same operations in the same
  * order: the same bits, whichever tokens and rows share the call. */
-MF_ALWAYS_INLINE void mf_q8_tile16_kq_body(int dt, const void *const *vw, const char *xq,
+MF_ALWAYS_INLINE void mf_q8_tile16_kq(int dt, const void *const *vw, const char *xq,
                                            ptrdiff_t xs, int nt, ptrdiff_t n, float *out,
                                            ptrdiff_t os)
 {
@@ -2040,7 +2040,7 @@ MF_ALWAYS_INLINE const int8_t *mf_q_b32_codes(const char *a, ptrdiff_t b, int i)
  * rows vw[0..15] of a 32-weight format: out[(r / 4) * os + 4 * t + r % 4], each the bits of the
  * row's one-row dot.  MF_Q8_B32_TB tokens share each load of a code register; a token's 4
  * chains of the 16 rows stay in registers over a chunk and in acc between chunks. */
-MF_ALWAYS_INLINE void mf_q8_tile16_b32_body(int dt, const void *const *vw, const char *xq,
+MF_ALWAYS_INLINE void mf_q8_tile16_b32(int dt, const void *const *vw, const char *xq,
                                             ptrdiff_t xs, int nt, ptrdiff_t n, float *out,
                                             ptrdiff_t os)
 {
@@ -2122,30 +2122,22 @@ MF_ALWAYS_INLINE void mf_q8_tile16_b32_body(int dt, const void *const *vw, const
  * 32-weight ones.  Other formats are not theirs (mf_q8_tile16_takes). */
 #define MF_Q8_TILE16_CASE(BODY, DT) \
     case DT: BODY(DT, vw, xq, xs, nt, n, out, os); break;
-static inline void mf_q8_tile16_kq(int dt, const void *const *vw, const char *xq, ptrdiff_t xs,
-                                   int nt, ptrdiff_t n, float *out, ptrdiff_t os)
+static inline void mf_q8_tile16(int dt, const void *const *vw, const char *xq, ptrdiff_t xs,
+                                int nt, ptrdiff_t n, float *out, ptrdiff_t os)
 {
     switch (dt) {
-    MF_Q8_TILE16_CASE(mf_q8_tile16_kq_body, CK_DT_Q2_K)
-    MF_Q8_TILE16_CASE(mf_q8_tile16_kq_body, CK_DT_Q3_K)
-    MF_Q8_TILE16_CASE(mf_q8_tile16_kq_body, CK_DT_Q4_K)
-    MF_Q8_TILE16_CASE(mf_q8_tile16_kq_body, CK_DT_Q5_K)
-    MF_Q8_TILE16_CASE(mf_q8_tile16_kq_body, CK_DT_Q6_K)
-    MF_Q8_TILE16_CASE(mf_q8_tile16_kq_body, CK_DT_IQ4_XS)
-    default: break;
-    }
-}
-
-static inline void mf_q8_tile16_b32(int dt, const void *const *vw, const char *xq, ptrdiff_t xs,
-                                    int nt, ptrdiff_t n, float *out, ptrdiff_t os)
-{
-    switch (dt) {
-    MF_Q8_TILE16_CASE(mf_q8_tile16_b32_body, CK_DT_Q4_0)
-    MF_Q8_TILE16_CASE(mf_q8_tile16_b32_body, CK_DT_Q4_1)
-    MF_Q8_TILE16_CASE(mf_q8_tile16_b32_body, CK_DT_Q5_0)
-    MF_Q8_TILE16_CASE(mf_q8_tile16_b32_body, CK_DT_Q5_1)
-    MF_Q8_TILE16_CASE(mf_q8_tile16_b32_body, CK_DT_Q8_0)
-    MF_Q8_TILE16_CASE(mf_q8_tile16_b32_body, CK_DT_IQ4_NL)
+    MF_Q8_TILE16_CASE(mf_q8_tile16_kq, CK_DT_Q2_K)
+    MF_Q8_TILE16_CASE(mf_q8_tile16_kq, CK_DT_Q3_K)
+    MF_Q8_TILE16_CASE(mf_q8_tile16_kq, CK_DT_Q4_K)
+    MF_Q8_TILE16_CASE(mf_q8_tile16_kq, CK_DT_Q5_K)
+    MF_Q8_TILE16_CASE(mf_q8_tile16_kq, CK_DT_Q6_K)
+    MF_Q8_TILE16_CASE(mf_q8_tile16_kq, CK_DT_IQ4_XS)
+    MF_Q8_TILE16_CASE(mf_q8_tile16_b32, CK_DT_Q4_0)
+    MF_Q8_TILE16_CASE(mf_q8_tile16_b32, CK_DT_Q4_1)
+    MF_Q8_TILE16_CASE(mf_q8_tile16_b32, CK_DT_Q5_0)
+    MF_Q8_TILE16_CASE(mf_q8_tile16_b32, CK_DT_Q5_1)
+    MF_Q8_TILE16_CASE(mf_q8_tile16_b32, CK_DT_Q8_0)
+    MF_Q8_TILE16_CASE(mf_q8_tile16_b32, CK_DT_IQ4_NL)
     default: break;
     }
 }
@@ -2188,10 +2180,7 @@ static inline void mf_q8_rows16_tokens(int dt, const void *const *w, int nr, con
         const void *wp[16];
         for (int r = 0; r < 16; r++)
             wp[r] = w[r < nr ? r : nr - 1];   /* missing rows: the last one again (discarded) */
-        if (mf_q8_tile16_b32_takes(dt))
-            mf_q8_tile16_b32(dt, wp, (const char *)va, a_stride, nt, n, out, os);
-        else
-            mf_q8_tile16_kq(dt, wp, (const char *)va, a_stride, nt, n, out, os);
+        mf_q8_tile16(dt, wp, (const char *)va, a_stride, nt, n, out, os);
         return;
     }
 #endif
