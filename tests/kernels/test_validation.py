@@ -1,5 +1,7 @@
 """docs/contract.md §5 for the decode and rmsnorm_qkv entry points: each rule has a test; every
 rejected call leaves output, caches and workspaces byte-identical."""
+import warnings
+
 import numpy as np
 import pytest
 
@@ -379,7 +381,14 @@ def test_prefill_checks_again_after_a_valid_call(rule):
 def _in_place_changes():
     """(id, change made to an argument array in place after a valid call, exception, words)."""
     def retype(a):
-        a["input"].dtype = np.int32            # the same object and buffer, another dtype
+        # the same object and buffer, another dtype: NumPy 2.5 deprecates setting .dtype, and
+        # while a NumPy allows it the checks must see it
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            try:
+                a["input"].dtype = np.int32
+            except (AttributeError, TypeError) as e:
+                pytest.skip(f"this NumPy cannot change an array's dtype in place: {e}")
 
     def shrink(a):
         a["wq"].resize(a["wq"].size - 4, refcheck=False)    # the same object, fewer elements

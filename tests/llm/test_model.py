@@ -669,6 +669,8 @@ def _forward_in_child(model, ids, queue):
     queue.put(model.forward(ids, logits="all"))
 
 
+# Python 3.12 warns of fork() in a process with threads: the fork is what this test is about
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")
 def test_a_forked_child_runs_the_model(tmp_path):
     """The team's threads do not survive fork(): the child starts its own (no hang, as an
     OpenMP runtime would after its parent used it)."""
