@@ -18,7 +18,8 @@ ROOT = os.path.dirname(TESTS_DIR)
 
 # Timeouts of subprocesses, servers and queues guard against hangs; they never measure speed.
 # Under emulation every one of them stretches by MEGAFUSE_TEST_TIMEOUT_SCALE (set by
-# tools/aarch64-emulated.sh: qemu-user runs the suite about 10x slower, more on a loaded machine).
+# tools/aarch64-emulated.sh: qemu-user runs the suite 10x slower, its float-mode serving tests
+# several hundred times, more on a loaded machine).
 TIMEOUT_SCALE = float(os.environ.get("MEGAFUSE_TEST_TIMEOUT_SCALE", "1"))
 assert TIMEOUT_SCALE > 0, f"MEGAFUSE_TEST_TIMEOUT_SCALE must be positive, not {TIMEOUT_SCALE}"
 

@@ -21,9 +21,10 @@
 #      pytest's.
 # megafuse builds its four aarch64 levels (generic, neon, neon_dotprod, i8mm).  QEMU_CPU
 # (cortex-a53, neoverse-n1, max, ...), MEGAFUSE_SIMD, MEGAFUSE_TEST_LEVELS and OMP_NUM_THREADS are
-# passed through to the emulated processes.  MEGAFUSE_TEST_TIMEOUT_SCALE (default 10) stretches the
+# passed through to the emulated processes.  MEGAFUSE_TEST_TIMEOUT_SCALE (default 40) stretches the
 # tests' hang guards (subprocess, server and queue timeouts; tests/helpers.py): under qemu a wheel
-# build or a Ray start takes ten times its native time, more beside other runs.
+# build or a Ray start takes ten times its native time, the float-mode serving tests several
+# hundred times, more beside other runs.
 #
 # --levels: three runs, each on the emulated CPU whose best level is the one it tests:
 #   QEMU_CPU=cortex-a53  (ARMv8.0: no dotprod)  -> neon          (kernel tests at generic and neon)
@@ -126,7 +127,7 @@ in_root() {
         ${QEMU_CPU:+QEMU_CPU="$QEMU_CPU"} ${MEGAFUSE_SIMD:+MEGAFUSE_SIMD="$MEGAFUSE_SIMD"} \
         ${OMP_NUM_THREADS:+OMP_NUM_THREADS="$OMP_NUM_THREADS"} \
         ${MEGAFUSE_TEST_LEVELS:+MEGAFUSE_TEST_LEVELS="$MEGAFUSE_TEST_LEVELS"} \
-        MEGAFUSE_TEST_TIMEOUT_SCALE="${MEGAFUSE_TEST_TIMEOUT_SCALE:-10}" \
+        MEGAFUSE_TEST_TIMEOUT_SCALE="${MEGAFUSE_TEST_TIMEOUT_SCALE:-40}" \
         /bin/bash -c "$1"
 }
 
