@@ -1864,8 +1864,8 @@ MF_ALWAYS_INLINE void mf_q_kq16_term(int dt, const mf_q_kq16 *D, float da, __m51
  * integer sums are its one-row dot's, and its double steps the same operations in the same
  * order: the same bits, whichever tokens and rows share the call. */
 MF_ALWAYS_INLINE void mf_q8_tile16_kq(int dt, const void *const *vw, const char *xq,
-                                           ptrdiff_t xs, int nt, ptrdiff_t n, float *out,
-                                           ptrdiff_t os)
+                                      ptrdiff_t xs, int nt, ptrdiff_t n, float *out,
+                                      ptrdiff_t os)
 {
     mf_q_kq16 D[MF_Q8_TILE16_NS];
     MF_ALIGNED(64) double acc[MF_Q8_TILE_TOKENS][16];
@@ -2041,8 +2041,8 @@ MF_ALWAYS_INLINE const int8_t *mf_q_b32_codes(const char *a, ptrdiff_t b, int i)
  * row's one-row dot.  MF_Q8_B32_TB tokens share each load of a code register; a token's 4
  * chains of the 16 rows stay in registers over a chunk and in acc between chunks. */
 MF_ALWAYS_INLINE void mf_q8_tile16_b32(int dt, const void *const *vw, const char *xq,
-                                            ptrdiff_t xs, int nt, ptrdiff_t n, float *out,
-                                            ptrdiff_t os)
+                                       ptrdiff_t xs, int nt, ptrdiff_t n, float *out,
+                                       ptrdiff_t os)
 {
     enum { TB = MF_Q8_B32_TB, NC = MF_Q8_B32_CHUNK };
     mf_q_b32x16 D;
