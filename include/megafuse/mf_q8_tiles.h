@@ -1522,8 +1522,11 @@ static inline void mf_q8_rows_tokens(int dt, const void *const *w, int nr, const
  *   sc[j]   sub-block j's scale as int32 (Q2_K's 4-bit sc, Q3_K's sc - 32, Q4_K / Q5_K's 6-bit
  *           sc, Q6_K's int8, IQ4_XS's ls - 32)
  *   mp[i]   int16 pairs against dword i of bsums (bsums[2i], bsums[2i + 1]): the mins [m_2i,
- *           m_2i+1] (Q2_K) or [m_i, m_i] (Q4_K / Q5_K), whose sum is summ; or the scales [sc_2i,
- *           sc_2i+1] (Q3_K, Q6_K) or [sc_i, sc_i] (IQ4_XS), whose sum the offset multiplies
+ *           m_2i+1] (Q2_K), whose sum is summ, or the scales [sc_2i, sc_2i+1] (Q3_K, Q6_K), whose
+ *           sum the offset multiplies; for the 32-weight sub-blocks (mf_q_kq16_paired: Q4_K /
+ *           Q5_K's mins, IQ4_XS's scales) mp[k], k < 4, = [x_2k, x_2k+1] against dword k of
+ *           the pair sums bsums[2i] + bsums[2i + 1] (sub-block i's code sum): 4 vpdpwssd a
+ *           token, not 8
  *   d, dm   d and dmin of the 16 rows as double, rows 0..7 | 8..15 (dm 0 without mins) */
 #ifndef MF_Q8_TILE16_NS
 #  define MF_Q8_TILE16_NS 2     /* super-blocks of the 16 rows decoded at once (12 KiB) */
@@ -1691,13 +1694,14 @@ MF_ALWAYS_INLINE void mf_q_kq16_decode(int dt, const char *const p[16], mf_q_kq1
                 D->q[8 * j + 4 + i] = _mm512_shuffle_epi8(kv, _mm512_and_si512(_mm512_srli_epi16(x, 4), m4));
             }
         const __m512i kf = _mm512_set1_epi32(0x0F), k3 = _mm512_set1_epi32(3);
-        for (int j = 0; j < 8; j++) {   /* ls_j - 32 (mf_iq4xs_scale), and [ls_j - 32, ls_j - 32] */
+        for (int j = 0; j < 8; j++) {   /* ls_j - 32 (mf_iq4xs_scale) */
             const __m512i ls = _mm512_or_si512(
                 _mm512_and_si512(_mm512_srli_epi32(S[1], 4 * j), kf),
                 _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(S[0], 16 + 2 * j), k3), 4));
             D->sc[j] = _mm512_sub_epi32(ls, _mm512_set1_epi32(32));
-            D->mp[j] = mf_q_pair16(D->sc[j], D->sc[j]);
         }
+        for (int k = 0; k < 4; k++)     /* [ls_2k - 32, ls_2k+1 - 32] (mf_q_kq16_paired) */
+            D->mp[k] = mf_q_pair16(D->sc[2 * k], D->sc[2 * k + 1]);
         const __m512 d16 = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(S[0]));
         D->d[0] = _mm512_cvtps_pd(_mm512_castps512_ps256(d16));
         D->d[1] = _mm512_cvtps_pd(_mm512_extractf32x8_ps(d16, 1));
@@ -1770,11 +1774,12 @@ MF_ALWAYS_INLINE void mf_q_kq16_decode(int dt, const char *const p[16], mf_q_kq1
             _mm512_and_si512(U1, k1),
             _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(U2, 4), k2),
                             _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(U1, 6), k3), 4))};
-        for (int j = 0; j < 8; j++) {
+        for (int j = 0; j < 8; j++)
             D->sc[j] = _mm512_and_si512(_mm512_srli_epi32(V[j / 4], 8 * (j % 4)), kb);
-            const __m512i m = _mm512_and_si512(_mm512_srli_epi32(V[2 + j / 4], 8 * (j % 4)), kb);
-            D->mp[j] = _mm512_or_si512(m, _mm512_slli_epi32(m, 16));
-        }
+        for (int k = 0; k < 4; k++)     /* [m_2k, m_2k+1]: bytes 2k % 4, 2k % 4 + 1 of V[2 + k / 2] */
+            D->mp[k] = mf_q_pair16(
+                _mm512_and_si512(_mm512_srli_epi32(V[2 + k / 2], 16 * (k % 2)), kb),
+                _mm512_and_si512(_mm512_srli_epi32(V[2 + k / 2], 16 * (k % 2) + 8), kb));
         const __m512 d16 = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(S[0]));
         const __m512 m16 = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(S[0], 16)));
         D->d[0] = _mm512_cvtps_pd(_mm512_castps512_ps256(d16));
@@ -1807,6 +1812,13 @@ MF_ALWAYS_INLINE int mf_q_kq16_offset_shift(int dt)
     return dt == CK_DT_Q6_K ? 5 : dt == CK_DT_Q3_K ? 2 : dt == CK_DT_IQ4_XS ? 7 : 0;
 }
 
+/* True where a sub-block is 32 weights (two bsums) with one min or offset scale (Q4_K, Q5_K,
+ * IQ4_XS): mp holds 4 pairs against the bsums' pair sums (mf_q_kq16). */
+MF_ALWAYS_INLINE int mf_q_kq16_paired(int dt)
+{
+    return dt == CK_DT_Q4_K || dt == CK_DT_Q5_K || dt == CK_DT_IQ4_XS;
+}
+
 /* The exact int32 sums of one super-block of the 16 rows (lanes) against nb (a constant where
  * this is inlined, <= 4) tokens' Q8_K blocks a[u]: si[u] = sumi (with the offset term, as the
  * one-row dots), sm[u] = summ (Q2_K, Q4_K, Q5_K).  Each code register is loaded once for the nb
@@ -1833,8 +1845,18 @@ MF_ALWAYS_INLINE void mf_q_kq16_sums(int dt, const mf_q_kq16 *D, const block_q8_
             I[u] = _mm512_add_epi32(I[u], _mm512_mullo_epi32(s[u], D->sc[j]));
     }
     for (int u = 0; u < nb; u++) {
-        for (int i = 0; i < 8; i++)
-            M[u] = _mm512_dpwssd_epi32(M[u], D->mp[i], mf_q_bc4(a[u]->bsums + 2 * i));
+        if (mf_q_kq16_paired(dt)) {
+            /* sub-block i's code sum bsums[2i] + bsums[2i + 1] (|.| <= 32 * 128: int16) */
+            MF_ALIGNED(16) int16_t ps[8];
+            _mm_store_si128((__m128i *)(void *)ps, _mm_hadd_epi16(
+                _mm_loadu_si128((const __m128i *)(const void *)a[u]->bsums),
+                _mm_loadu_si128((const __m128i *)(const void *)(a[u]->bsums + 8))));
+            for (int k = 0; k < 4; k++)
+                M[u] = _mm512_dpwssd_epi32(M[u], D->mp[k], mf_q_bc4(ps + 2 * k));
+        } else {
+            for (int i = 0; i < 8; i++)
+                M[u] = _mm512_dpwssd_epi32(M[u], D->mp[i], mf_q_bc4(a[u]->bsums + 2 * i));
+        }
         si[u] = sh ? _mm512_sub_epi32(I[u], _mm512_slli_epi32(M[u], sh)) : I[u];
         sm[u] = sh ? z : M[u];
     }
