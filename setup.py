@@ -5,7 +5,8 @@
 - `megafuse.kernels.levels.<level>`: the kernels, one module per SIMD level, each the same
   sources (`megafuse/kernels/levels/level.pxi` and the family files it includes) compiled with
   its own flags.  On x86-64: generic (baseline x86-64), avx2 (AVX2 + FMA + F16C) and avx512
-  (F/BW/DQ/VL/VNNI + FMA + F16C); on aarch64: generic (the portable C), neon (ARMv8.0 Advanced
+  (F/BW/DQ/VL/VNNI + FMA + F16C), and on Linux amx (avx512 + AMX-TILE / AMX-INT8: its prefill
+  tiles); on aarch64: generic (the portable C), neon (ARMv8.0 Advanced
   SIMD), neon_dotprod (ARMv8.2 sdot / udot) and i8mm (sdot + smmla); elsewhere only generic.
   `megafuse/kernels/simd.py` picks one at import from the CPU's features.
 - `megafuse.llm._runner`: the boundary of the whole-model step (ModelRunner), compiled once with
@@ -62,6 +63,10 @@ if IS_AARCH64:
     }
 elif not IS_X86_64:
     SIMD_LEVELS = {"generic": []}
+# amx: the avx512 level with the AMX-INT8 prefill tiles.  Linux only (the tile data state needs
+# the kernel's permission, arch_prctl ARCH_REQ_XCOMP_PERM, Linux 5.16+), and only where the
+# compiler knows the instructions (GCC 11+, clang 12+; probed below).
+AMX_FLAGS = ["-mamx-tile", "-mamx-int8"]
 
 
 def openmp_flags():
@@ -101,6 +106,34 @@ def openmp_flags():
 
 
 OMP_COMPILE, OMP_LINK = openmp_flags()
+
+
+def compiler_accepts(flags, source):
+    """Whether the C compiler compiles `source` with `flags`."""
+    from setuptools._distutils import ccompiler, sysconfig as du_sysconfig
+    compiler = ccompiler.new_compiler()
+    du_sysconfig.customize_compiler(compiler)
+    tmp = tempfile.mkdtemp()
+    try:
+        src = os.path.join(tmp, "probe.c")
+        with open(src, "w") as f:
+            f.write(source)
+        compiler.compile([src], output_dir=tmp, extra_postargs=flags)
+        return True
+    except Exception:  # noqa: BLE001 -- any failure means: the compiler cannot
+        return False
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if IS_X86_64 and not IS_MSVC and sys.platform.startswith("linux") and compiler_accepts(
+        SIMD_LEVELS["avx512"] + AMX_FLAGS, textwrap.dedent("""\
+            #include <immintrin.h>
+            void probe(const void *cfg, void *c, const void *a, const void *b) {
+                _tile_loadconfig(cfg); _tile_loadd(4, a, 64); _tile_loadd(6, b, 64);
+                _tile_zero(0); _tile_dpbsud(0, 4, 6); _tile_stored(0, c, 64); _tile_release(); }
+            """)):
+    SIMD_LEVELS["amx"] = SIMD_LEVELS["avx512"] + AMX_FLAGS
 if IS_MSVC:
     BASE_FLAGS = ["/O2"] if not DEBUG else ["/Od", "/Zi"]
 else:

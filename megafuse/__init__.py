@@ -6,7 +6,7 @@ RMSNorm -> Q/K/V projection -> RoPE -> flash attention over a KV cache -> output
 residual, for one token (decode) and many (prefill), plus the post-attention MLP block.
 
 Kernels release the GIL and run on ``get_num_threads()`` OpenMP threads; results are bitwise the
-same for any thread count.  The SIMD level (generic / avx2 / avx512) is chosen at import,
+same for any thread count.  The SIMD level (generic / avx2 / avx512 / amx) is chosen at import,
 after a self-test against the generic kernels; ``MEGAFUSE_SIMD`` forces a lower one.
 """
 import importlib as _importlib

@@ -77,9 +77,20 @@ _load_level("generic")
 
 
 def simd_level():
-    """The SIMD level whose kernels run: 'generic', 'avx2' or 'avx512' (x86-64), 'neon',
+    """The SIMD level whose kernels run: 'generic', 'avx2', 'avx512' or 'amx' (x86-64), 'neon',
     'neon_dotprod' or 'i8mm' (aarch64)."""
     return (<bytes>_K.simd_level).decode()
+
+
+cdef extern from "megafuse/mf_cpu_x86.h":
+    int mf_x86_amx_state() nogil
+
+
+def _x86_amx_state():
+    """Bits of what AMX needs (include/megafuse/mf_cpu_x86.h): 1 AMX-TILE, 2 AMX-INT8, 4 the OS
+    saves the tile state and granted this process the tile data (asked for here: Linux
+    arch_prctl ARCH_REQ_XCOMP_PERM).  0 off x86-64."""
+    return mf_x86_amx_state()
 
 
 # --------------------------------------------------------------------------------------------

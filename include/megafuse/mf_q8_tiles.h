@@ -2147,31 +2147,43 @@ MF_ALWAYS_INLINE void mf_q8_tile16_b32(int dt, const void *const *vw, const char
     }
 }
 
+#include "mf_amx_tiles.h"
+
 /* The 16-row tiles, each format's body compiled on its own (its steps, offsets and branches
  * constants): mf_q8_tile16_kq for the formats of Q8_K activations, mf_q8_tile16_b32 for the
- * 32-weight ones.  Other formats are not theirs (mf_q8_tile16_takes). */
+ * 32-weight ones -- at the amx level their AMX forms (mf_amx_tiles.h), the same bits.  Other
+ * formats are not theirs (mf_q8_tile16_takes). */
+#if defined(MF_Q_AMX)
+#  define mf_q8_tile16_kq_level mf_q8_tile16_kq_amx
+#  define mf_q8_tile16_b32_level mf_q8_tile16_b32_amx
+#else
+#  define mf_q8_tile16_kq_level mf_q8_tile16_kq
+#  define mf_q8_tile16_b32_level mf_q8_tile16_b32
+#endif
 #define MF_Q8_TILE16_CASE(BODY, DT) \
     case DT: BODY(DT, vw, xq, xs, nt, n, out, os); break;
 static inline void mf_q8_tile16(int dt, const void *const *vw, const char *xq, ptrdiff_t xs,
                                 int nt, ptrdiff_t n, float *out, ptrdiff_t os)
 {
     switch (dt) {
-    MF_Q8_TILE16_CASE(mf_q8_tile16_kq, CK_DT_Q2_K)
-    MF_Q8_TILE16_CASE(mf_q8_tile16_kq, CK_DT_Q3_K)
-    MF_Q8_TILE16_CASE(mf_q8_tile16_kq, CK_DT_Q4_K)
-    MF_Q8_TILE16_CASE(mf_q8_tile16_kq, CK_DT_Q5_K)
-    MF_Q8_TILE16_CASE(mf_q8_tile16_kq, CK_DT_Q6_K)
-    MF_Q8_TILE16_CASE(mf_q8_tile16_kq, CK_DT_IQ4_XS)
-    MF_Q8_TILE16_CASE(mf_q8_tile16_b32, CK_DT_Q4_0)
-    MF_Q8_TILE16_CASE(mf_q8_tile16_b32, CK_DT_Q4_1)
-    MF_Q8_TILE16_CASE(mf_q8_tile16_b32, CK_DT_Q5_0)
-    MF_Q8_TILE16_CASE(mf_q8_tile16_b32, CK_DT_Q5_1)
-    MF_Q8_TILE16_CASE(mf_q8_tile16_b32, CK_DT_Q8_0)
-    MF_Q8_TILE16_CASE(mf_q8_tile16_b32, CK_DT_IQ4_NL)
+    MF_Q8_TILE16_CASE(mf_q8_tile16_kq_level, CK_DT_Q2_K)
+    MF_Q8_TILE16_CASE(mf_q8_tile16_kq_level, CK_DT_Q3_K)
+    MF_Q8_TILE16_CASE(mf_q8_tile16_kq_level, CK_DT_Q4_K)
+    MF_Q8_TILE16_CASE(mf_q8_tile16_kq_level, CK_DT_Q5_K)
+    MF_Q8_TILE16_CASE(mf_q8_tile16_kq_level, CK_DT_Q6_K)
+    MF_Q8_TILE16_CASE(mf_q8_tile16_kq_level, CK_DT_IQ4_XS)
+    MF_Q8_TILE16_CASE(mf_q8_tile16_b32_level, CK_DT_Q4_0)
+    MF_Q8_TILE16_CASE(mf_q8_tile16_b32_level, CK_DT_Q4_1)
+    MF_Q8_TILE16_CASE(mf_q8_tile16_b32_level, CK_DT_Q5_0)
+    MF_Q8_TILE16_CASE(mf_q8_tile16_b32_level, CK_DT_Q5_1)
+    MF_Q8_TILE16_CASE(mf_q8_tile16_b32_level, CK_DT_Q8_0)
+    MF_Q8_TILE16_CASE(mf_q8_tile16_b32_level, CK_DT_IQ4_NL)
     default: break;
     }
 }
 #undef MF_Q8_TILE16_CASE
+#undef mf_q8_tile16_kq_level
+#undef mf_q8_tile16_b32_level
 #endif
 
 /* The 16-row tiles take every block format at the avx512 level with VNNI: the formats of Q8_K

@@ -38,6 +38,9 @@
 #if defined(MF_SIMD_AVX512) && defined(__AVX512VNNI__) && defined(__AVX512VL__)
 #  define MF_Q_VNNI 1
 #endif
+#if defined(MF_Q_VNNI) && defined(__AMX_TILE__) && defined(__AMX_INT8__)
+#  define MF_Q_AMX 1                       /* the amx level: AMX-INT8 prefill tiles (mf_amx_tiles.h) */
+#endif
 #if defined(MF_SIMD_NEON)
 #  define MF_Q_NEON 1                      /* AArch64 Advanced SIMD bodies: mf_neon_*.h */
 #endif

@@ -39,7 +39,9 @@
 #  define MF_ALIGNED(n)
 #endif
 
-#if defined(MF_SIMD_AVX512)
+#if defined(MF_SIMD_AVX512) && defined(__AMX_TILE__) && defined(__AMX_INT8__)
+#  define MF_SIMD_NAME "amx"              /* avx512 + the AMX-INT8 prefill tiles */
+#elif defined(MF_SIMD_AVX512)
 #  define MF_SIMD_NAME "avx512"
 #elif defined(MF_SIMD_AVX2)
 #  define MF_SIMD_NAME "avx2"

@@ -5,7 +5,7 @@ megafuse builds its kernels once per SIMD level (megafuse/kernels/simd.py).  Bef
 level and compares them with the ``generic`` level's results -- the portable C build is the known
 answer -- within the tolerances the test suite uses between levels (TOL).  A level that disagrees
 is not used: a RuntimeWarning names the level and the families, and the next level down is tried
-(avx512 -> avx2 -> generic).
+(amx -> avx512 -> avx2 -> generic).
 
 - megafuse/__init__.py calls ``select_level()`` as soon as megafuse._kernels is imported (that
   module runs the generic kernels until then), so no kernel above generic runs unproven.

@@ -1,12 +1,15 @@
 """Which SIMD level of the kernels this process runs, and what the CPU offers.
 
 megafuse builds the same kernel sources once per SIMD level: ``megafuse.kernels.levels.generic``
-everywhere, ``.avx2`` and ``.avx512`` on x86-64, ``.neon``, ``.neon_dotprod`` and ``.i8mm`` on
-aarch64.  At import the best level the CPU supports is chosen, once megafuse.kernels.selftest has
-proven it against ``generic``; ``MEGAFUSE_SIMD=<level>`` forces a level (a level above what the
-CPU supports is refused with an ImportError rather than crashing on an illegal instruction).
+everywhere, ``.avx2``, ``.avx512`` and (Linux) ``.amx`` on x86-64, ``.neon``, ``.neon_dotprod``
+and ``.i8mm`` on aarch64.  At import the best level the CPU supports is chosen, once
+megafuse.kernels.selftest has proven it against ``generic``; ``MEGAFUSE_SIMD=<level>`` forces a
+level (a level above what the CPU supports is refused with an ImportError rather than crashing on
+an illegal instruction).
 
-The CPU's features: on x86-64, NumPy's runtime dispatcher (``__cpu_features__``); on aarch64, the
+The CPU's features: on x86-64, NumPy's runtime dispatcher (``__cpu_features__``), and for AMX
+(which NumPy does not report, and which also needs the OS's permission) CPUID, XCR0 and Linux's
+``arch_prctl(ARCH_REQ_XCOMP_PERM)`` through ``megafuse._kernels._x86_amx_state``; on aarch64, the
 kernel's own words for it -- ``getauxval(AT_HWCAP / AT_HWCAP2)`` on Linux, ``sysctlbyname
 ("hw.optional.arm.FEAT_*")`` on macOS -- read through ctypes.  (NumPy's ``__cpu_features__``
 has ASIMD and ASIMDDP on arm64 but no I8MM key in the NumPy releases megafuse supports, and
@@ -20,7 +23,7 @@ import os
 import platform
 import sys
 
-X86_LEVELS = ("generic", "avx2", "avx512")
+X86_LEVELS = ("generic", "avx2", "avx512", "amx")
 ARM_LEVELS = ("generic", "neon", "neon_dotprod", "i8mm")
 
 
@@ -38,6 +41,9 @@ REQUIRED_FEATURES = {
     "generic": (),
     "avx2": ("AVX2", "FMA3", "F16C"),
     "avx512": ("AVX512F", "AVX512BW", "AVX512DQ", "AVX512VL", "AVX512VNNI", "AVX2", "FMA3", "F16C"),
+    # AMX_OS: the OS saves the tile state and granted this process the tile data
+    "amx": ("AVX512F", "AVX512BW", "AVX512DQ", "AVX512VL", "AVX512VNNI", "AVX2", "FMA3", "F16C",
+            "AMX_TILE", "AMX_INT8", "AMX_OS"),
     "neon": ("ASIMD",),
     "neon_dotprod": ("ASIMD", "ASIMDDP"),
     "i8mm": ("ASIMD", "ASIMDDP", "I8MM"),
@@ -81,11 +87,19 @@ def _numpy_cpu_features():
     return dict(__cpu_features__)
 
 
+def x86_amx_features():
+    """{AMX_TILE, AMX_INT8, AMX_OS: bool}: the AMX instructions, and whether the OS lets this
+    process run them (asking Linux for the tile data permission on the way)."""
+    from megafuse import _kernels          # the baseline module: it runs no AMX instruction
+    state = _kernels._x86_amx_state()
+    return {"AMX_TILE": bool(state & 1), "AMX_INT8": bool(state & 2), "AMX_OS": bool(state & 4)}
+
+
 def cpu_features():
-    """{feature: bool} of this CPU: numpy's runtime dispatcher's on x86-64, the OS's on aarch64
-    (see the module docstring)."""
+    """{feature: bool} of this CPU: numpy's runtime dispatcher's (and x86_amx_features') on
+    x86-64, the OS's on aarch64 (see the module docstring)."""
     if not IS_AARCH64:
-        return _numpy_cpu_features()
+        return {**_numpy_cpu_features(), **x86_amx_features()}
     try:
         if sys.platform.startswith("linux"):
             return _linux_arm_features()

@@ -83,3 +83,33 @@ def test_missing_features_name_what_a_level_needs():
         "AVX512F", "AVX512BW", "AVX512DQ", "AVX512VL", "AVX512VNNI"]
     for level in _simd.supported_levels():
         assert _simd.missing_features(level) == []
+
+
+def test_the_amx_level_needs_the_tiles_and_the_oss_permission():
+    """amx: everything avx512 needs, the AMX-TILE and AMX-INT8 instructions, and an OS that saves
+    the tile state and let this process use it (AMX_OS): without the permission the first tile
+    instruction would kill the process."""
+    avx512 = {f: True for f in _simd.REQUIRED_FEATURES["avx512"]}
+    assert _simd.missing_features("amx", avx512) == ["AMX_TILE", "AMX_INT8", "AMX_OS"]
+    assert _simd.missing_features("amx", {**avx512, "AMX_TILE": True, "AMX_INT8": True}) == [
+        "AMX_OS"]
+    assert _simd.missing_features("amx", {**avx512, "AMX_TILE": True, "AMX_INT8": True,
+                                          "AMX_OS": True}) == []
+
+
+@pytest.mark.skipif(ON_AARCH64 or not sys.platform.startswith("linux"),
+                    reason="reads this x86-64 Linux CPU's AMX features")
+def test_x86_amx_features_agree_with_the_kernel():
+    """CPUID's AMX bits (megafuse._kernels._x86_amx_state) against the flags Linux shows in
+    /proc/cpuinfo; the OS part only where the instructions are."""
+    with open("/proc/cpuinfo") as f:
+        flags = next(line for line in f if line.startswith("flags")).split()
+    ours = _simd.x86_amx_features()
+    assert set(ours) == {"AMX_TILE", "AMX_INT8", "AMX_OS"}
+    assert ours["AMX_TILE"] == ("amx_tile" in flags)
+    assert ours["AMX_INT8"] == ("amx_int8" in flags)
+    assert not ours["AMX_OS"] or ours["AMX_TILE"]
+    assert _simd.x86_amx_features() == ours          # asking again changes nothing
+    assert ("amx" in _simd.supported_levels()) == (
+        "amx" in _simd.built_levels() and all(ours.values())
+        and not _simd.missing_features("avx512"))

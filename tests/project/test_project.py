@@ -4,7 +4,9 @@ configuration compiled into the package, and comments that quote no measurements
 import glob
 import io
 import os
+import platform
 import re
+import sys
 from importlib import metadata
 
 import pytest
@@ -175,3 +177,16 @@ def test_comments_quote_no_measurements():
                              f"{line + text.count(chr(10), 0, m.start())}: {m.group(0)!r}")
     assert not found, "comments quoting measurements (move them to benchmarks/README.md):\n" + \
         "\n".join(found)
+
+
+@pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64")
+                    or not sys.platform.startswith("linux"), reason="the amx level: Linux x86-64")
+def test_linux_x86_builds_the_amx_level():
+    """setup.py builds amx wherever the compiler knows the AMX instructions (GCC 11+, the
+    manylinux images' and this project's compilers): a wheel carries it for the CPUs that have
+    it, and megafuse.kernels.simd offers it only where the OS granted the tile data."""
+    from megafuse._build_info import BUILD_CONFIG
+    from megafuse.kernels import simd as _simd
+    assert "amx" in BUILD_CONFIG["simd_levels"]
+    assert "-mamx-int8" in BUILD_CONFIG["simd_flags"]["amx"]
+    assert "amx" in _simd.built_levels()
