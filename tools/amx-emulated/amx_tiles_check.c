@@ -1,8 +1,9 @@
 /*
  * amx_tiles_check.c -- the amx level's prefill tiles (include/megafuse/mf_amx_tiles.h) against
- * the avx512 level's and the one-row dots, bit for bit: every block format, 16 rows of random
- * blocks against token counts around the 16-token groups (5, 16, 17, 35, 64), rows of one chunk
- * and of several.  Its entry is test_main(): tools/amx-emulated.sh boots it bare metal in an
+ * the avx512 level's and the one-row dots, bit for bit, and so the projections' entry
+ * (mf_q8_rows16_tokens, which picks the tile of the level built): every block format, 16 rows of
+ * random blocks against token counts around the 16-token groups (5, 16, 17, 35, 64), rows of one
+ * chunk and of several.  Its entry is test_main(): tools/amx-emulated.sh boots it bare metal in an
  * emulated Sapphire Rapids (no AMX on the host needed).  On a host that has AMX-INT8 (and the
  * tile permission) it also builds as a program, `-Dtest_main=main`; with -DMF_CHECK_NO_AMX only
  * the avx512 tiles run against the one-row dots, on any AVX-512 VNNI host: a check of the check.
@@ -76,13 +77,13 @@ static void random_row(int dt, char *row, ptrdiff_t nblk)
 enum { NROWS = 16, MAXT = MF_Q8_TILE_TOKENS, MAXN = 2048 };
 static char W[NROWS][MAXN / 32 * 40];                   /* >= any format's row of MAXN */
 static char X[MAXT][MAXN / 256 * sizeof(block_q8_K) + MAXN + 256];
-static float out_ref[4 * MAXT * 4], out_vnni[4 * MAXT * 4], out_amx[4 * MAXT * 4];
+static float out_ref[4 * MAXT * 4], out_vnni[4 * MAXT * 4], out_amx[4 * MAXT * 4],
+    out_level[4 * MAXT * 4];
 
 static int check(int dt, ptrdiff_t n, int nt)
 {
     const int kq = !mf_q8_tile16_b32_takes(dt);
     const ptrdiff_t os = 4 * MAXT;
-    const size_t xs = kq ? mf_act_q8_K_row_bytes((size_t)n) : mf_act_q8_0_row_bytes((size_t)n);
     const ptrdiff_t nblk = n / (kq ? QK_K : QK8_0);
     const void *vw[NROWS];
     float x[MAXN];
@@ -100,13 +101,14 @@ static int check(int dt, ptrdiff_t n, int nt)
     }
     const char *xq = X[0];
     const ptrdiff_t stride = (ptrdiff_t)sizeof X[0];
-    (void)xs;
     mf_dot_q8_fn one = mf_dot_q8_for(dt);
     for (int t = 0; t < nt; t++)
         for (int r = 0; r < NROWS; r++)
             out_ref[(r / 4) * os + 4 * t + r % 4] = one(vw[r], xq + t * stride, n);
     memset(out_vnni, 0, sizeof out_vnni);
     memset(out_amx, 0, sizeof out_amx);
+    /* the projections' entry (mf_q8_rows16_tokens): this build's level picks the tile */
+    mf_q8_rows16_tokens(dt, vw, NROWS, xq, stride, nt, n, out_level, os);
     switch (dt) {
 #define CASE(DT)                                                                                \
     case DT:                                                                                    \
@@ -126,24 +128,26 @@ static int check(int dt, ptrdiff_t n, int nt)
     CASE(CK_DT_Q6_K) CASE(CK_DT_IQ4_XS)
     default: return 1;
     }
-    int bad_vnni = 0, bad_amx = 0;
+    int bad_vnni = 0, bad_amx = 0, bad_level = 0;
     for (int t = 0; t < nt; t++)
         for (int r = 0; r < NROWS; r++) {
             const ptrdiff_t i = (r / 4) * os + 4 * t + r % 4;
             bad_vnni += memcmp(&out_ref[i], &out_vnni[i], 4) != 0;
+            bad_level += memcmp(&out_ref[i], &out_level[i], 4) != 0;
 #if !defined(MF_CHECK_NO_AMX)
             bad_amx += memcmp(&out_ref[i], &out_amx[i], 4) != 0;
 #endif
         }
-    mf_check_printf("%s n=%d nt=%d: avx512 tile %s, amx tile %s\n", format_name(dt),
-                    (int)n, nt, bad_vnni ? "DIFFERS" : "same bits",
+    mf_check_printf("%s n=%d nt=%d: rows16 %s, avx512 tile %s, amx tile %s\n", format_name(dt),
+                    (int)n, nt, bad_level ? "DIFFERS" : "same bits",
+                    bad_vnni ? "DIFFERS" : "same bits",
 #if defined(MF_CHECK_NO_AMX)
                     "not run"
 #else
                     bad_amx ? "DIFFERS" : "same bits"
 #endif
                     );
-    return bad_vnni || bad_amx;
+    return bad_vnni || bad_amx || bad_level;
 }
 
 int test_main(void)
