@@ -30,9 +30,8 @@ PROBE_FLAGS = {                      # per megafuse SIMD level, as its extension
     "avx512": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mfma"],
     "avx2": ["-mavx2", "-mfma"],
 }
-# amx: avx512's probe -- its int8 peak is the VNNI one (no AMX loop), which the amx tiles may
-# exceed; the `how` string says which level's probe ran
-PROBE_FLAGS["amx"] = PROBE_FLAGS["avx512"]
+# amx: avx512's and the AMX flags -- its int8 peak is the tile products' (probe.c)
+PROBE_FLAGS["amx"] = PROBE_FLAGS["avx512"] + ["-mamx-tile", "-mamx-int8"]
 REPEATS = 5                          # best of
 FMA_ITERS = 20_000_000               # probe loop iterations (~0.1-0.3 s a thread)
 INT8_ITERS = 20_000_000

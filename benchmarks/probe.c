@@ -4,12 +4,15 @@
  *   read_loop   a plain streaming read (DRAM read bandwidth, with a large enough array)
  *   fma_loop    the fp32 peak: 12 independent FMA chains
  *   int8_loop   the int8 peak, the way GGML's dot products multiply-add: maddubs + madd + add
- *               on AVX2, vpdpbusd on AVX-512 VNNI
+ *               on AVX2, vpdpbusd on AVX-512 VNNI; at megafuse's amx level AMX-INT8 tile
+ *               products (tdpbusd), the peak of that level's prefill tiles (the process must
+ *               hold the tile data permission: importing megafuse at amx asked for it)
  *
  * Built with -O2 -ffp-contract=fast (so a * x + y is one FMA) and the level's -m flags; no
  * -ffast-math.  Vector types are GCC / Clang vector extensions.
  */
 #include <stdint.h>
+#include <string.h>
 #if defined(__AVX2__) || defined(__AVX512F__)
 #include <immintrin.h>
 #endif
@@ -64,7 +67,37 @@ float fma_loop(long n) {
     return r;
 }
 
-#if defined(__AVX512VNNI__)
+#if defined(__AMX_TILE__) && defined(__AMX_INT8__)
+/* 4 chains of tdpbusd (16 x 16 int32 += 16 x 64 u8 . 64 x 16 s8: 16384 multiply-adds each), tiles
+ * configured on the calling thread and released at the end.  Returns C[0][0] of the four tiles
+ * added: 4 * 128 * n. */
+int int8_macs_per_iter(void) { return 4 * 16 * 16 * 64; }
+int int8_loop(long n) {
+    struct { uint8_t palette, start_row, reserved[14]; uint16_t colsb[16]; uint8_t rows[16]; }
+        __attribute__((aligned(64))) cfg;
+    static const uint8_t ones[16 * 64] __attribute__((aligned(64))) = {[0 ... 1023] = 1};
+    static const int8_t twos[16 * 64] __attribute__((aligned(64))) = {[0 ... 1023] = 2};
+    int32_t c[4][16][16];
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette = 1;
+    for (int t = 0; t < 8; t++) {       /* C: tiles 0..3, A: 4, B: 6 */
+        cfg.rows[t] = (t < 5 || t == 6) ? 16 : 0;
+        cfg.colsb[t] = (t < 5 || t == 6) ? 64 : 0;
+    }
+    _tile_loadconfig(&cfg);
+    _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
+    _tile_loadd(4, ones, 64);
+    _tile_loadd(6, twos, 64);
+    for (long i = 0; i < n; i++) {
+        _tile_dpbusd(0, 4, 6); _tile_dpbusd(1, 4, 6);
+        _tile_dpbusd(2, 4, 6); _tile_dpbusd(3, 4, 6);
+    }
+    _tile_stored(0, c[0], 64); _tile_stored(1, c[1], 64);
+    _tile_stored(2, c[2], 64); _tile_stored(3, c[3], 64);
+    _tile_release();
+    return c[0][0][0] + c[1][0][0] + c[2][0][0] + c[3][0][0];
+}
+#elif defined(__AVX512VNNI__)
 /* 8 chains of vpdpbusd (64 u8 x s8 multiply-adds each). */
 int int8_macs_per_iter(void) { return 8 * 64; }
 int int8_loop(long n) {
