@@ -140,7 +140,8 @@ MF_ALWAYS_INLINE void mf_q8_tile16_b32_amx(int dt, const void *const *vw, const 
 
 /* The exact int32 sums of one super-block of the 16 rows against 16 Q8_K blocks at a0 + u * as
  * (u < 16; the first ng are tokens): si[u], sm[u] as mf_q_kq16_sums gives them, each sub-block's
- * code sums by one product of K = 4 L (L: its 4-weight steps), then scaled by vpmulld. */
+ * code sums by one product of K = 4 L (L: its 4-weight steps), then scaled by vpmulld; the min or
+ * offset term mf_q_kq16_mins'. */
 MF_ALWAYS_INLINE void mf_q_kq16_sums_amx(int dt, const mf_q_kq16 *D, const char *a0, ptrdiff_t as,
                                          int ng, __m512i *si, __m512i *sm)
 {
@@ -161,19 +162,7 @@ MF_ALWAYS_INLINE void mf_q_kq16_sums_amx(int dt, const mf_q_kq16 *D, const char 
                 _mm512_load_si512((const void *)s[u]), D->sc[j]));
     }
     for (int u = 0; u < ng; u++) {
-        const block_q8_K *a = (const block_q8_K *)(const void *)(a0 + u * as);
-        __m512i M = z;
-        if (mf_q_kq16_paired(dt)) {
-            MF_ALIGNED(16) int16_t ps[8];
-            _mm_store_si128((__m128i *)(void *)ps, _mm_hadd_epi16(
-                _mm_loadu_si128((const __m128i *)(const void *)a->bsums),
-                _mm_loadu_si128((const __m128i *)(const void *)(a->bsums + 8))));
-            for (int k = 0; k < 4; k++)
-                M = _mm512_dpwssd_epi32(M, D->mp[k], mf_q_bc4(ps + 2 * k));
-        } else {
-            for (int i = 0; i < 8; i++)
-                M = _mm512_dpwssd_epi32(M, D->mp[i], mf_q_bc4(a->bsums + 2 * i));
-        }
+        const __m512i M = mf_q_kq16_mins(dt, D, (const block_q8_K *)(const void *)(a0 + u * as));
         sm[u] = sh ? z : M;
         if (sh)
             si[u] = _mm512_sub_epi32(si[u], _mm512_slli_epi32(M, sh));

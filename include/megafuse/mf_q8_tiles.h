@@ -1823,15 +1823,36 @@ MF_ALWAYS_INLINE int mf_q_kq16_paired(int dt)
  * this is inlined, <= 4) tokens' Q8_K blocks a[u]: si[u] = sumi (with the offset term, as the
  * one-row dots), sm[u] = summ (Q2_K, Q4_K, Q5_K).  Each code register is loaded once for the nb
  * tokens. */
+/* The min or offset term of one token's Q8_K block a against the 16 rows (lanes), before its
+ * shift: sum_i mp[i] . (int16 pairs of bsums) by vpdpwssd -- over the pair sums bsums[2i] +
+ * bsums[2i + 1] (sub-block i's code sum, |.| <= 32 * 128: int16) where a sub-block is 32
+ * weights (mf_q_kq16_paired), else over bsums directly. */
+MF_ALWAYS_INLINE __m512i mf_q_kq16_mins(int dt, const mf_q_kq16 *D, const block_q8_K *a)
+{
+    __m512i M = _mm512_setzero_si512();
+    if (mf_q_kq16_paired(dt)) {
+        MF_ALIGNED(16) int16_t ps[8];
+        _mm_store_si128((__m128i *)(void *)ps, _mm_hadd_epi16(
+            _mm_loadu_si128((const __m128i *)(const void *)a->bsums),
+            _mm_loadu_si128((const __m128i *)(const void *)(a->bsums + 8))));
+        for (int k = 0; k < 4; k++)
+            M = _mm512_dpwssd_epi32(M, D->mp[k], mf_q_bc4(ps + 2 * k));
+    } else {
+        for (int i = 0; i < 8; i++)
+            M = _mm512_dpwssd_epi32(M, D->mp[i], mf_q_bc4(a->bsums + 2 * i));
+    }
+    return M;
+}
+
 MF_ALWAYS_INLINE void mf_q_kq16_sums(int dt, const mf_q_kq16 *D, const block_q8_K *const *a,
                                      int nb, __m512i *si, __m512i *sm)
 {
     const __m512i z = _mm512_setzero_si512();
     const int L = mf_q_kq16_steps(dt);          /* 4-weight steps a sub-block */
     const int sh = mf_q_kq16_offset_shift(dt);
-    __m512i I[MF_Q8_TILE16_TB], M[MF_Q8_TILE16_TB];
+    __m512i I[MF_Q8_TILE16_TB];
     for (int u = 0; u < nb; u++)
-        I[u] = M[u] = z;
+        I[u] = z;
     for (int j = 0; j < 64 / L; j++) {
         __m512i s[MF_Q8_TILE16_TB];
         for (int u = 0; u < nb; u++)
@@ -1845,20 +1866,9 @@ MF_ALWAYS_INLINE void mf_q_kq16_sums(int dt, const mf_q_kq16 *D, const block_q8_
             I[u] = _mm512_add_epi32(I[u], _mm512_mullo_epi32(s[u], D->sc[j]));
     }
     for (int u = 0; u < nb; u++) {
-        if (mf_q_kq16_paired(dt)) {
-            /* sub-block i's code sum bsums[2i] + bsums[2i + 1] (|.| <= 32 * 128: int16) */
-            MF_ALIGNED(16) int16_t ps[8];
-            _mm_store_si128((__m128i *)(void *)ps, _mm_hadd_epi16(
-                _mm_loadu_si128((const __m128i *)(const void *)a[u]->bsums),
-                _mm_loadu_si128((const __m128i *)(const void *)(a[u]->bsums + 8))));
-            for (int k = 0; k < 4; k++)
-                M[u] = _mm512_dpwssd_epi32(M[u], D->mp[k], mf_q_bc4(ps + 2 * k));
-        } else {
-            for (int i = 0; i < 8; i++)
-                M[u] = _mm512_dpwssd_epi32(M[u], D->mp[i], mf_q_bc4(a[u]->bsums + 2 * i));
-        }
-        si[u] = sh ? _mm512_sub_epi32(I[u], _mm512_slli_epi32(M[u], sh)) : I[u];
-        sm[u] = sh ? z : M[u];
+        const __m512i M = mf_q_kq16_mins(dt, D, a[u]);
+        si[u] = sh ? _mm512_sub_epi32(I[u], _mm512_slli_epi32(M, sh)) : I[u];
+        sm[u] = sh ? z : M;
     }
 }
 
