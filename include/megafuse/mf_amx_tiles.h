@@ -66,22 +66,14 @@ MF_ALWAYS_INLINE void mf_q8_tile16_b32_amx(int dt, const void *const *vw, const 
     MF_ALIGNED(64) int32_t cs[MF_Q8_TILE_TOKENS][NC];     /* the chunk's offset terms */
     MF_ALIGNED(64) int32_t sums[4][TG][16];                /* C of a group's 4 blocks */
     MF_ALIGNED(64) int8_t pad[TG][64];                     /* a short token group's codes */
-    const ptrdiff_t bsz = mf_q_bsz(dt), nb = n / QK8_0;
+    const ptrdiff_t nb = n / QK8_0;
     const int o = mf_q_b32_offset(dt), asym = dt == CK_DT_Q4_1 || dt == CK_DT_Q5_1;
-    const char *p[16];
     memset(acc, 0, (size_t)nt * sizeof acc[0]);
     memset(pad, 0, sizeof pad);
     mf_amx_configure(16, 4);
     for (ptrdiff_t b0 = 0; b0 < nb; b0 += NC) {
         const int ncb = (int)(nb - b0 < NC ? nb - b0 : NC);
-        for (int b = 0; b < ncb; b++) {
-            for (int r = 0; r < 16; r++)
-                p[r] = (const char *)vw[r] + (b0 + b) * bsz;
-            mf_q_b32x16_decode(dt, p, &D, b);
-        }
-        if (o)
-            for (int t = 0; t < nt; t++)
-                mf_q_b32_offsets(xq + t * xs, n, b0, ncb, o, cs[t]);
+        mf_q_b32x16_chunk(dt, vw, b0, ncb, xq, xs, nt, n, &D, cs);
         for (int g0 = 0; g0 < nt; g0 += TG) {
             const int ng = nt - g0 < TG ? nt - g0 : TG;
             for (int b4 = 0; b4 < ncb; b4 += 4) {
@@ -128,14 +120,7 @@ MF_ALWAYS_INLINE void mf_q8_tile16_b32_amx(int dt, const void *const *vw, const 
         }
     }
     _tile_release();
-    for (int t = 0; t < nt; t++) {
-        const __m512 r = _mm512_add_ps(_mm512_add_ps(_mm512_load_ps(acc[t][0]), _mm512_load_ps(acc[t][2])),
-                                       _mm512_add_ps(_mm512_load_ps(acc[t][1]), _mm512_load_ps(acc[t][3])));
-        MF_ALIGNED(64) float v[16];
-        _mm512_store_ps(v, r);
-        for (int j = 0; j < 16; j++)
-            out[(j / 4) * os + 4 * t + j % 4] = v[j];
-    }
+    mf_q_b32x16_out((const float (*)[4][16])acc, nt, out, os);
 }
 
 /* The exact int32 sums of one super-block of the 16 rows against 16 Q8_K blocks at a0 + u * as

@@ -2068,6 +2068,40 @@ MF_ALWAYS_INLINE const int8_t *mf_q_b32_codes(const char *a, ptrdiff_t b, int i)
            + (i < 4 ? 4 * i : 32 + 4 * (i - 4));
 }
 
+/* A chunk of the 16-row tile of a 32-weight format: blocks b0 .. b0 + ncb - 1 of the rows vw
+ * decoded into D, and (where the format has a code offset o) each of the nt tokens' offset terms
+ * into cs[t] (mf_q_b32_offsets). */
+MF_ALWAYS_INLINE void mf_q_b32x16_chunk(int dt, const void *const *vw, ptrdiff_t b0, int ncb,
+                                        const char *xq, ptrdiff_t xs, int nt, ptrdiff_t n,
+                                        mf_q_b32x16 *D, int32_t (*cs)[MF_Q8_B32_CHUNK])
+{
+    const ptrdiff_t bsz = mf_q_bsz(dt);
+    const int o = mf_q_b32_offset(dt);
+    const char *p[16];
+    for (int b = 0; b < ncb; b++) {
+        for (int r = 0; r < 16; r++)
+            p[r] = (const char *)vw[r] + (b0 + b) * bsz;
+        mf_q_b32x16_decode(dt, p, D, b);
+    }
+    if (o)
+        for (int t = 0; t < nt; t++)
+            mf_q_b32_offsets(xq + t * xs, n, b0, ncb, o, cs[t]);
+}
+
+/* The 32-weight tile's results: each token's chains added (A0 + A2) + (A1 + A3), row j to
+ * out[(j / 4) * os + 4 * t + j % 4]. */
+MF_ALWAYS_INLINE void mf_q_b32x16_out(const float (*acc)[4][16], int nt, float *out, ptrdiff_t os)
+{
+    for (int t = 0; t < nt; t++) {
+        const __m512 r = _mm512_add_ps(_mm512_add_ps(_mm512_load_ps(acc[t][0]), _mm512_load_ps(acc[t][2])),
+                                       _mm512_add_ps(_mm512_load_ps(acc[t][1]), _mm512_load_ps(acc[t][3])));
+        MF_ALIGNED(64) float v[16];
+        _mm512_store_ps(v, r);
+        for (int j = 0; j < 16; j++)
+            out[(j / 4) * os + 4 * t + j % 4] = v[j];
+    }
+}
+
 /* nt (<= MF_Q8_TILE_TOKENS) tokens of Q8_0 activation rows at xq (stride xs) against the 16
  * rows vw[0..15] of a 32-weight format: out[(r / 4) * os + 4 * t + r % 4], each the bits of the
  * row's one-row dot.  MF_Q8_B32_TB tokens share each load of a code register; a token's 4
@@ -2082,22 +2116,14 @@ MF_ALWAYS_INLINE void mf_q8_tile16_b32(int dt, const void *const *vw, const char
      * the chains A_k of the 16 rows, and the chunk's offset terms (mf_q_b32_offsets) */
     MF_ALIGNED(64) float acc[MF_Q8_TILE_TOKENS + TB][4][16];
     MF_ALIGNED(64) int32_t cs[MF_Q8_TILE_TOKENS + TB][NC];
-    const ptrdiff_t bsz = mf_q_bsz(dt), nb = n / QK8_0;
+    const ptrdiff_t nb = n / QK8_0;
     const int o = mf_q_b32_offset(dt), asym = dt == CK_DT_Q4_1 || dt == CK_DT_Q5_1;
-    const char *p[16];
     /* spare tokens' rows too: no stack garbage (denormals) in what they compute */
     memset(acc, 0, (size_t)(nt + TB) * sizeof acc[0]);
     memset(cs[nt], 0, TB * sizeof cs[0]);
     for (ptrdiff_t b0 = 0; b0 < nb; b0 += NC) {
         const int ncb = (int)(nb - b0 < NC ? nb - b0 : NC);
-        for (int b = 0; b < ncb; b++) {
-            for (int r = 0; r < 16; r++)
-                p[r] = (const char *)vw[r] + (b0 + b) * bsz;
-            mf_q_b32x16_decode(dt, p, &D, b);
-        }
-        if (o)
-            for (int t = 0; t < nt; t++)
-                mf_q_b32_offsets(xq + t * xs, n, b0, ncb, o, cs[t]);
+        mf_q_b32x16_chunk(dt, vw, b0, ncb, xq, xs, nt, n, &D, cs);
         for (int t = 0; t < nt; t += TB) {
             const int nu = nt - t < TB ? nt - t : TB;
             const char *a[TB];                   /* spare tokens read the group's first one */
@@ -2147,14 +2173,7 @@ MF_ALWAYS_INLINE void mf_q8_tile16_b32(int dt, const void *const *vw, const char
                     _mm512_store_ps(A[u][k], c[u][k]);
         }
     }
-    for (int t = 0; t < nt; t++) {
-        const __m512 r = _mm512_add_ps(_mm512_add_ps(_mm512_load_ps(acc[t][0]), _mm512_load_ps(acc[t][2])),
-                                       _mm512_add_ps(_mm512_load_ps(acc[t][1]), _mm512_load_ps(acc[t][3])));
-        MF_ALIGNED(64) float v[16];
-        _mm512_store_ps(v, r);
-        for (int j = 0; j < 16; j++)
-            out[(j / 4) * os + 4 * t + j % 4] = v[j];
-    }
+    mf_q_b32x16_out((const float (*)[4][16])acc, nt, out, os);
 }
 
 #include "mf_amx_tiles.h"
